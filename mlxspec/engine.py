@@ -1,0 +1,341 @@
+"""Speculative and standard decoding as generators of events, over token ids.
+
+State lives in `Cursor`s (a model, its cache, the ids the cache holds and the ids it has
+yet to read), never in the model objects, so two decoders can share one target (race) and
+a chat keeps its caches between turns. The round is three module-level steps:
+
+    draft   - the draft proposes up to gamma ids one at a time, keeping its rows q
+    verify  - the target reads its pending ids plus all drafts in one forward pass;
+              the rule (verify.py) picks how many drafts to keep and the next id
+    rewind  - both caches forget what was rejected (caches.py)
+
+MLX is lazy: drafted ids are queued with `mx.async_eval` as they are made and the host
+reads the round's outcome once, at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import mlx.core as mx
+
+from .caches import ModelCache, make_cache
+from .events import Prefill, Round
+from .sampling import SamplingParams, sample, warp
+from .verify import greedy_sample, speculative_sample
+
+PREFILL_STEP = 512
+_TOKEN = mx.uint32
+
+
+class Cursor:
+    """A model, its cache, the ids in that cache and the ids it has not read yet.
+
+    `width` is the logit width the engine works in (the target's); `table` is the number of
+    ids this model can embed. A draft with a narrower table than the ids it is shown (Qwen
+    pads large models' embeddings wider) reads a placeholder for those ids: its view of the
+    text is slightly wrong, which costs acceptance but never exactness.
+    """
+
+    def __init__(self, model, name: str, table: int, width: int):
+        self.model = model
+        self.name = name
+        self.table = table
+        self.width = width
+        self.cache: ModelCache = make_cache(model, name)
+        self.tokens: list[int] = []
+        self.pending: list[int] = []
+
+    def reset(self) -> None:
+        self.cache = make_cache(self.model, self.name)
+        self.tokens = []
+        self.pending = []
+
+    @property
+    def history(self) -> list[int]:
+        return self.tokens + self.pending
+
+    def forward(self, ids: mx.array) -> mx.array:
+        """Feed ids (n,) to the model; returns logits (n, width)."""
+        if self.table < self.width:
+            ids = mx.where(ids < self.table, ids, 0)
+        logits = self.model(ids[None], cache=self.cache.layers)[0]
+        self.cache.length += ids.shape[0]
+        return _to_width(logits, self.width)
+
+    def sync(self, ids: list[int]) -> int:
+        """Make history == ids, keeping what the cache already holds of them, and leave at
+        least the last id pending. Returns how many ids were reused from the cache."""
+        common = 0
+        limit = min(len(self.tokens), len(ids) - 1)
+        while common < limit and self.tokens[common] == ids[common]:
+            common += 1
+        if common < len(self.tokens):
+            if self.cache.trim_to(common):
+                del self.tokens[common:]
+            else:  # a state that cannot be trimmed: read everything again
+                self.reset()
+        self.pending = list(ids[len(self.tokens) :])
+        return len(self.tokens)
+
+    def prefill(self, step: int = PREFILL_STEP) -> None:
+        """Read all pending ids but the last, in chunks."""
+        while len(self.pending) > 1:
+            chunk = self.pending[: min(step, len(self.pending) - 1)]
+            self.forward(mx.array(chunk, dtype=_TOKEN))
+            mx.eval(self.cache.state)
+            self.tokens += chunk
+            del self.pending[: len(chunk)]
+            mx.clear_cache()
+
+    def rewind(self, keep: int, mark) -> list[int]:
+        """Keep the first `keep` ids; returns ids that must be read again (put them back in
+        front of pending) when the cache had to go back to `mark`."""
+        refeed = self.cache.rewind(keep, mark)
+        if refeed:
+            again = self.tokens[mark.length : keep]
+            del self.tokens[mark.length :]
+            return again
+        del self.tokens[keep:]
+        return []
+
+    def invalidate(self) -> None:
+        """Drop the cache but keep the history: the next prefill reads it all again."""
+        history = self.history
+        self.reset()
+        self.pending = history
+
+    def abandon(self, mark, pending: list[int]) -> None:
+        """Undo a round that did not finish (an interrupt): back to `mark` and `pending`."""
+        self.cache.restore(mark)
+        del self.tokens[mark.length :]
+        self.pending = pending
+
+
+def _to_width(logits: mx.array, width: int) -> mx.array:
+    """Cut or pad (with -inf: probability zero) the last axis to `width` ids."""
+    have = logits.shape[-1]
+    if have > width:
+        return logits[..., :width]
+    if have < width:
+        pad = mx.full((*logits.shape[:-1], width - have), -mx.inf, dtype=logits.dtype)
+        return mx.concatenate([logits, pad], axis=-1)
+    return logits
+
+
+def _pick(logits: mx.array, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:
+    """One id from the last row of logits, and the distribution it was drawn from."""
+    if params.greedy:
+        return mx.argmax(logits, axis=-1), None
+    probs = warp(logits, params)
+    return sample(probs, key), probs
+
+
+def draft(cursor: Cursor, gamma: int, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:
+    """The draft proposes `gamma` ids. Returns drafted (gamma,) and their rows q (gamma, V),
+    None when greedy. The draft reads its pending ids and all drafts but the last."""
+    keys = mx.random.split(key, gamma)
+    inputs = mx.array(cursor.pending, dtype=_TOKEN)
+    cursor.pending = []
+    ids, rows = [], []
+    for i in range(gamma):
+        token, probs = _pick(cursor.forward(inputs)[-1], params, keys[i])
+        mx.async_eval(token)
+        ids.append(token)
+        rows.append(probs)
+        inputs = token[None]
+    drafted = mx.stack(ids)
+    return drafted, (None if params.greedy else mx.stack(rows))
+
+
+def verify(
+    cursor: Cursor, drafted: mx.array, draft_probs: mx.array | None, params: SamplingParams, key: mx.array
+) -> tuple[mx.array, mx.array]:
+    """The target reads pending + drafted in one pass; returns (accepted count, next id)."""
+    gamma = drafted.shape[0]
+    inputs = mx.concatenate([mx.array(cursor.pending, dtype=_TOKEN), drafted])
+    logits = cursor.forward(inputs)[-(gamma + 1) :]
+    if gamma == 0:
+        return mx.array(0), _pick(logits[-1], params, key)[0]
+    if params.greedy:
+        return greedy_sample(drafted, mx.argmax(logits, axis=-1))
+    return speculative_sample(drafted, draft_probs, warp(logits, params), key)
+
+
+@dataclass
+class RoundOutcome:
+    drafted: list[int]
+    accepted: int
+    next_id: int
+    draft_seconds: float
+    verify_seconds: float
+
+
+def speculative_round(target: Cursor, drafter: Cursor, gamma: int, params: SamplingParams, key: mx.array) -> RoundOutcome:
+    """One draft-verify-rewind round. On any exception both cursors are left as before it."""
+    t0 = time.perf_counter()
+    draft_key, rule_key = mx.random.split(key)
+    target_mark, draft_mark = target.cache.mark(), drafter.cache.mark()
+    target_pending, draft_pending = list(target.pending), list(drafter.pending)
+    try:
+        drafted, draft_probs = draft(drafter, gamma, params, draft_key)
+        accepted, next_id = verify(target, drafted, draft_probs, params, rule_key)
+        outcome = mx.concatenate([drafted, accepted.astype(_TOKEN)[None], next_id.astype(_TOKEN)[None]])
+        mx.async_eval(outcome)
+        mx.eval(drafted)  # already queued: this only waits, to time the draft apart
+        t1 = time.perf_counter()
+        values = outcome.tolist()
+        t2 = time.perf_counter()
+    except BaseException:
+        target.abandon(target_mark, target_pending)
+        drafter.abandon(draft_mark, draft_pending)
+        raise
+    drafted_ids, accepted, next_id = values[:gamma], values[gamma], values[gamma + 1]
+
+    target.tokens += target_pending + drafted_ids
+    target.pending = target.rewind(len(target.tokens) - (gamma - accepted), target_mark) + [next_id]
+    drafter.tokens += draft_pending + drafted_ids[:-1]
+    if accepted < gamma:
+        keep = len(drafter.tokens) - (gamma - 1 - accepted)
+        drafter.pending = drafter.rewind(keep, draft_mark) + [next_id]
+    else:  # the draft never read its own last proposal
+        drafter.pending = [drafted_ids[-1], next_id]
+    return RoundOutcome(drafted_ids, accepted, next_id, t1 - t0, t2 - t1)
+
+
+def target_round(target: Cursor, drafter: Cursor | None, params: SamplingParams, key: mx.array) -> RoundOutcome:
+    """A round with nothing drafted: one target step (the last token of a speculative run)."""
+    t0 = time.perf_counter()
+    mark, pending = target.cache.mark(), list(target.pending)
+    try:
+        next_id = verify(target, mx.array([], dtype=_TOKEN), None, params, key)[1].item()
+    except BaseException:
+        target.abandon(mark, pending)
+        raise
+    target.tokens += pending
+    target.pending = [next_id]
+    if drafter is not None:
+        drafter.pending.append(next_id)
+    return RoundOutcome([], 0, next_id, 0.0, time.perf_counter() - t0)
+
+
+def _emit(emitted: list[int], eos_ids: frozenset[int]) -> tuple[list[int], bool]:
+    """Cut after the first end-of-sequence id."""
+    for i, token in enumerate(emitted):
+        if token in eos_ids:
+            return emitted[: i + 1], True
+    return emitted, False
+
+
+def prefill(target: Cursor, drafter: Cursor | None, prompt: list[int]) -> Prefill:
+    t0 = time.perf_counter()
+    reused = target.sync(prompt)
+    target.prefill()
+    if drafter is not None:
+        drafter.sync(prompt)
+        drafter.prefill()
+    return Prefill(len(prompt), len(prompt) - reused, time.perf_counter() - t0)
+
+
+def decode(
+    target: Cursor,
+    drafter: Cursor | None,
+    prompt: list[int],
+    *,
+    gamma: int,
+    params: SamplingParams,
+    max_tokens: int,
+    eos_ids: frozenset[int],
+    key: mx.array,
+) -> Iterator[Prefill | Round]:
+    """Yields a Prefill, then one Round per round; returns the finish reason
+    ("eos" or "length"). gamma = 0 (or no draft) is standard decoding."""
+    yield prefill(target, drafter if gamma else None, prompt)
+    if gamma == 0 or drafter is None:
+        return (yield from _standard(target, params, max_tokens, eos_ids, key))
+    produced, index = 0, 0
+    while produced < max_tokens:
+        t0 = time.perf_counter()
+        key, round_key = mx.random.split(key)
+        g = min(gamma, max_tokens - produced - 1)
+        if g > 0:
+            outcome = speculative_round(target, drafter, g, params, round_key)
+        else:
+            outcome = target_round(target, drafter, params, round_key)
+        emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
+        produced += len(emitted)
+        yield Round(
+            index=index,
+            gamma=g,
+            drafted=tuple(outcome.drafted),
+            accepted=outcome.accepted,
+            emitted=tuple(emitted),
+            draft_seconds=outcome.draft_seconds,
+            verify_seconds=outcome.verify_seconds,
+            seconds=time.perf_counter() - t0,
+        )
+        index += 1
+        if ended:
+            return "eos"
+    return "length"
+
+
+def _standard(
+    target: Cursor,
+    params: SamplingParams,
+    max_tokens: int,
+    eos_ids: frozenset[int],
+    key: mx.array,
+) -> Iterator[Round]:
+    """The target alone, through the same sampling code. Pipelined as mlx-lm's generate_step
+    is: the step for token t+1 is queued before token t is read, so the host's graph
+    building overlaps the device's work and the baseline is as fast as plain mlx-lm."""
+
+    def step(inputs: mx.array, step_key: mx.array) -> mx.array:
+        return _pick(target.forward(inputs)[-1], params, step_key)[0].astype(_TOKEN)
+
+    def next_key():
+        nonlocal key
+        key, sub = mx.random.split(key)
+        return sub
+
+    produced = 0
+    fed = list(target.pending)
+    target.pending = []
+    y = step(mx.array(fed, dtype=_TOKEN), next_key())
+    mx.async_eval(y)
+    target.tokens += fed
+    while True:
+        t0 = time.perf_counter()
+        queued = produced + 1 < max_tokens
+        if queued:
+            following = step(y[None], next_key())
+            mx.async_eval(following)
+        try:
+            token = y.item()
+        except BaseException:
+            target.invalidate()  # the cache read ids we never saw: start it afresh next time
+            raise
+        produced += 1
+        if queued:
+            target.tokens.append(token)
+        else:
+            target.pending = [token]
+        ended = token in eos_ids
+        yield Round(
+            index=produced - 1,
+            gamma=0,
+            drafted=(),
+            accepted=0,
+            emitted=(token,),
+            draft_seconds=0.0,
+            verify_seconds=time.perf_counter() - t0,
+            seconds=time.perf_counter() - t0,
+        )
+        if ended:
+            return "eos"
+        if not queued:
+            return "length"
+        y = following

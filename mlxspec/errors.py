@@ -1,0 +1,42 @@
+"""The library's exceptions. Each carries one line a user can act on; the CLI prints it
+as is and exits non-zero, so messages name the thing that is wrong and what to do."""
+
+
+class MlxspecError(Exception):
+    """Base class: anything the user can fix (input, models, machine)."""
+
+    exit_code = 1
+
+
+class InvalidOption(MlxspecError, ValueError):
+    """A sampling or decoding option out of range, or one the rule cannot keep exact."""
+
+    exit_code = 2
+
+
+class ModelNotFound(MlxspecError):
+    """No such local folder, no such repo, or no network to fetch it."""
+
+
+class ModelLoadError(MlxspecError):
+    """The folder exists but is not a loadable mlx-lm model (missing or corrupt files)."""
+
+
+class IncompatiblePair(MlxspecError):
+    """Draft and target do not share a tokenizer: their token ids mean different things."""
+
+
+class UnsupportedCache(MlxspecError):
+    """A cache layer the engine cannot roll back exactly; refused rather than decoded wrong."""
+
+
+class InsufficientMemory(MlxspecError):
+    """The pair does not fit this machine's memory."""
+
+
+class PromptTooLong(MlxspecError):
+    """The prompt does not fit the target's context window."""
+
+
+class PresetError(MlxspecError):
+    """A models.toml preset that is unknown or a file that does not parse."""

@@ -1,0 +1,203 @@
+"""The public generation API: text in, events (or a result) out.
+
+`stream` wraps the engine's token-level rounds with prompt building, detokenization, stop
+strings and statistics; `generate` collects a stream into a result. A `Session` keeps both
+models' caches between calls (chat): each call reads only what the cache does not hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import mlx.core as mx
+
+from . import engine
+from .errors import InvalidOption, PromptTooLong
+from .events import Done, Prefill, Round, Stats, StatsCollector
+from .pairs import Pair
+from .sampling import SamplingParams
+from .text import TextStream, find_stop
+
+Event = Prefill | Round | Done
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]  # generated ids, end-of-sequence excluded
+    prompt_tokens: int
+    stats: Stats
+    finish_reason: str
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+class Session:
+    """Both models' caches, kept across generations. One session per conversation."""
+
+    def __init__(self, pair: Pair):
+        self.pair = pair
+        width = pair.target.width
+        self.target = engine.Cursor(pair.target.model, f"target {pair.target.name}", pair.target.width, width)
+        self.draft = (
+            engine.Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width) if pair.draft else None
+        )
+
+    def reset(self) -> None:
+        self.target.reset()
+        if self.draft:
+            self.draft.reset()
+
+
+def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False, system: str | None = None) -> list[int]:
+    """Token ids for a prompt: ids pass through; text goes through the chat template unless
+    `raw` or the tokenizer has none."""
+    if not isinstance(prompt, str):
+        return [int(t) for t in prompt]
+    tokenizer = pair.tokenizer
+    if not raw and tokenizer.has_chat_template:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    return list(tokenizer.encode(prompt))
+
+
+def check_options(pair: Pair, gamma: int, max_tokens: int, xtc_probability: float = 0.0) -> None:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+        raise InvalidOption(f"gamma (draft length) must be a whole number >= 0, got {gamma}")
+    if gamma > 0 and pair.draft is None:
+        raise InvalidOption("speculative decoding needs a draft model: name one, or use gamma 0")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidOption(f"max tokens must be a whole number >= 1, got {max_tokens}")
+    if xtc_probability:
+        raise InvalidOption(
+            "XTC sampling cannot be kept exact: it removes top tokens at random per step, so the "
+            "target's distribution is not a fixed function of its logits"
+        )
+
+
+def stream(
+    pair: Pair,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 256,
+    gamma: int = 4,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = None,
+    raw: bool = False,
+    stop: Sequence[str] = (),
+    xtc_probability: float = 0.0,
+    session: Session | None = None,
+) -> Iterator[Event]:
+    """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
+    Done. gamma=0 is standard decoding with the same sampler. Ctrl-C ends the stream with
+    Done("interrupted"), the session still usable."""
+    params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    check_options(pair, gamma, max_tokens, xtc_probability)
+    ids = encode_prompt(pair, prompt, raw=raw)
+    if not ids:
+        raise InvalidOption("the prompt is empty")
+    _check_ids(pair, ids)
+    max_tokens, limit_reason = _fit_context(pair, len(ids), max_tokens)
+    seed = secrets.randbits(31) if seed is None else seed
+    session = session or Session(pair)
+
+    collector = StatsCollector(gamma=gamma, seed=seed)
+    text = TextStream(pair.tokenizer, ids[-4:])
+    stops = tuple(s for s in stop if s)
+    eos = pair.eos_ids
+    tokens = engine.decode(
+        session.target,
+        session.draft,
+        ids,
+        gamma=gamma,
+        params=params,
+        max_tokens=max_tokens,
+        eos_ids=eos,
+        key=mx.random.key(seed),
+    )
+    reason = None
+    try:
+        while reason is None:
+            try:
+                event = next(tokens)
+            except StopIteration as finished:
+                reason = limit_reason if finished.value == "length" else finished.value
+                break
+            if isinstance(event, Prefill):
+                collector.add_prefill(event)
+                yield event
+                continue
+            event, reason = _with_text(event, text, eos, stops)
+            collector.add_round(event, tokens=sum(t not in eos for t in event.emitted))
+            yield event
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    finally:
+        tokens.close()
+    yield Done(reason, collector.stats(reason))
+
+
+def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: tuple[str, ...]) -> tuple[Round, str | None]:
+    """Attach each emitted id's text; cut the round at a stop string."""
+    pieces, kept = [], []
+    for token in event.emitted:
+        kept.append(token)
+        if token in eos:
+            pieces.append("")
+            break
+        searched = len(text.text)
+        pieces.append(text.add(token))
+        if stops:
+            at = find_stop(text.text, stops, searched)
+            if at is not None:
+                # the text ends where the stop string starts; the ids that spelled it stay
+                cut = len(text.text) - at
+                text.text = text.text[:at]
+                pieces[-1] = pieces[-1][: max(0, len(pieces[-1]) - cut)]
+                return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), "stop"
+    return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), None
+
+
+def _check_ids(pair: Pair, ids: list[int]) -> None:
+    bad = [t for t in ids if not 0 <= t < pair.target.width]
+    if bad:
+        raise InvalidOption(f"token id {bad[0]} is outside the target's vocabulary (0..{pair.target.width - 1})")
+
+
+def _fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]:
+    context = pair.target.context_length
+    if context is None:
+        return max_tokens, "length"
+    if prompt_len >= context:
+        raise PromptTooLong(f"the prompt has {prompt_len} tokens and {pair.target.label} reads at most {context}")
+    room = context - prompt_len
+    return (max_tokens, "length") if max_tokens <= room else (room, "context")
+
+
+def generate(pair: Pair, prompt: str | Sequence[int], **options) -> GenerationResult:
+    """Generate to the end; options as for `stream`."""
+    pieces, tokens = [], []
+    eos = pair.eos_ids
+    prompt_tokens = 0
+    for event in stream(pair, prompt, **options):
+        if isinstance(event, Prefill):
+            prompt_tokens = event.prompt_tokens
+        elif isinstance(event, Round):
+            pieces.append(event.text)
+            tokens += [t for t in event.emitted if t not in eos]
+        else:
+            done = event
+    return GenerationResult("".join(pieces), tokens, prompt_tokens, done.stats, done.finish_reason)

@@ -1,0 +1,146 @@
+"""Find a model (local folder or Hugging Face repo id), download it with visible progress,
+and load it through `mlx_lm.load`, turning every failure into one actionable line.
+
+mlx-lm treats any path that does not exist as a repo id, so a typo in a folder name turns
+into a network look-up; here path-looking names are checked as folders first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ModelLoadError, ModelNotFound
+
+# What mlx-lm needs from a repo (its own download list, minus code files).
+DOWNLOAD_PATTERNS = ["*.json", "model*.safetensors", "*.tiktoken", "tiktoken.model", "tokenizer.model", "*.txt", "*.jinja"]
+# transformers warns about harmless config quirks while mlx-lm builds the tokenizer.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "max_seq_len", "seq_length", "n_positions")
+
+
+@dataclass
+class LoadedModel:
+    name: str  # what the user asked for: repo id or folder
+    path: Path  # where its files are
+    model: object  # the mlx-lm nn.Module
+    tokenizer: object  # mlx-lm's TokenizerWrapper
+    config: dict
+    width: int  # logits per position
+    weight_bytes: int
+    context_length: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name.rstrip("/").split("/")[-1] if "/" in self.name else self.name
+
+
+def looks_like_path(name: str) -> bool:
+    """Repo ids are owner/name; anything else is meant as a folder."""
+    return name.startswith((".", "/", "~")) or name.count("/") != 1 or name.endswith("/") or "\\" in name
+
+
+def resolve(name: str, *, offline: bool | None = None) -> Path:
+    """A local folder for `name`, downloading a repo id if needed."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFound(f"{name} is a file; give the model's folder (with config.json and *.safetensors)")
+        return path
+    if looks_like_path(name):
+        raise ModelNotFound(f"no model folder at {name}")
+    return download(name, offline=offline)
+
+
+def download(repo_id: str, *, offline: bool | None = None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=bool(offline)))
+    except HFValidationError:
+        raise ModelNotFound(f"{repo_id!r} is neither a model folder nor a Hugging Face repo id (owner/name)") from None
+    except GatedRepoError:
+        raise ModelNotFound(f"{repo_id} is gated: accept its terms on huggingface.co and log in (`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(f"no model {repo_id} on Hugging Face (check the name; private repos need `hf auth login`)") from None
+    except RevisionNotFoundError:
+        raise ModelNotFound(f"{repo_id} has no such revision") from None
+    except LocalEntryNotFoundError:
+        raise ModelNotFound(f"cannot download {repo_id}: no network (or HF_HUB_OFFLINE=1) and it is not in the local Hugging Face cache") from None
+    except OSError as e:
+        raise ModelNotFound(f"cannot download {repo_id}: {_first_line(e)}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    return sorted(path.glob("model*.safetensors")) or sorted(path.glob("*.safetensors"))
+
+
+def weight_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in weight_files(path))
+
+
+def read_config(path: Path) -> dict:
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"{path} has no config.json: not an mlx-lm model folder")
+    try:
+        return json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {e}") from None
+
+
+def context_length(config: dict) -> int | None:
+    for scope in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            value = scope.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def load(name: str, *, offline: bool | None = None) -> LoadedModel:
+    """Load one model and its tokenizer; raises ModelNotFound or ModelLoadError."""
+    import mlx.core as mx
+    import mlx_lm
+
+    path = resolve(name, offline=offline)
+    config = read_config(path)
+    if not weight_files(path):
+        raise ModelLoadError(f"{path} has no *.safetensors weights")
+    if not (path / "tokenizer.json").exists() and not (path / "tokenizer.model").exists() and not list(path.glob("*.tiktoken")):
+        raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+    try:
+        model, tokenizer = mlx_lm.load(str(path))
+    except Exception as e:  # mlx-lm and safetensors raise many types for a bad folder
+        raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
+    try:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        width = model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1]
+    except Exception as e:
+        raise ModelLoadError(f"cannot run {name}: {_first_line(e)}") from None
+    return LoadedModel(
+        name=name,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        width=width,
+        weight_bytes=weight_bytes(path),
+        context_length=context_length(config),
+    )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]

@@ -1,0 +1,195 @@
+"""A target and a draft that can decode together: loaded, proven compatible, and known to
+fit in memory.
+
+Compatibility is about token ids, not text: the engine hands the draft's ids to the target,
+so both tokenizers must map every token to the same id (compared entry by entry, not by
+size) and end sequences on the same ids. Logit widths may still differ (Qwen pads small
+models to 151936 and large ones to 152064); the engine handles that without ever cutting
+the target's distribution.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import caches, loading
+from .errors import IncompatiblePair, InsufficientMemory, InvalidOption
+from .loading import LoadedModel
+
+ASSETS = Path(__file__).parent / "assets"
+BUNDLED_TARGET = ASSETS / "tiny-target"
+BUNDLED_DRAFT = ASSETS / "tiny-draft"
+
+# Beyond the weights: activations, KV caches of a few thousand tokens, MLX's buffers.
+_OVERHEAD_FRACTION = 0.10
+_OVERHEAD_BYTES = 512 * 2**20
+
+
+@dataclass
+class Pair:
+    target: LoadedModel
+    draft: LoadedModel | None
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return frozenset(self.target.tokenizer.eos_token_ids)
+
+    @property
+    def description(self) -> str:
+        return self.target.label + (f" + {self.draft.label}" if self.draft else "")
+
+
+def load_pair(
+    target: str | None = None,
+    draft: str | None = None,
+    *,
+    pair: str | None = None,
+    no_draft: bool = False,
+    on_status: Callable[[str], None] | None = None,
+    offline: bool | None = None,
+) -> Pair:
+    """Load a target and its draft by repo id, folder, or models.toml preset name.
+
+    With no names at all, the bundled tiny pair (offline). `no_draft` loads the target only.
+    Raises MlxspecError subclasses with one-line messages.
+    """
+    status = on_status or (lambda message: None)
+    target_name, draft_name = choose_names(target, draft, pair)
+    if no_draft:
+        draft_name = None
+
+    status(f"Finding {target_name}")
+    target_path = _resolve_checked(target_name, offline)
+    draft_path = None
+    if draft_name:
+        status(f"Finding {draft_name}")
+        draft_path = _resolve_checked(draft_name, offline)
+    check_memory(loading.weight_bytes(target_path) + (loading.weight_bytes(draft_path) if draft_path else 0), _names(target_name, draft_name))
+
+    status(f"Loading target {target_name}")
+    target_model = loading.load(str(target_path))
+    target_model.name = target_name
+    caches.check_supported(target_model.model, f"target {target_name}")
+    draft_model = None
+    if draft_name:
+        status(f"Loading draft {draft_name}")
+        draft_model = loading.load(str(draft_path))
+        draft_model.name = draft_name
+        caches.check_supported(draft_model.model, f"draft {draft_name}")
+        check_compatible(target_model.tokenizer, draft_model.tokenizer)
+    return Pair(target_model, draft_model)
+
+
+def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[str, str | None]:
+    if pair:
+        from .presets import find_preset
+
+        preset = find_preset(pair)
+        return target or preset.target, draft or preset.draft
+    if target is None and draft is None:
+        return str(BUNDLED_TARGET), str(BUNDLED_DRAFT)
+    if target is None:
+        raise InvalidOption("--draft needs a --target (or name a --pair)")
+    return target, draft
+
+
+def _names(target: str, draft: str | None) -> str:
+    return target + (f" + {draft}" if draft else "")
+
+
+def _resolve_checked(name: str, offline: bool | None) -> Path:
+    """Resolve a name, refusing a remote model too large for this machine before downloading it."""
+    if not Path(name).expanduser().exists() and not loading.looks_like_path(name):
+        remote = remote_weight_bytes(name)
+        if remote:
+            check_memory(remote, name)
+    return loading.resolve(name, offline=offline)
+
+
+def remote_weight_bytes(repo_id: str) -> int | None:
+    """Size of a hub repo's weights, when the hub answers quickly; None otherwise."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(repo_id, files_metadata=True, timeout=5)
+        return sum(s.size or 0 for s in info.siblings or [] if s.rfilename.endswith(".safetensors")) or None
+    except Exception:
+        return None  # unknown repo, no network: resolve() reports those properly
+
+
+def machine_memory() -> int:
+    """Bytes the pair may use: MLXSPEC_MEMORY_LIMIT if set, else the GPU's recommended
+    working set on Apple silicon, else physical memory."""
+    override = os.environ.get("MLXSPEC_MEMORY_LIMIT")
+    if override:
+        return parse_size(override)
+    try:
+        import mlx.core as mx
+
+        info = mx.device_info()
+        for key in ("max_recommended_working_set_size", "memory_size"):
+            if info.get(key):
+                return int(info[key])
+    except Exception:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise InvalidOption(f"cannot read memory size {text!r} (e.g. 16GB, 512MB)")
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2).upper()]
+    return int(float(match.group(1)) * scale)
+
+
+def estimate_memory(weight_bytes: int) -> int:
+    return int(weight_bytes * (1 + _OVERHEAD_FRACTION)) + _OVERHEAD_BYTES
+
+
+def check_memory(weight_bytes: int, what: str) -> None:
+    need, have = estimate_memory(weight_bytes), machine_memory()
+    if need > have:
+        raise InsufficientMemory(
+            f"{what} needs about {_gib(need)} of memory and this machine allows {_gib(have)}: "
+            "choose smaller (e.g. 4-bit) models"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_compatible(target_tokenizer, draft_tokenizer) -> None:
+    """Same token-to-id map and same end-of-sequence ids, or IncompatiblePair naming the
+    first difference."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        target_by_id = {i: t for t, i in target_vocab.items()}
+        draft_by_id = {i: t for t, i in draft_vocab.items()}
+        for i in sorted(set(target_by_id) | set(draft_by_id)):
+            a, b = target_by_id.get(i), draft_by_id.get(i)
+            if a != b:
+                raise IncompatiblePair(
+                    f"draft and target tokenizers differ: id {i} is {_token(a)} for the target "
+                    f"and {_token(b)} for the draft; pick a draft from the same model family"
+                )
+    target_eos, draft_eos = set(target_tokenizer.eos_token_ids), set(draft_tokenizer.eos_token_ids)
+    if target_eos != draft_eos:
+        raise IncompatiblePair(
+            f"draft and target end sequences on different ids: target {sorted(target_eos)}, draft {sorted(draft_eos)}"
+        )
+
+
+def _token(t: str | None) -> str:
+    return "missing" if t is None else repr(t)

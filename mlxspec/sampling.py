@@ -1,0 +1,82 @@
+"""Sampling settings, and the one warp function that turns logits into the distribution
+a token is drawn from.
+
+Draft, target and plain decoding all go through `warp`, so the probabilities the acceptance
+rule compares are exactly the ones the tokens were sampled from. The filters follow
+mlx-lm's `make_sampler`: top-p, min-p and top-k act on the untempered distribution, then
+the temperature is applied to what survives. Probabilities stay float32 whatever the
+weights' precision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .errors import InvalidOption
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        if not math.isfinite(self.temp) or self.temp < 0:
+            raise InvalidOption(f"temperature must be >= 0, got {self.temp}")
+        if not (0 < self.top_p <= 1):
+            raise InvalidOption(f"top-p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidOption(f"top-k must be a whole number >= 0, got {self.top_k}")
+        if not (0 <= self.min_p < 1):
+            raise InvalidOption(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0
+
+
+def warp(logits: mx.array, params: SamplingParams) -> mx.array:
+    """logits (..., vocab) -> probabilities (..., vocab), float32, rows summing to 1.
+
+    Filtered-out ids get probability exactly 0. Not for greedy decoding (argmax needs no
+    distribution).
+    """
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    keep = None
+    if params.top_p < 1:
+        keep = _top_p_mask(logprobs, params.top_p)
+    if params.min_p > 0:
+        floor = logprobs.max(axis=-1, keepdims=True) + math.log(params.min_p)
+        keep = _both(keep, logprobs >= floor)
+    if 0 < params.top_k < logprobs.shape[-1]:
+        # ids tied with the k-th largest are all kept: ties are measure-zero for real models
+        # and keeping them makes the filter a pure function of the values.
+        kth = mx.topk(logprobs, params.top_k, axis=-1).min(axis=-1, keepdims=True)
+        keep = _both(keep, logprobs >= kth)
+    if keep is not None:
+        logprobs = mx.where(keep, logprobs, -mx.inf)
+    return mx.softmax(logprobs / params.temp, axis=-1)
+
+
+def _top_p_mask(logprobs: mx.array, top_p: float) -> mx.array:
+    """Keep the most likely ids until their mass reaches top_p (the one crossing it included)."""
+    ordered = mx.sort(logprobs, axis=-1)[..., ::-1]
+    mass_before = mx.cumsum(mx.exp(ordered), axis=-1) - mx.exp(ordered)
+    kept = mass_before < top_p
+    threshold = mx.min(mx.where(kept, ordered, mx.inf), axis=-1, keepdims=True)
+    return logprobs >= threshold
+
+
+def _both(a, b):
+    return b if a is None else mx.logical_and(a, b)
+
+
+def sample(probs: mx.array, key: mx.array) -> mx.array:
+    """Draw one id per row of `probs` (..., vocab) with an explicit random key."""
+    return mx.random.categorical(mx.log(probs), axis=-1, key=key)

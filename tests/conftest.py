@@ -1,0 +1,122 @@
+"""Fixtures: real mlx-lm models, tiny and random, written to disk and loaded back with
+`mlx_lm.load`, sharing a byte-level BPE tokenizer trained here on the standard library's
+source. Built once per test session (a few seconds)."""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never touch the network
+
+from mlxspec import synthetic  # noqa: E402
+
+# Per architecture: how sharp the target's logits are and how far its draft is perturbed
+# from it, chosen so that greedy acceptance sits between ~0.3 and ~0.9: every round length
+# and both rewind paths (partial rejection, full acceptance) occur within 40 tokens.
+ARCH_SETTINGS = {
+    "llama": (4.0, 0.1),
+    "qwen2": (4.0, 0.1),
+    "qwen3": (4.0, 0.1),
+    "gemma2": (1.0, 0.15),
+    "phi3": (4.0, 0.1),
+    "gemma3_text": (4.0, 0.04),
+    "llama_sliding": (4.0, 0.1),
+    "qwen3_next": (4.0, 0.05),
+    "mamba": (4.0, 0.15),
+}
+ARCHS = list(ARCH_SETTINGS)
+
+
+def stdlib_texts(limit: int = 30) -> list[str]:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(lib.glob("*.py"))[:limit]
+    return [f.read_text(errors="ignore") for f in files]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(models_dir) -> Path:
+    path = models_dir / "tokenizer"
+    synthetic.train_tokenizer(stdlib_texts(), 512, path)
+    return path
+
+
+def _eos_ids(tokenizer_dir: Path) -> list[int]:
+    import json
+
+    data = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in data["added_tokens"]}
+    return [ids[synthetic.ENDOFTEXT], ids[synthetic.IM_END]]
+
+
+class ModelFactory:
+    """Builds (and remembers) model folders on demand."""
+
+    def __init__(self, root: Path, tokenizer_dir: Path):
+        self.root = root
+        self.tokenizer_dir = tokenizer_dir
+        self.eos = _eos_ids(tokenizer_dir)
+        self._built: dict[str, Path] = {}
+
+    def _build(self, name: str, **kwargs) -> Path:
+        if name not in self._built:
+            path = self.root / name
+            kwargs.setdefault("eos_token_ids", self.eos)
+            synthetic.build_model(out_dir=path, tokenizer_dir=self.tokenizer_dir, **kwargs)
+            self._built[name] = path
+        return self._built[name]
+
+    def pair(self, arch: str, bits: int | None = None) -> tuple[Path, Path]:
+        """A target and a noisy copy of it as the draft; `bits` quantizes both."""
+        head_scale, noise = ARCH_SETTINGS[arch]
+        target = self._build(f"{arch}-target", arch=arch, seed=1, head_scale=head_scale)
+        draft = self._build(f"{arch}-draft", arch=arch, seed=2, like=target, noise=noise)
+        if bits:
+            return self.quantized(target, bits), self.quantized(draft, bits)
+        return target, draft
+
+    def quantized(self, source: Path, bits: int) -> Path:
+        name = f"{source.name}-q{bits}"
+        if name not in self._built:
+            import mlx_lm
+            from mlx_lm.utils import load_config, quantize_model, save_config, save_model
+
+            model, _ = mlx_lm.load(str(source))
+            model, config = quantize_model(model, load_config(source), group_size=32, bits=bits)
+            save_model(self.root / name, model)
+            save_config(config, self.root / name / "config.json")
+            synthetic.copy_tokenizer(source, self.root / name)
+            self._built[name] = self.root / name
+        return self._built[name]
+
+    def model(self, name: str, **kwargs) -> Path:
+        return self._build(name, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def factory(models_dir, tokenizer_dir) -> ModelFactory:
+    return ModelFactory(models_dir, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def load_pair(factory):
+    """load_pair(arch, bits=None) -> a loaded Pair, cached per session."""
+    import mlxspec
+
+    cache = {}
+
+    def load(arch: str, bits: int | None = None):
+        if (arch, bits) not in cache:
+            target, draft = factory.pair(arch, bits)
+            cache[arch, bits] = mlxspec.load_pair(str(target), str(draft))
+        return cache[arch, bits]
+
+    return load

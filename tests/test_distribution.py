@@ -1,0 +1,165 @@
+"""Sampling: the whole engine (draft, verify, rewinds, caches) must emit exactly the target's
+distribution. On a pair with 6-id vocabularies and sharp, different p and q, thousands of
+seeded runs give the joint law of the first three emitted ids (216 outcomes), which a
+marginal could not: a rewind bug only changes later tokens. That law is tested against the
+exact one, computed from the target's own warped distributions over every prefix.
+
+Sample size and threshold. Significance 1e-3 fixes the critical value c for the
+degrees of freedom at hand (about 30-60 after pooling rare outcomes, c ~ 60-100). With
+N = 4000 runs, a deviation of effect size w (Cohen: w^2 = sum (p1 - p0)^2 / p0) gives a
+non-centrality N w^2; for w = 0.15 that is 90, putting the statistic's mean about 2.5
+standard deviations above c (power ~0.99), and the sabotaged rules below sit far beyond.
+Seeds are fixed, so each check is deterministic; the threshold says how surprising a pass
+of a wrong engine would be.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+import mlxspec
+from mlxspec import engine, verify
+from mlxspec.events import Round
+from mlxspec.generation import Session
+from mlxspec.sampling import SamplingParams, warp
+from mlxspec.synthetic import ARCHITECTURES
+from tests.chisquare import critical_value, goodness_of_fit
+
+VOCAB = 6
+PROMPT = [1, 4, 2]
+LENGTH = 3
+GAMMA = 2
+RUNS = 4000
+SIGNIFICANCE = 1e-3
+
+SETTINGS = {
+    "temp1": SamplingParams(temp=1.0),
+    "temp0.7-top_p0.9": SamplingParams(temp=0.7, top_p=0.9),
+    "temp1-top_k4": SamplingParams(temp=1.0, top_k=4),
+}
+
+
+@pytest.fixture(scope="module")
+def small_pair(factory):
+    """One-layer llamas over 6 ids; the draft is an unrelated random model, so q differs from
+    p everywhere (acceptance around one half) and both are sharp."""
+    config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    target = factory.model("dist-target", arch=config, vocab_size=VOCAB, seed=11, head_scale=5.0)
+    draft = factory.model("dist-draft", arch=config, vocab_size=VOCAB, seed=12, like=target, noise=0.8)
+    return mlxspec.load_pair(str(target), str(draft))
+
+
+def exact_law(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
+    """P(first LENGTH ids) under standard decoding, from the target's warped rows."""
+    law = {}
+    rows = {}
+    for prefix_len in range(LENGTH):
+        for prefix in itertools.product(range(VOCAB), repeat=prefix_len):
+            logits = model(mx.array([PROMPT + list(prefix)]))[0, -1]
+            rows[prefix] = warp(logits, params).tolist()
+    for outcome in itertools.product(range(VOCAB), repeat=LENGTH):
+        p = 1.0
+        for i in range(LENGTH):
+            p *= rows[outcome[:i]][outcome[i]]
+        if p > 0:
+            law[outcome] = p
+    return law
+
+
+def sample_joint(pair, params: SamplingParams, gamma: int, runs: int, seed: int) -> Counter:
+    counts = Counter()
+    for i in range(runs):
+        session = Session(pair)
+        emitted = []
+        for event in engine.decode(
+            session.target,
+            session.draft,
+            PROMPT,
+            gamma=gamma,
+            params=params,
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(seed + i),
+        ):
+            if isinstance(event, Round):
+                emitted += event.emitted
+        counts[tuple(emitted)] += 1
+    return counts
+
+
+def fits(counts: Counter, law: dict) -> tuple[bool, float, float]:
+    statistic, df = goodness_of_fit(counts, law)
+    threshold = critical_value(df, SIGNIFICANCE)
+    return statistic <= threshold, statistic, threshold
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_speculative_sampling_has_the_targets_joint_law(small_pair, name):
+    params = SETTINGS[name]
+    law = exact_law(small_pair.target.model, params)
+    counts = sample_joint(small_pair, params, GAMMA, RUNS, seed=1000)
+    ok, statistic, threshold = fits(counts, law)
+    assert ok, f"{name}: chi2 {statistic:.1f} > {threshold:.1f}"
+
+
+def test_standard_decoding_has_the_targets_joint_law(small_pair):
+    """The harness itself: plain sampling through the same code passes the same test."""
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_joint(small_pair, params, 0, RUNS, seed=5000), law)
+    assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
+
+
+def test_the_pair_exercises_every_path(small_pair):
+    """p and q must differ enough that rejections, recoveries and bonuses all happen."""
+    params = SETTINGS["temp1"]
+    session = Session(small_pair)
+    fates = Counter()
+    for i in range(200):
+        session.reset()
+        for event in engine.decode(
+            session.target, session.draft, PROMPT, gamma=GAMMA, params=params, max_tokens=LENGTH,
+            eos_ids=frozenset(), key=mx.random.key(i),
+        ):
+            if isinstance(event, Round) and event.drafted:
+                fates[event.fates[-1]] += 1
+                fates[f"accepted={event.accepted}"] += 1
+    assert fates["recovered"] > 40 and fates["bonus"] > 20, fates
+    assert all(fates[f"accepted={n}"] > 10 for n in range(GAMMA + 1)), fates
+
+
+def test_harness_rejects_always_accepting(small_pair, monkeypatch):
+    monkeypatch.setattr(verify, "acceptance_probability", lambda p, q: mx.ones_like(p))
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
+    assert not ok, f"a rule that accepts everything passed: chi2 {statistic:.1f} <= {threshold:.1f}"
+
+
+def test_harness_rejects_missing_rewind(small_pair, monkeypatch):
+    """Caches that keep rejected drafts give later tokens the wrong context."""
+
+    def no_rewind(self, length, mark):
+        self.length = length  # the bookkeeping moves, the layers keep the rejected tokens
+        return 0
+
+    monkeypatch.setattr(engine.ModelCache, "rewind", no_rewind)
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
+    assert not ok, f"an engine that never rewinds passed: chi2 {statistic:.1f} <= {threshold:.1f}"
+
+
+def test_harness_rejects_unclamped_residual(small_pair, monkeypatch):
+    """Sampling the correction from p - q without max(0, .) (renormalised |p - q|) is wrong."""
+    monkeypatch.setattr(
+        verify, "residual", lambda p, q: mx.abs(p - q) / mx.abs(p - q).sum(axis=-1, keepdims=True)
+    )
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
+    assert not ok, f"an unclamped residual passed: chi2 {statistic:.1f} <= {threshold:.1f}"

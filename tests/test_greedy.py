@@ -1,0 +1,93 @@
+"""Temperature 0: speculative decoding must reproduce standard decoding token for token, on
+every architecture (plain, sliding-window and recurrent caches), float and 4-bit."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+import mlxspec
+from mlxspec import Round
+from mlxspec.generation import Session
+from tests.conftest import ARCHS
+
+PROMPT = list(range(10, 22))  # 12 ids; with 48 new ones every window-8 cache wraps many times
+MAX_TOKENS = 48
+GAMMAS = (1, 2, 4, 7)
+
+
+def rounds(pair, prompt, **options) -> list[Round]:
+    return [e for e in mlxspec.stream(pair, prompt, **options) if isinstance(e, Round)]
+
+
+@pytest.mark.parametrize("bits", [None, 4], ids=["float", "4bit"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_speculative_equals_standard(load_pair, arch, bits):
+    pair = load_pair(arch, bits)
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0)
+    assert len(standard.tokens) == MAX_TOKENS
+    for gamma in GAMMAS:
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma)
+        assert result.tokens == standard.tokens, f"gamma={gamma}"
+        stats = result.stats
+        assert stats.tokens == MAX_TOKENS and stats.rounds < MAX_TOKENS
+        # the draft is a noisy copy of the target: it must be right often, wrong sometimes,
+        # or this test would not exercise both rewind paths
+        assert 0.05 < stats.acceptance_rate < 1.0, f"gamma={gamma}: acceptance {stats.acceptance_rate}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])
+def test_rounds_cover_rejection_and_full_acceptance(load_pair, arch):
+    events = rounds(load_pair(arch), PROMPT, max_tokens=MAX_TOKENS, gamma=2)
+    kinds = {e.fates[-1] for e in events}
+    assert {"recovered", "bonus"} <= kinds, kinds
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "llama_sliding", "qwen3_next", "mamba"])
+def test_target_drafting_for_itself_accepts_everything(load_pair, arch):
+    pair = load_pair(arch)
+    self_pair = mlxspec.Pair(pair.target, pair.target)
+    for gamma in (3, 5):
+        events = rounds(self_pair, PROMPT, max_tokens=40, gamma=gamma)
+        for event in events:
+            assert event.accepted == len(event.drafted), event
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "llama_sliding", "qwen3_next", "mamba"])
+def test_each_round_drafts_what_a_fresh_draft_would(load_pair, arch):
+    """A draft cache rolled back wrongly still gives exact output (the target decides), only
+    lower acceptance; so compare every round's proposals with a fresh draft run over the same
+    history."""
+    pair = load_pair(arch)
+    history = list(PROMPT)
+    for event in rounds(pair, PROMPT, max_tokens=40, gamma=4):
+        if event.drafted:
+            assert list(event.drafted) == fresh_greedy(pair.draft.model, history, len(event.drafted))
+        history += event.emitted
+
+
+def fresh_greedy(model, ids, n):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(ids)[None], cache=cache)
+    out = []
+    for _ in range(n):
+        token = mx.argmax(logits[0, -1]).item()
+        out.append(token)
+        logits = model(mx.array([[token]]), cache=cache)
+    return out
+
+
+def test_session_reuses_caches_exactly(load_pair):
+    """Generating twice through one session (the second prompt extending the first output)
+    gives the same ids as a fresh run, and reads only the new ids."""
+    pair = load_pair("llama")
+    session = Session(pair)
+    first = mlxspec.generate(pair, PROMPT, max_tokens=10, gamma=3, session=session)
+    follow = PROMPT + first.tokens + [30, 31]
+    events = list(mlxspec.stream(pair, follow, max_tokens=20, gamma=3, session=session))
+    fresh = mlxspec.generate(pair, follow, max_tokens=20, gamma=3)
+    reused = [t for e in events if isinstance(e, Round) for t in e.emitted]
+    assert reused == fresh.tokens
+    assert events[0].processed_tokens < len(follow) - 10
