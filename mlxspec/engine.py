@@ -16,6 +16,7 @@ reads the round's outcome once, at the end.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -68,27 +69,39 @@ class Cursor:
     def sync(self, ids: list[int]) -> int:
         """Make history == ids, keeping what the cache already holds of them, and leave at
         least the last id pending. Returns how many ids were reused from the cache."""
-        common = 0
-        limit = min(len(self.tokens), len(ids) - 1)
-        while common < limit and self.tokens[common] == ids[common]:
-            common += 1
-        if common < len(self.tokens):
-            if self.cache.trim_to(common):
-                del self.tokens[common:]
-            else:  # a state that cannot be trimmed: read everything again
-                self.reset()
-        self.pending = list(ids[len(self.tokens) :])
+        with self.atomic(ids):
+            common = 0
+            limit = min(len(self.tokens), len(ids) - 1)
+            while common < limit and self.tokens[common] == ids[common]:
+                common += 1
+            if common < len(self.tokens):
+                if self.cache.trim_to(common):
+                    del self.tokens[common:]
+                else:  # a state that cannot be trimmed: read everything again
+                    self.reset()
+            self.pending = list(ids[len(self.tokens) :])
         return len(self.tokens)
 
     def prefill(self, step: int = PREFILL_STEP) -> None:
         """Read all pending ids but the last, in chunks."""
-        while len(self.pending) > 1:
-            chunk = self.pending[: min(step, len(self.pending) - 1)]
-            self.forward(mx.array(chunk, dtype=_TOKEN))
-            mx.eval(self.cache.state)
-            self.tokens += chunk
-            del self.pending[: len(chunk)]
-            mx.clear_cache()
+        with self.atomic(self.history):
+            while len(self.pending) > 1:
+                chunk = self.pending[: min(step, len(self.pending) - 1)]
+                self.forward(mx.array(chunk, dtype=_TOKEN))
+                mx.eval(self.cache.state)
+                self.tokens += chunk
+                del self.pending[: len(chunk)]
+                mx.clear_cache()
+
+    @contextmanager
+    def atomic(self, history: list[int]):
+        """On any exception inside (Ctrl-C above all), drop the cache and make `history` the
+        ids to read next time: the cursor stays truthful about what its cache holds."""
+        try:
+            yield
+        except BaseException:
+            self.invalidate(list(history))
+            raise
 
     def rewind(self, keep: int, mark) -> list[int]:
         """Keep the first `keep` ids; returns ids that must be read again (put them back in
@@ -101,17 +114,20 @@ class Cursor:
         del self.tokens[keep:]
         return []
 
-    def invalidate(self) -> None:
-        """Drop the cache but keep the history: the next prefill reads it all again."""
-        history = self.history
+    def invalidate(self, history: list[int]) -> None:
+        """Drop the cache; the next prefill reads `history` again."""
         self.reset()
         self.pending = history
 
     def abandon(self, mark, pending: list[int]) -> None:
         """Undo a round that did not finish (an interrupt): back to `mark` and `pending`."""
-        self.cache.restore(mark)
-        del self.tokens[mark.length :]
-        self.pending = pending
+        history = self.tokens[: mark.length] + pending
+        try:
+            self.cache.restore(mark)
+            del self.tokens[mark.length :]
+            self.pending = pending
+        except BaseException:
+            self.invalidate(history)
 
 
 def _to_width(logits: mx.array, width: int) -> mx.array:
@@ -188,20 +204,20 @@ def speculative_round(target: Cursor, drafter: Cursor, gamma: int, params: Sampl
         t1 = time.perf_counter()
         values = outcome.tolist()
         t2 = time.perf_counter()
+        drafted_ids, accepted, next_id = values[:gamma], values[gamma], values[gamma + 1]
+
+        target.tokens += target_pending + drafted_ids
+        target.pending = target.rewind(len(target.tokens) - (gamma - accepted), target_mark) + [next_id]
+        drafter.tokens += draft_pending + drafted_ids[:-1]
+        if accepted < gamma:
+            keep = len(drafter.tokens) - (gamma - 1 - accepted)
+            drafter.pending = drafter.rewind(keep, draft_mark) + [next_id]
+        else:  # the draft never read its own last proposal
+            drafter.pending = [drafted_ids[-1], next_id]
     except BaseException:
         target.abandon(target_mark, target_pending)
         drafter.abandon(draft_mark, draft_pending)
         raise
-    drafted_ids, accepted, next_id = values[:gamma], values[gamma], values[gamma + 1]
-
-    target.tokens += target_pending + drafted_ids
-    target.pending = target.rewind(len(target.tokens) - (gamma - accepted), target_mark) + [next_id]
-    drafter.tokens += draft_pending + drafted_ids[:-1]
-    if accepted < gamma:
-        keep = len(drafter.tokens) - (gamma - 1 - accepted)
-        drafter.pending = drafter.rewind(keep, draft_mark) + [next_id]
-    else:  # the draft never read its own last proposal
-        drafter.pending = [drafted_ids[-1], next_id]
     return RoundOutcome(drafted_ids, accepted, next_id, t1 - t0, t2 - t1)
 
 
@@ -211,11 +227,11 @@ def target_round(target: Cursor, drafter: Cursor | None, params: SamplingParams,
     mark, pending = target.cache.mark(), list(target.pending)
     try:
         next_id = verify(target, mx.array([], dtype=_TOKEN), None, params, key)[1].item()
+        target.tokens += pending
+        target.pending = [next_id]
     except BaseException:
         target.abandon(mark, pending)
         raise
-    target.tokens += pending
-    target.pending = [next_id]
     if drafter is not None:
         drafter.pending.append(next_id)
     return RoundOutcome([], 0, next_id, 0.0, time.perf_counter() - t0)
@@ -301,28 +317,28 @@ def _standard(
         key, sub = mx.random.split(key)
         return sub
 
+    history = target.history  # plus each id read back: what the cache holds or will read
+    with target.atomic(history):
+        fed = list(target.pending)
+        target.pending = []
+        y = step(mx.array(fed, dtype=_TOKEN), next_key())
+        mx.async_eval(y)
+        target.tokens += fed
     produced = 0
-    fed = list(target.pending)
-    target.pending = []
-    y = step(mx.array(fed, dtype=_TOKEN), next_key())
-    mx.async_eval(y)
-    target.tokens += fed
     while True:
         t0 = time.perf_counter()
         queued = produced + 1 < max_tokens
-        if queued:
-            following = step(y[None], next_key())
-            mx.async_eval(following)
-        try:
+        with target.atomic(history):
+            if queued:
+                following = step(y[None], next_key())
+                mx.async_eval(following)
             token = y.item()
-        except BaseException:
-            target.invalidate()  # the cache read ids we never saw: start it afresh next time
-            raise
-        produced += 1
-        if queued:
-            target.tokens.append(token)
-        else:
-            target.pending = [token]
+            history.append(token)
+            produced += 1
+            if queued:
+                target.tokens.append(token)
+            else:
+                target.pending = [token]
         ended = token in eos_ids
         yield Round(
             index=produced - 1,

@@ -156,3 +156,4 @@ class StatsCollector:
 class Done:
     finish_reason: str  # "eos", "length", "stop", "context" or "interrupted"
     stats: Stats
+    text: str = ""  # text held back until the end (a possible start of a stop string)

@@ -19,7 +19,7 @@ from .errors import InvalidOption, PromptTooLong
 from .events import Done, Prefill, Round, Stats, StatsCollector
 from .pairs import Pair
 from .sampling import SamplingParams
-from .text import TextStream, find_stop
+from .text import StopFilter, TextStream
 
 Event = Prefill | Round | Done
 
@@ -71,10 +71,12 @@ def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False,
     return list(tokenizer.encode(prompt))
 
 
-def check_options(pair: Pair, gamma: int, max_tokens: int, xtc_probability: float = 0.0) -> None:
+def check_options(pair: Pair | None, gamma: int, max_tokens: int, xtc_probability: float = 0.0) -> None:
+    """Refuse options the engine cannot honour exactly; `pair` None checks what it can
+    before the models are loaded."""
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
         raise InvalidOption(f"gamma (draft length) must be a whole number >= 0, got {gamma}")
-    if gamma > 0 and pair.draft is None:
+    if gamma > 0 and pair is not None and pair.draft is None:
         raise InvalidOption("speculative decoding needs a draft model: name one, or use gamma 0")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidOption(f"max tokens must be a whole number >= 1, got {max_tokens}")
@@ -106,6 +108,8 @@ def stream(
     Done("interrupted"), the session still usable."""
     params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     check_options(pair, gamma, max_tokens, xtc_probability)
+    if isinstance(prompt, str) and not prompt.strip():
+        raise InvalidOption("the prompt is empty")
     ids = encode_prompt(pair, prompt, raw=raw)
     if not ids:
         raise InvalidOption("the prompt is empty")
@@ -116,7 +120,7 @@ def stream(
 
     collector = StatsCollector(gamma=gamma, seed=seed)
     text = TextStream(pair.tokenizer, ids[-4:])
-    stops = tuple(s for s in stop if s)
+    stops = StopFilter(tuple(stop))
     eos = pair.eos_ids
     tokens = engine.decode(
         session.target,
@@ -147,27 +151,23 @@ def stream(
         reason = "interrupted"
     finally:
         tokens.close()
-    yield Done(reason, collector.stats(reason))
+    tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
+    yield Done(reason, collector.stats(reason), tail)
 
 
-def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: tuple[str, ...]) -> tuple[Round, str | None]:
-    """Attach each emitted id's text; cut the round at a stop string."""
+def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopFilter) -> tuple[Round, str | None]:
+    """Attach each emitted id's text; cut the round at a stop string. The text ends where
+    the stop string starts; the ids that spelled it stay in `emitted`."""
     pieces, kept = [], []
     for token in event.emitted:
         kept.append(token)
         if token in eos:
             pieces.append("")
             break
-        searched = len(text.text)
-        pieces.append(text.add(token))
-        if stops:
-            at = find_stop(text.text, stops, searched)
-            if at is not None:
-                # the text ends where the stop string starts; the ids that spelled it stay
-                cut = len(text.text) - at
-                text.text = text.text[:at]
-                pieces[-1] = pieces[-1][: max(0, len(pieces[-1]) - cut)]
-                return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), "stop"
+        piece, stopped = stops.feed(text.add(token))
+        pieces.append(piece)
+        if stopped:
+            return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), "stop"
     return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), None
 
 
@@ -200,4 +200,5 @@ def generate(pair: Pair, prompt: str | Sequence[int], **options) -> GenerationRe
             tokens += [t for t in event.emitted if t not in eos]
         else:
             done = event
+            pieces.append(event.text)
     return GenerationResult("".join(pieces), tokens, prompt_tokens, done.stats, done.finish_reason)

@@ -167,7 +167,7 @@ def check_memory(weight_bytes: int, what: str) -> None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
 
 
 def check_compatible(target_tokenizer, draft_tokenizer) -> None:

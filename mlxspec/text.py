@@ -46,12 +46,42 @@ class TextStream:
         return piece
 
 
-def find_stop(text: str, stops: tuple[str, ...], searched: int) -> int | None:
-    """Index in `text` where the earliest stop string starts, looking only at matches that
-    end after position `searched` (earlier text was checked already)."""
-    best = None
-    for stop in stops:
-        at = text.find(stop, max(0, searched - len(stop) + 1))
-        if at >= 0 and (best is None or at < best):
-            best = at
-    return best
+class StopFilter:
+    """Releases streamed text, holding back any tail that could be the start of a stop
+    string, so text that turns out to belong to a stop string is never shown."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """(text safe to show, whether a stop string was reached)."""
+        if not self.stops:
+            return piece, False
+        self._held += piece
+        at = find_stop(self._held, self.stops)
+        if at is not None:
+            released, self._held = self._held[:at], ""
+            return released, True
+        keep = _partial_stop_length(self._held, self.stops)
+        released = self._held[: len(self._held) - keep]
+        self._held = self._held[len(released) :]
+        return released, False
+
+    def flush(self) -> str:
+        released, self._held = self._held, ""
+        return released
+
+
+def find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Index in `text` where the earliest stop string starts."""
+    found = [at for at in (text.find(stop) for stop in stops) if at >= 0]
+    return min(found) if found else None
+
+
+def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that begins some stop string."""
+    for n in range(min(len(text), max(map(len, stops)) - 1), 0, -1):
+        if any(stop.startswith(text[-n:]) for stop in stops):
+            return n
+    return 0

@@ -1,0 +1,161 @@
+"""The `mlxspec` command: parse options, call the library, hand events to a view.
+
+Every failure the user can fix arrives as an MlxspecError and leaves as one line on stderr
+with a non-zero exit code; MLX and mlx-lm are imported inside commands so `--help` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .errors import InvalidOption, MlxspecError
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """Typer's parse errors (click's ClickException, vendored in recent typer): they carry a
+    message and an exit code."""
+    return hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)
+
+app = typer.Typer(
+    help="Speculative decoding on MLX: a small draft model proposes, the big target verifies. "
+    "Faster generation with exactly the target's output.",
+    add_completion=False,
+    no_args_is_help=True,
+    invoke_without_command=True,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False)
+
+
+@app.callback()
+def _app(
+    version: Annotated[bool, typer.Option("--version", help="Show the version and exit.")] = False,
+):
+    """Speculative decoding on MLX: a small draft model proposes, the big target verifies.
+    Faster generation with exactly the target's output."""
+    if version:
+        from . import __version__
+
+        print(f"mlxspec {__version__}")
+        raise typer.Exit()
+
+# Options shared by the commands.
+Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: Hugging Face repo id or local folder. Default: the bundled tiny pair.", show_default=False)]
+Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model sharing the target's tokenizer: repo id or folder.", show_default=False)]
+PairName = Annotated[Optional[str], typer.Option("--pair", "-p", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)]
+Gamma = Annotated[int, typer.Option("--gamma", "-g", help="Draft tokens proposed per round; 0 is standard decoding.")]
+NoDraft = Annotated[bool, typer.Option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")]
+Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy (argmax).")]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")]
+TopK = Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens; 0 keeps all.")]
+MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens less likely than this fraction of the top token.")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed, for reproducible sampling.", show_default=False)]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", "-m", help="Most tokens to generate.")]
+Raw = Annotated[bool, typer.Option("--raw", help="Use the prompt as is, without the chat template.")]
+Xtc = Annotated[float, typer.Option("--xtc-probability", hidden=True, help="Refused: XTC sampling cannot be kept exact.")]
+
+
+def _error(message: str, label: str = "error") -> None:
+    err.print(Text.assemble((f"{label}: ", "bold red"), message), soft_wrap=True)
+
+
+def _status(message: str) -> None:
+    err.print(Text(f"{message}…", style="dim"))
+
+
+def load(target, draft, pair, no_draft=False):
+    from .pairs import load_pair
+
+    return load_pair(target, draft, pair=pair, no_draft=no_draft, on_status=_status)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from standard input.")],
+    target: Target = None,
+    draft: Draft = None,
+    pair: PairName = None,
+    gamma: Gamma = 4,
+    no_draft: NoDraft = False,
+    temp: Temp = 0.0,
+    top_p: TopP = 1.0,
+    top_k: TopK = 0,
+    min_p: MinP = 0.0,
+    seed: Seed = None,
+    max_tokens: MaxTokens = 256,
+    raw: Raw = False,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable).", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")] = False,
+    xtc_probability: Xtc = 0.0,
+):
+    """Generate one completion, streaming it to stdout, with statistics on stderr."""
+    from . import generation
+    from .events import Done, Round
+    from .sampling import SamplingParams
+    from .views.summary import stats_line
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise InvalidOption("the prompt is empty")
+    gamma = 0 if no_draft else gamma
+    # refuse bad values before spending time loading models
+    SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    generation.check_options(None, gamma, max_tokens, xtc_probability)
+    loaded = load(target, draft, pair, no_draft=gamma == 0)
+    options = dict(
+        max_tokens=max_tokens, gamma=gamma, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+        seed=seed, raw=raw, stop=stop or (), xtc_probability=xtc_probability,
+    )
+    if as_json:
+        result = generation.generate(loaded, prompt, **options)
+        out = {"target": loaded.target.name, "draft": loaded.draft.name if loaded.draft else None, **result.to_dict()}
+        print(json.dumps(out, indent=2))
+        if result.finish_reason == "interrupted":
+            raise typer.Exit(130)
+        return
+    done = None
+    for event in generation.stream(loaded, prompt, **options):
+        if isinstance(event, Round):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, Done):
+            done = event
+            sys.stdout.write(event.text)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    err.print(stats_line(done.stats))
+    if done.finish_reason == "interrupted":
+        raise typer.Exit(130)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app and turn every expected failure into one line."""
+    try:
+        code = app(args=argv, prog_name="mlxspec", standalone_mode=False)
+    except MlxspecError as e:
+        _error(str(e))
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as e:
+        if _is_usage_error(e):
+            _error(e.format_message())
+            sys.exit(e.exit_code)
+        # a bug: say so in one line, the traceback on request
+        if os.environ.get("MLXSPEC_DEBUG"):
+            raise
+        _error(f"{type(e).__name__}: {e} (MLXSPEC_DEBUG=1 shows the traceback)", "internal error")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Cache rollback, layer type by layer type, against a fresh cache fed the kept ids."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import mlx.core as mx
+import pytest
+
+import mlxspec
+from mlxspec import Done, Round
+from mlxspec.caches import CacheRollbackError, make_cache
+from mlxspec.generation import Session
+
+IDS = list(range(30, 60))
+
+
+def feed(model, cache, ids, one_by_one=False):
+    chunks = [[t] for t in ids] if one_by_one else [ids]
+    for chunk in chunks:
+        logits = model(mx.array(chunk)[None], cache=cache.layers)
+        cache.length += len(chunk)
+    return logits[0, -1]
+
+
+def reference(model, ids):
+    """Logits after `ids`, fed one by one into a fresh cache: how decoding sees them."""
+    return feed(model, make_cache(model), ids, one_by_one=True)
+
+
+def assert_same_next(model, cache, kept):
+    probe = [7]
+    got = feed(model, cache, probe)
+    want = reference(model, kept + probe)
+    assert mx.allclose(got, want, atol=1e-4).item(), float(mx.abs(got - want).max())
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "llama_sliding"])
+def test_wrapped_window_trims_after_a_block(load_pair, arch):
+    """A multi-token block leaves a wrapped window in time order: slicing is exact."""
+    model = load_pair(arch).target.model
+    cache = make_cache(model)
+    feed(model, cache, IDS[:20], one_by_one=True)  # window 8: wrapped twice over
+    mark = cache.mark()
+    feed(model, cache, IDS[20:26])  # a verify block of 6
+    assert cache.rewind(22, mark) == 0  # keep 2 of the block: a plain trim
+    assert cache.length == 22
+    assert_same_next(model, cache, IDS[:22])
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "llama_sliding"])
+def test_wrapped_window_after_single_steps_is_restored(load_pair, arch):
+    """After single-token writes the overwritten rows are gone: restore the mark, re-read."""
+    model = load_pair(arch).target.model
+    cache = make_cache(model)
+    feed(model, cache, IDS[:20], one_by_one=True)
+    mark = cache.mark()
+    feed(model, cache, IDS[20:24], one_by_one=True)  # draft-style steps
+    assert cache.rewind(21, mark) == 1  # back to the mark; one id to read again
+    assert cache.length == 20
+    feed(model, cache, IDS[20:21])
+    assert_same_next(model, cache, IDS[:21])
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba"])
+def test_recurrent_state_is_restored_and_reread(load_pair, arch):
+    model = load_pair(arch).target.model
+    cache = make_cache(model)
+    feed(model, cache, IDS[:10])
+    mark = cache.mark()
+    feed(model, cache, IDS[10:15])
+    assert cache.rewind(12, mark) == 2
+    feed(model, cache, IDS[10:12])
+    assert_same_next(model, cache, IDS[:12])
+
+
+def test_plain_kv_cache_trims(load_pair):
+    model = load_pair("llama").target.model
+    cache = make_cache(model)
+    feed(model, cache, IDS[:10])
+    mark = cache.mark()
+    assert mark.states == {}  # nothing to snapshot: trimming is enough
+    feed(model, cache, IDS[10:15])
+    assert cache.rewind(11, mark) == 0
+    assert_same_next(model, cache, IDS[:11])
+
+
+def test_a_layer_that_disagrees_is_caught(load_pair):
+    model = load_pair("llama").target.model
+    cache = make_cache(model)
+    feed(model, cache, IDS[:10])
+    cache.layers[1].offset += 1  # a layer silently holding one more token
+    with pytest.raises(CacheRollbackError, match="layer 1"):
+        cache.trim_to(5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])
+def test_interrupted_generation_leaves_a_usable_session(load_pair, arch):
+    """Ctrl-C at arbitrary moments (a real SIGINT): the stream ends with Done('interrupted')
+    and the same session then generates exactly what a fresh one would."""
+    pair = load_pair(arch)
+    prompt = IDS[:12]
+    expected = mlxspec.generate(pair, prompt + [5], max_tokens=24, gamma=3).tokens
+    session = Session(pair)
+    for delay in (0.002, 0.01, 0.03, 0.06):
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            last = None
+            for event in mlxspec.stream(pair, prompt, max_tokens=400, gamma=3, session=session):
+                last = event
+            assert isinstance(last, Done)
+        except KeyboardInterrupt:
+            pass  # landed in this loop rather than in the engine: also fine
+        finally:
+            timer.join()
+        result = mlxspec.generate(pair, prompt + [5], max_tokens=24, gamma=3, session=session)
+        assert result.tokens == expected, f"delay {delay}"
+
+
+def test_interrupt_is_reported(load_pair):
+    pair = load_pair("llama")
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        events = list(mlxspec.stream(pair, IDS[:12], max_tokens=100000, gamma=3))
+    finally:
+        timer.join()
+    assert events[-1].finish_reason == "interrupted"
+    assert events[-1].stats.tokens == sum(len(e.emitted) for e in events if isinstance(e, Round))
