@@ -67,7 +67,9 @@ def _error(message: str, label: str = "error") -> None:
 
 
 def _status(message: str) -> None:
-    err.print(Text(f"{message}…", style="dim"))
+    """Progress while loading, for people: scripts reading stderr get only errors."""
+    if err.is_terminal:
+        err.print(Text(f"{message}…", style="dim"))
 
 
 def load(target, draft, pair, no_draft=False):

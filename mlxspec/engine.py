@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
+from mlx_lm.generate import generation_stream
 
 from .caches import ModelCache, make_cache
 from .events import Prefill, Round
@@ -268,9 +269,23 @@ def decode(
 ) -> Iterator[Prefill | Round]:
     """Yields a Prefill, then one Round per round; returns the finish reason
     ("eos" or "length"). gamma = 0 (or no draft) is standard decoding."""
-    yield prefill(target, drafter if gamma else None, prompt)
-    if gamma == 0 or drafter is None:
-        return (yield from _standard(target, params, max_tokens, eos_ids, key))
+    # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
+    with mx.stream(generation_stream):
+        yield prefill(target, drafter if gamma else None, prompt)
+        if gamma == 0 or drafter is None:
+            return (yield from _standard(target, params, max_tokens, eos_ids, key))
+        return (yield from _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key))
+
+
+def _speculative(
+    target: Cursor,
+    drafter: Cursor,
+    gamma: int,
+    params: SamplingParams,
+    max_tokens: int,
+    eos_ids: frozenset[int],
+    key: mx.array,
+) -> Iterator[Round]:
     produced, index = 0, 0
     while produced < max_tokens:
         t0 = time.perf_counter()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import mlx.core as mx
+from mlx_lm.generate import generation_stream, wired_limit
 
 from . import engine
 from .errors import InvalidOption, PromptTooLong
@@ -133,24 +134,25 @@ def stream(
         key=mx.random.key(seed),
     )
     reason = None
-    try:
-        while reason is None:
-            try:
-                event = next(tokens)
-            except StopIteration as finished:
-                reason = limit_reason if finished.value == "length" else finished.value
-                break
-            if isinstance(event, Prefill):
-                collector.add_prefill(event)
+    with wired_limit(pair.target.model, [generation_stream]):
+        try:
+            while reason is None:
+                try:
+                    event = next(tokens)
+                except StopIteration as finished:
+                    reason = limit_reason if finished.value == "length" else finished.value
+                    break
+                if isinstance(event, Prefill):
+                    collector.add_prefill(event)
+                    yield event
+                    continue
+                event, reason = _with_text(event, text, eos, stops)
+                collector.add_round(event, tokens=sum(t not in eos for t in event.emitted))
                 yield event
-                continue
-            event, reason = _with_text(event, text, eos, stops)
-            collector.add_round(event, tokens=sum(t not in eos for t in event.emitted))
-            yield event
-    except KeyboardInterrupt:
-        reason = "interrupted"
-    finally:
-        tokens.close()
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        finally:
+            tokens.close()
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
     yield Done(reason, collector.stats(reason), tail)
 

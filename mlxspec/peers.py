@@ -1,0 +1,79 @@
+"""mlx-lm's own generation, run on the same pair, prompt and sampling settings, for
+like-for-like comparisons (bench and demos).
+
+mlx-lm's speculative decoding samples the draft's token and, independently, the target's,
+and keeps drafts while the two are equal. That is exact, but accepts a draft with
+probability sum(p * q) rather than sum(min(p, q)), so it accepts less at temperature > 0.
+It reports only a per-token `from_draft` flag; rounds are recovered from the flags (each
+round ends with one token the target produced).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .pairs import Pair
+
+
+@dataclass
+class PeerResult:
+    tokens: list[int]
+    seconds: float  # the whole call, prompt processing included
+    rounds: int
+    accepted: int
+    tested: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.tested if self.tested else None
+
+
+def mlx_lm_generate(
+    pair: Pair,
+    prompt: list[int],
+    *,
+    max_tokens: int,
+    gamma: int,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int = 0,
+) -> PeerResult:
+    """mlx_lm.stream_generate with `draft_model` and `num_draft_tokens` (gamma > 0) or the
+    target alone (gamma = 0). It reads the global random state: seeded here."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(temp=temp, top_p=top_p if top_p < 1 else 0.0, min_p=min_p, top_k=top_k)
+    options = dict(max_tokens=max_tokens, sampler=sampler)
+    if gamma > 0:
+        options.update(draft_model=pair.draft.model, num_draft_tokens=gamma)
+    mx.random.seed(seed)
+    tokens, flags = [], []
+    t0 = time.perf_counter()
+    for response in stream_generate(pair.target.model, pair.tokenizer, mx.array(prompt), **options):
+        if response.finish_reason == "stop" and response.token in pair.eos_ids:
+            break
+        tokens.append(response.token)
+        flags.append(response.from_draft)
+    seconds = time.perf_counter() - t0
+    rounds = accepted = tested = 0
+    run = 0
+    for from_draft in flags:
+        if from_draft:
+            run += 1
+            continue
+        rounds += 1
+        accepted += run
+        if gamma:
+            tested += min(run + 1, gamma)
+        run = 0
+    return PeerResult(tokens, seconds, rounds, accepted, tested)

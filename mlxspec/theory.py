@@ -1,0 +1,49 @@
+"""What speculative decoding should gain, from acceptance and costs. Pure Python.
+
+With acceptance rate alpha (each drafted token accepted independently with probability
+alpha) and gamma drafts per round, a round emits E[tau] = (1 - alpha^(gamma+1)) / (1 - alpha)
+tokens on average (Leviathan et al. 2023, eq. 1). A round costs gamma draft steps (c each,
+in units of one target step) and one verification of gamma + 1 tokens (v(gamma + 1) target
+steps; about 1 when decoding is memory-bound). Speedup = E[tau] / (gamma * c + v).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if alpha == 1:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def expected_tokens_by_position(acceptance: Sequence[float]) -> float:
+    """E[tau] when position i (0-based) is accepted with its own conditional rate: one token
+    always, plus draft k when drafts 1..k were all accepted."""
+    total, reach = 1.0, 1.0
+    for rate in acceptance:
+        reach *= rate
+        total += reach
+    return total
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
+    """Tokens per unit of time relative to standard decoding. `v` is the cost of verifying
+    gamma + 1 tokens in units of one target step."""
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
+
+
+def best_gamma(alpha: float, c: float, verify_cost: Sequence[float], gammas: Sequence[int]) -> tuple[int, float]:
+    """The gamma among `gammas` with the highest predicted speedup. verify_cost[k - 1] is the
+    cost of a k-token target pass relative to a 1-token one; gamma 0 is standard decoding."""
+    best = (0, 1.0)
+    for gamma in gammas:
+        if gamma == 0 or gamma + 1 > len(verify_cost):
+            continue
+        speedup = predicted_speedup(alpha, gamma, c, verify_cost[gamma])
+        if speedup > best[1]:
+            best = (gamma, speedup)
+    return best
