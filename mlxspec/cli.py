@@ -138,6 +138,115 @@ def generate(
         raise typer.Exit(130)
 
 
+def _number_list(text: str, kind, name: str) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidOption(f"{name} takes a comma-separated list, e.g. 2,4,6; got {text!r}") from None
+    if not values:
+        raise InvalidOption(f"{name} is empty")
+    return values
+
+
+@app.command()
+def bench(
+    target: Target = None,
+    draft: Draft = None,
+    pair: PairName = None,
+    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8.", show_default="2,4,6")] = None,
+    temp: Annotated[Optional[str], typer.Option("--temp", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1")] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Your own prompts: a JSON-lines file of {\"prompt\": ..., \"category\": ...}.", show_default=False)] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-m", help="Tokens per generation.", show_default="128")] = None,
+    repeats: Annotated[Optional[int], typer.Option("--repeats", help="Runs per setting; the median speed is reported.", show_default="3")] = None,
+    no_peers: Annotated[bool, typer.Option("--no-peers", help="Skip mlx-lm's own generation.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A short run: one prompt per category, γ 2,4, T 0,1, 64 tokens, one repeat.")] = False,
+    seed: Seed = 0,
+    raw: Raw = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every measurement as one JSON object.")] = False,
+    csv_file: Annotated[Optional[str], typer.Option("--csv", help="Also write one row per run to this CSV file.", show_default=False)] = None,
+    plot_file: Annotated[Optional[str], typer.Option("--plot", help="Also plot speedup against γ (measured and predicted) to this PNG (needs matplotlib).", show_default=False)] = None,
+):
+    """Measure speedup, acceptance and costs on this machine, against the theory and mlx-lm."""
+    from . import prompts as suites
+    from .bench import BenchConfig, plan_size, run_bench
+    from .sampling import SamplingParams
+    from .views import bench as view
+
+    config = BenchConfig(
+        prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
+        gammas=_number_list(gamma or ("2,4" if quick else "2,4,6"), int, "--gamma"),
+        temps=_number_list(temp or "0,1", float, "--temp"),
+        max_tokens=max_tokens or (64 if quick else 128),
+        repeats=repeats or (1 if quick else 3),
+        peers=not no_peers,
+        seed=seed if seed is not None else 0,
+        raw=raw,
+    )
+    if any(g < 1 for g in config.gammas):
+        raise InvalidOption("--gamma values must be >= 1 (standard decoding is always measured)")
+    if config.repeats < 1 or config.max_tokens < 1:
+        raise InvalidOption("--repeats and --max-tokens must be >= 1")
+    for t in config.temps:
+        SamplingParams(temp=t)
+    if plot_file:
+        _require_matplotlib()
+    loaded = load(target, draft, pair)
+    if loaded.draft is None:
+        raise InvalidOption("bench needs a draft model")
+    report = _with_progress(lambda step: run_bench(loaded, config, step), plan_size(config) + 2, "Benchmarking")
+    if csv_file:
+        _write_csv(csv_file, view.csv_rows(report))
+    if plot_file:
+        from .views.plot import plot_speedup
+
+        plot_speedup(report, plot_file)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _wide_console().print(view.render(report))
+
+
+def _wide_console() -> Console:
+    """Tables for a terminal at its width; for a file or pipe, wide enough not to wrap."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InvalidOption("--plot needs matplotlib: pip install 'mlxspec[plot]'") from None
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["prompt"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _with_progress(work, total: int, label: str):
+    """Run work(step) with a progress bar on stderr; `step(description)` advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task(label, total=total)
+        started = False
+
+        def step(description: str) -> None:
+            nonlocal started
+            if started:
+                progress.advance(task)
+            started = True
+            progress.update(task, description=description)
+
+        return work(step)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every expected failure into one line."""
     try:

@@ -65,6 +65,8 @@ class Stats:
     acceptance_rate: float | None  # accepted / tested; None without drafts
     tokens_per_round: float | None
     per_position_acceptance: list[float | None]  # position i: accepted / tested there
+    position_accepted: list[int]
+    position_tested: list[int]
     prefill_seconds: float
     decode_seconds: float
     draft_seconds: float
@@ -141,6 +143,8 @@ class StatsCollector:
             acceptance_rate=self.acceptance_rate,
             tokens_per_round=self.tokens_per_round,
             per_position_acceptance=[a / t if t else None for a, t in zip(self.position_accepted, self.position_tested)],
+            position_accepted=list(self.position_accepted),
+            position_tested=list(self.position_tested),
             prefill_seconds=self.prefill_seconds,
             decode_seconds=self.decode_seconds,
             draft_seconds=self.draft_seconds,

@@ -21,7 +21,7 @@ from .pairs import Pair
 @dataclass
 class PeerResult:
     tokens: list[int]
-    seconds: float  # the whole call, prompt processing included
+    seconds: float  # decoding, the prompt already in the caches
     rounds: int
     accepted: int
     tested: int
@@ -48,18 +48,30 @@ def mlx_lm_generate(
     seed: int = 0,
 ) -> PeerResult:
     """mlx_lm.stream_generate with `draft_model` and `num_draft_tokens` (gamma > 0) or the
-    target alone (gamma = 0). It reads the global random state: seeded here."""
+    target alone (gamma = 0). The caches are filled with the prompt beforehand, so `seconds`
+    is decoding alone, as mlxspec's decode time is. mlx-lm reads the global random state:
+    seeded here."""
     from mlx_lm import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     sampler = make_sampler(temp=temp, top_p=top_p if top_p < 1 else 0.0, min_p=min_p, top_k=top_k)
     options = dict(max_tokens=max_tokens, sampler=sampler)
+    models = [pair.target.model] + ([pair.draft.model] if gamma > 0 else [])
+    caches = []
+    for model in models:
+        cache = make_prompt_cache(model)
+        if len(prompt) > 1:
+            model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        caches += cache
+    options["prompt_cache"] = caches
     if gamma > 0:
         options.update(draft_model=pair.draft.model, num_draft_tokens=gamma)
     mx.random.seed(seed)
     tokens, flags = [], []
     t0 = time.perf_counter()
-    for response in stream_generate(pair.target.model, pair.tokenizer, mx.array(prompt), **options):
+    for response in stream_generate(pair.target.model, pair.tokenizer, mx.array(prompt[-1:]), **options):
         if response.finish_reason == "stop" and response.token in pair.eos_ids:
             break
         tokens.append(response.token)

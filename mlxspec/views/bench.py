@@ -1,0 +1,112 @@
+"""Tables for `mlxspec bench`: one row per setting, speedups by category, the cost model."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _num(value, fmt: str, missing: str = "–") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def _speedup(value: float | None) -> Text:
+    if value is None:
+        return Text("–")
+    style = "green" if value >= 1.05 else "red" if value < 0.95 else "yellow"
+    return Text(f"{value:.2f}x", style=style)
+
+
+def costs_line(report) -> Text:
+    costs = report.costs
+    curve = " ".join(f"{v:.2f}" for v in costs.verify_curve)
+    return Text.assemble(
+        ("cost model  ", "bold"),
+        f"c = {costs.c:.3f} (draft {costs.draft_step * 1e3:.2f} ms / target {costs.target_step * 1e3:.2f} ms per token)   ",
+        f"v(k), k=1..{len(costs.verify_curve)}: {curve}",
+    )
+
+
+def settings_table(report) -> Table:
+    peers = any(s.peer_speculative_tps for s in report.settings)
+    table = Table(title="All prompts", title_justify="left", header_style="bold")
+    for name in ("T", "γ", "std tok/s", "spec tok/s", "speedup", "α", "τ", "predicted", "meas/pred"):
+        table.add_column(name, justify="right", no_wrap=True)
+    if peers:
+        for name in ("mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm"):
+            table.add_column(name, justify="right", no_wrap=True)
+    for s in (s for s in report.settings if s.category == "all"):
+        row = [
+            f"{s.temp:g}", str(s.gamma), f"{s.standard_tps:.1f}", f"{s.speculative_tps:.1f}", _speedup(s.speedup),
+            _num(s.acceptance_rate, ".2f"), _num(s.tokens_per_round, ".2f"), _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
+            _num(s.vs_predicted, ".2f"),
+        ]
+        if peers:
+            row += [_num(s.peer_speculative_tps, ".1f"), _num(s.peer_acceptance_rate, ".2f"), _num(s.vs_peer, ".2f") + ("x" if s.vs_peer else "")]
+        table.add_row(*row)
+    return table
+
+
+def category_table(report) -> Table:
+    keys = [(s.temp, s.gamma) for s in report.settings if s.category == "all"]
+    table = Table(title="Speedup (α) by category", title_justify="left", header_style="bold")
+    table.add_column("category")
+    for temp, gamma in keys:
+        table.add_column(f"T{temp:g} γ{gamma}", justify="right")
+    for category in sorted({s.category for s in report.settings} - {"all"}):
+        by_key = {(s.temp, s.gamma): s for s in report.settings if s.category == category}
+        cells = []
+        for key in keys:
+            s = by_key.get(key)
+            cell = _speedup(s.speedup if s else None)
+            if s and s.acceptance_rate is not None:
+                cell.append(f" ({s.acceptance_rate:.2f})", style="dim")
+            cells.append(cell)
+        table.add_row(category, *cells)
+    return table
+
+
+def standard_line(report) -> Text:
+    """Standard decoding against mlx-lm's own: the baseline must be honest."""
+    parts = []
+    for s in report.settings:
+        if s.category == "all" and s.gamma == report.settings[0].gamma and s.peer_standard_tps:
+            parts.append(f"T{s.temp:g}: mlxspec {s.standard_tps:.1f} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s")
+    return Text("standard decoding  " + "; ".join(parts), style="dim") if parts else Text("")
+
+
+def recommendation(report) -> Text:
+    temps = sorted({s.temp for s in report.settings})
+    parts = []
+    for temp in temps:
+        best = report.best(temp)
+        if best is None:
+            continue
+        if best.speedup < 1.0:
+            parts.append(f"T{temp:g}: standard decoding (best γ{best.gamma} gives {best.speedup:.2f}x)")
+        else:
+            parts.append(f"T{temp:g}: γ {best.gamma} ({best.speedup:.2f}x)")
+    return Text.assemble(("recommended  ", "bold"), "; ".join(parts))
+
+
+def render(report) -> Group:
+    header = Text(
+        f"{report.pair['target']} + {report.pair['draft']}  ·  {report.machine.get('device')}  ·  "
+        f"mlx {report.machine.get('mlx')}, mlx-lm {report.machine.get('mlx_lm')}  ·  {report.seconds:.0f} s",
+        style="bold",
+    )
+    return Group(header, costs_line(report), settings_table(report), category_table(report), standard_line(report), recommendation(report))
+
+
+def csv_rows(report) -> list[dict]:
+    return [
+        {
+            "prompt": r.prompt, "category": r.category, "method": r.method, "mode": r.mode, "gamma": r.gamma,
+            "temp": r.temp, "tokens": r.tokens, "tokens_per_second": round(r.tokens_per_second, 3),
+            "acceptance_rate": None if r.acceptance_rate is None else round(r.acceptance_rate, 4),
+            "tokens_per_round": None if r.tokens_per_round is None else round(r.tokens_per_round, 3),
+            "peak_memory_gb": None if r.peak_memory_gb is None else round(r.peak_memory_gb, 3),
+        }
+        for r in report.runs
+    ]
