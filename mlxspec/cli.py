@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -50,7 +51,7 @@ def _app(
 Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: Hugging Face repo id or local folder. Default: the bundled tiny pair.", show_default=False)]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model sharing the target's tokenizer: repo id or folder.", show_default=False)]
 PairName = Annotated[Optional[str], typer.Option("--pair", "-p", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)]
-Gamma = Annotated[int, typer.Option("--gamma", "-g", help="Draft tokens proposed per round; 0 is standard decoding.")]
+Gamma = Annotated[Optional[int], typer.Option("--gamma", "-g", help="Draft tokens proposed per round; 0 is standard decoding. Default: the preset's, else 4.", show_default=False)]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy (argmax).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")]
@@ -72,6 +73,17 @@ def _status(message: str) -> None:
         err.print(Text(f"{message}…", style="dim"))
 
 
+def default_gamma(gamma: int | None, pair: str | None) -> int:
+    """An explicit --gamma, else the preset's recommendation, else 4."""
+    if gamma is not None:
+        return gamma
+    if pair:
+        from .presets import find_preset
+
+        return find_preset(pair).gamma
+    return 4
+
+
 def load(target, draft, pair, no_draft=False):
     from .pairs import load_pair
 
@@ -84,7 +96,7 @@ def generate(
     target: Target = None,
     draft: Draft = None,
     pair: PairName = None,
-    gamma: Gamma = 4,
+    gamma: Gamma = None,
     no_draft: NoDraft = False,
     temp: Temp = 0.0,
     top_p: TopP = 1.0,
@@ -107,7 +119,7 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")
-    gamma = 0 if no_draft else gamma
+    gamma = 0 if no_draft else default_gamma(gamma, pair)
     # refuse bad values before spending time loading models
     SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     generation.check_options(None, gamma, max_tokens, xtc_probability)
@@ -136,6 +148,46 @@ def generate(
     err.print(stats_line(done.stats))
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)
+
+
+models_app = typer.Typer(help="Model-pair presets (models.toml): list them, or download one.", invoke_without_command=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback()
+def models(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the presets as JSON.")] = False,
+):
+    """List the model-pair presets: models, whether they are downloaded, and whether they fit."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .views.models import inventory, models_table
+
+    rows = inventory()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _wide_console().print(models_table(rows))
+
+
+@models_app.command("download")
+def models_download(name: Annotated[str, typer.Argument(help="A preset name from `mlxspec models`.")]):
+    """Download a preset's target and draft into the Hugging Face cache, with progress."""
+    from . import loading
+    from .pairs import check_memory
+    from .presets import find_preset
+
+    preset = find_preset(name)
+    for role, model in (("target", preset.target), ("draft", preset.draft)):
+        if Path(model).exists():
+            err.print(Text(f"{role} {model}: bundled, nothing to download", style="dim"))
+            continue
+        err.print(Text(f"Downloading {role} {model}", style="bold"))
+        loading.download(model)
+    if preset.memory_gb:
+        check_memory(int(preset.memory_gb * 1e9 / 1.1) - 512 * 2**20, preset.name)
+    err.print(Text(f"{name} is ready: mlxspec generate --pair {name} \"…\"", style="green"))
 
 
 def _number_list(text: str, kind, name: str) -> list:

@@ -55,6 +55,16 @@ def resolve(name: str, *, offline: bool | None = None) -> Path:
     return download(name, offline=offline)
 
 
+def hub_cache_dir() -> str | None:
+    """The Hugging Face cache as the environment names it now (huggingface_hub reads it once,
+    at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return None
+
+
 def download(repo_id: str, *, offline: bool | None = None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -65,8 +75,12 @@ def download(repo_id: str, *, offline: bool | None = None) -> Path:
         RevisionNotFoundError,
     )
 
+    if offline is None:  # huggingface_hub reads HF_HUB_OFFLINE once, at import: read it now
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=bool(offline)))
+        return Path(
+            snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=offline, cache_dir=hub_cache_dir())
+        )
     except HFValidationError:
         raise ModelNotFound(f"{repo_id!r} is neither a model folder nor a Hugging Face repo id (owner/name)") from None
     except GatedRepoError:
@@ -79,6 +93,24 @@ def download(repo_id: str, *, offline: bool | None = None) -> Path:
         raise ModelNotFound(f"cannot download {repo_id}: no network (or HF_HUB_OFFLINE=1) and it is not in the local Hugging Face cache") from None
     except OSError as e:
         raise ModelNotFound(f"cannot download {repo_id}: {_first_line(e)}") from None
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The local Hugging Face cache's copy of a repo, if it holds one (no network)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = Path(
+            snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=True, cache_dir=hub_cache_dir())
+        )
+    except Exception:
+        return None
+    return path if (path / "config.json").exists() and weight_files(path) else None
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files in a folder (following the cache's symlinks to its blobs)."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -1,0 +1,69 @@
+"""`mlxspec models`: the presets, whether each model is in the local Hugging Face cache, its
+size on disk, and whether the pair fits this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+
+def inventory() -> list[dict]:
+    """One dict per preset (also the --json output)."""
+    from ..loading import cached_snapshot, folder_bytes
+    from ..pairs import machine_memory
+    from ..presets import load_presets, resolve_name
+
+    memory = machine_memory()
+    rows = []
+    for preset in load_presets().values():
+        row = {
+            "name": preset.name,
+            "target": preset.target,
+            "draft": preset.draft,
+            "gamma": preset.gamma,
+            "memory_gb": preset.memory_gb,
+            "fits": None if preset.memory_gb is None else preset.memory_gb * 1e9 <= memory,
+            "suits": list(preset.suits),
+            "description": preset.description,
+        }
+        for role in ("target", "draft"):
+            name = resolve_name(getattr(preset, role))
+            local = Path(name) if Path(name).exists() else cached_snapshot(name)
+            row[f"{role}_downloaded"] = local is not None
+            row[f"{role}_bytes"] = folder_bytes(local) if local else None
+        rows.append(row)
+    return rows
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+def _have(flag: bool) -> Text:
+    return Text("✓", style="green") if flag else Text("·", style="dim")
+
+
+def models_table(rows: list[dict]) -> Table:
+    table = Table(title="Model-pair presets (--pair NAME)", title_justify="left", header_style="bold")
+    for name, justify in (("name", "left"), ("target", "left"), ("draft", "left"), ("γ", "right"), ("on disk", "right"), ("memory", "right"), ("fits", "center")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for row in rows:
+        on_disk = None
+        if row["target_bytes"] is not None or row["draft_bytes"] is not None:
+            on_disk = (row["target_bytes"] or 0) + (row["draft_bytes"] or 0)
+        fits = {True: Text("yes", style="green"), False: Text("no", style="red"), None: Text("?")}[row["fits"]]
+        table.add_row(
+            Text(row["name"], style="bold"),
+            Text.assemble(_have(row["target_downloaded"]), " ", row["target"]),
+            Text.assemble(_have(row["draft_downloaded"]), " ", row["draft"]),
+            str(row["gamma"]),
+            _size(on_disk),
+            f"{row['memory_gb']:.1f} GB" if row["memory_gb"] else "?",
+            fits,
+        )
+    table.caption = "✓ downloaded  · not yet (mlxspec models download NAME)"
+    return table

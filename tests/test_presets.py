@@ -1,0 +1,115 @@
+"""models.toml presets, the user's file, and `mlxspec models` against a fake Hugging Face cache."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mlxspec import presets
+from mlxspec.errors import PresetError
+from tests.test_cli import run
+
+
+def test_builtin_presets_parse():
+    found = presets.load_presets()
+    assert {"tiny", "qwen3-14b", "llama3.1-8b", "qwen2.5-coder-7b", "qwen3-32b"} <= set(found)
+    qwen = found["qwen3-14b"]
+    assert (qwen.target, qwen.draft) == ("mlx-community/Qwen3-14B-4bit", "mlx-community/Qwen3-0.6B-4bit")
+    for preset in found.values():
+        assert preset.gamma >= 1 and preset.memory_gb and preset.suits
+        if not preset.bundled:
+            assert preset.target.startswith("mlx-community/") and preset.draft.startswith("mlx-community/")
+
+
+def test_top_level_file_is_the_packaged_one():
+    top = Path(__file__).parents[1] / "models.toml"
+    assert top.read_text() == presets.BUILTIN.read_text()
+
+
+def test_bundled_names_resolve_into_the_package():
+    tiny = presets.find_preset("tiny")
+    assert Path(tiny.target) == presets.ASSETS / "tiny-target"
+
+
+def test_user_file_overrides_and_adds(tmp_path, monkeypatch):
+    mine = tmp_path / "models.toml"
+    mine.write_text('[qwen3-14b]\ntarget = "me/big"\ndraft = "me/small"\ngamma = 6\n\n[mine]\ntarget = "/models/t"\ndraft = "/models/d"\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    found = presets.load_presets()
+    assert (found["qwen3-14b"].target, found["qwen3-14b"].gamma) == ("me/big", 6)
+    assert found["mine"].draft == "/models/d" and found["mine"].gamma == 4
+    assert "tiny" in found
+
+
+def test_default_user_file_location(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLXSPEC_MODELS", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert presets.user_file() == tmp_path / "mlxspec" / "models.toml"
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[a]\ntarget = "x"\ndraft = \n', "line 3"),
+    ('[a]\ntarget = "x"\n', "preset [a] needs draft"),
+    ('[a]\ntarget = "x"\ndraft = "y"\ngamma = -1\n', "gamma must be"),
+    ('a = 3\n', "'a' must be a table"),
+])
+def test_bad_user_file_fails_cleanly(tmp_path, monkeypatch, capsys, text, message):
+    mine = tmp_path / "models.toml"
+    mine.write_text(text)
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    with pytest.raises(PresetError, match=re.escape(message)):
+        presets.load_presets()
+    code, _, err = run(capsys, "models")
+    assert code == 1 and str(mine) in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_preset(capsys):
+    code, _, err = run(capsys, "generate", "hi", "--pair", "no-such-pair")
+    assert code == 1 and "no preset named 'no-such-pair'" in err and "qwen3-14b" in err
+
+
+def fake_hub_cache(root: Path, repo_id: str, files: dict[str, bytes]) -> None:
+    """Lay out a repo as huggingface_hub's cache does: blobs, a ref, a snapshot of links."""
+    import hashlib
+
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "blobs").mkdir()
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(Path("../../blobs") / blob.name)
+
+
+def test_models_lists_what_is_cached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("MLXSPEC_MODELS", str(tmp_path / "none.toml"))
+    fake_hub_cache(tmp_path, "mlx-community/Qwen3-0.6B-4bit", {"config.json": b"{}", "model.safetensors": b"x" * 5000})
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0
+    rows = {row["name"]: row for row in json.loads(out)}
+    qwen = rows["qwen3-14b"]
+    assert qwen["draft_downloaded"] and qwen["draft_bytes"] == 5002
+    assert not qwen["target_downloaded"] and qwen["target_bytes"] is None
+    assert qwen["fits"] in (True, False) and qwen["memory_gb"] == 10.0
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "qwen3-14b" in out and "Qwen3-0.6B-4bit" in out
+
+
+def test_models_fit_follows_the_memory_limit(monkeypatch, capsys):
+    monkeypatch.setenv("MLXSPEC_MEMORY_LIMIT", "8GB")
+    rows = {row["name"]: row for row in json.loads(run(capsys, "models", "--json")[1])}
+    assert rows["qwen3-8b"]["fits"] is True and rows["qwen3-14b"]["fits"] is False
+
+
+def test_download_offline_is_one_clear_line(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(capsys, "models", "download", "qwen3-8b")
+    assert code == 1 and "no network" in err
