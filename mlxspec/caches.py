@@ -85,6 +85,11 @@ class ModelCache:
     def state(self):
         return [layer.state for layer in self.layers]
 
+    @property
+    def needs_snapshots(self) -> bool:
+        """Whether some layer may need restoring rather than trimming."""
+        return bool(self._restorable)
+
     def mark(self) -> Mark:
         """Remember the current length; snapshots (zero-copy views) only where a layer
         may need restoring."""

@@ -6,6 +6,7 @@ with a non-zero exit code; MLX and mlx-lm are imported inside commands so `--hel
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -147,6 +148,122 @@ def generate(
     sys.stdout.flush()
     err.print(stats_line(done.stats))
     if done.finish_reason == "interrupted":
+        raise typer.Exit(130)
+
+
+@app.command()
+def chat(
+    target: Target = None,
+    draft: Draft = None,
+    pair: PairName = None,
+    gamma: Gamma = None,
+    no_draft: NoDraft = False,
+    temp: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")] = 0.7,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = 0.95,
+    top_k: TopK = 0,
+    min_p: MinP = 0.0,
+    seed: Seed = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-m", help="Most tokens per reply.")] = 512,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt.", show_default=False)] = None,
+    show_drafts: Annotated[bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")] = False,
+):
+    """Chat with a model, speculative decoding on, caches kept between turns."""
+    from .chat import ChatSettings, Conversation
+    from .views.chat import ChatApp
+
+    try:  # line editing and history for input()
+        import readline  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
+    gamma = 0 if no_draft else default_gamma(gamma, pair)
+    settings = ChatSettings(gamma=gamma, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, max_tokens=max_tokens)
+    settings.sampling()
+    from .generation import check_options
+
+    check_options(None, gamma, max_tokens)
+    loaded = load(target, draft, pair, no_draft=gamma == 0)
+    console = Console(highlight=False)
+    title = loaded.description + (f" · γ {gamma}" if gamma else " · no draft")
+    console.print(Text(title, style="bold"))
+    conversation = Conversation(loaded, system, settings)
+    raise typer.Exit(ChatApp(conversation, read=input, console=console, show_drafts=show_drafts).run())
+
+
+DEFAULT_CHAT_PROMPT = "Explain how a hash map works, with a short example in Python."
+DEFAULT_CODE_PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items, or -1.\"\"\"\n"
+
+
+@app.command()
+def race(
+    prompt_arg: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt (or --prompt). Default: a short explanation request, or a code stub for code models.", show_default=False)] = None,
+    prompt_opt: Annotated[Optional[str], typer.Option("--prompt", help="The prompt.", show_default=False)] = None,
+    target: Target = None,
+    draft: Draft = None,
+    pair: PairName = None,
+    gamma: Gamma = None,
+    temp: Temp = 0.0,
+    top_p: TopP = 1.0,
+    top_k: TopK = 0,
+    seed: Seed = None,
+    max_tokens: MaxTokens = 200,
+    raw: Raw = False,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show thrown-away draft tokens, struck through.")] = False,
+    svg: Annotated[Optional[str], typer.Option("--svg", help="Save the final screen as SVG.", show_default=False)] = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="Save the final screen as HTML.", show_default=False)] = None,
+):
+    """Standard vs speculative decoding, side by side, live: same prompt, same target."""
+    import time as clock
+
+    from rich.live import Live
+
+    from . import race as racing
+    from .generation import check_options
+    from .sampling import SamplingParams
+    from .views import race as view
+
+    gamma = default_gamma(gamma, pair)
+    SamplingParams(temp=temp, top_p=top_p, top_k=top_k)
+    check_options(None, gamma, max_tokens)
+    if gamma < 1:
+        raise InvalidOption("race compares against speculative decoding: --gamma must be >= 1")
+    loaded = load(target, draft, pair)
+    if loaded.draft is None:
+        raise InvalidOption("race needs a draft model")
+    prompt = prompt_opt or prompt_arg or (DEFAULT_CHAT_PROMPT if loaded.tokenizer.has_chat_template and not raw else DEFAULT_CODE_PROMPT)
+    options = dict(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, seed=seed, raw=raw)
+    console = Console()
+    state = None
+    interrupted = False
+
+    def screen(done: bool):
+        standard, speculative = state
+        return view.render(standard, speculative, width=console.width, height=None if done else console.height, temp=temp, show_rejected=show_rejected, done=done)
+
+    try:
+        if console.is_terminal:
+            with Live(console=console, auto_refresh=False, transient=True) as live:
+                shown = 0.0
+                for state in racing.race(loaded, prompt, gamma=gamma, **options):
+                    if clock.monotonic() - shown > 1 / 15:
+                        live.update(screen(False), refresh=True)
+                        shown = clock.monotonic()
+        else:
+            for state in racing.race(loaded, prompt, gamma=gamma, **options):
+                pass
+    except KeyboardInterrupt:
+        interrupted = True
+    if state is None:
+        raise typer.Exit(130 if interrupted else 1)
+    if console.is_terminal:
+        console.print(screen(True))
+    else:
+        print(view.plain_summary(*state, temp=temp))
+    for path, kind in ((svg, "svg"), (html, "html")):
+        if path:
+            record = Console(record=True, width=max(console.width, 120) if console.is_terminal else 140, file=io.StringIO())
+            record.print(view.render(*state, width=record.width, height=None, temp=temp, show_rejected=show_rejected, done=True))
+            (record.save_svg if kind == "svg" else record.save_html)(path, **({"title": "mlxspec race"} if kind == "svg" else {}))
+    if interrupted:
         raise typer.Exit(130)
 
 

@@ -46,14 +46,15 @@ class Cursor:
         self.name = name
         self.table = table
         self.width = width
-        self.cache: ModelCache = make_cache(model, name)
-        self.tokens: list[int] = []
-        self.pending: list[int] = []
+        self.reset()
 
     def reset(self) -> None:
-        self.cache = make_cache(self.model, self.name)
-        self.tokens = []
-        self.pending = []
+        self.cache: ModelCache = make_cache(self.model, self.name)
+        self.tokens: list[int] = []
+        self.pending: list[int] = []
+        # Where the last prefill ended, for caches that cannot trim back (wrapped windows,
+        # recurrent state): the next prompt usually extends the last one (chat).
+        self.checkpoint = None
 
     @property
     def history(self) -> list[int]:
@@ -78,6 +79,9 @@ class Cursor:
             if common < len(self.tokens):
                 if self.cache.trim_to(common):
                     del self.tokens[common:]
+                elif self.checkpoint is not None and self.checkpoint.length <= common:
+                    self.cache.restore(self.checkpoint)
+                    del self.tokens[self.checkpoint.length :]
                 else:  # a state that cannot be trimmed: read everything again
                     self.reset()
             self.pending = list(ids[len(self.tokens) :])
@@ -93,6 +97,8 @@ class Cursor:
                 self.tokens += chunk
                 del self.pending[: len(chunk)]
                 mx.clear_cache()
+            if self.cache.needs_snapshots and (self.checkpoint is None or self.checkpoint.length < self.cache.length):
+                self.checkpoint = self.cache.mark()
 
     @contextmanager
     def atomic(self, history: list[int]):
@@ -266,14 +272,20 @@ def decode(
     max_tokens: int,
     eos_ids: frozenset[int],
     key: mx.array,
+    own_clock: bool = False,
 ) -> Iterator[Prefill | Round]:
     """Yields a Prefill, then one Round per round; returns the finish reason
-    ("eos" or "length"). gamma = 0 (or no draft) is standard decoding."""
+    ("eos" or "length"). gamma = 0 (or no draft) is standard decoding.
+
+    `own_clock`: leave no device work in flight across a yield, so each round's seconds are
+    this generator's own compute even when another generator runs between its rounds (race).
+    Speculative rounds always end synchronised; standard decoding then finishes its queued
+    next step inside the round instead of during the consumer's time."""
     # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
     with mx.stream(generation_stream):
         yield prefill(target, drafter if gamma else None, prompt)
         if gamma == 0 or drafter is None:
-            return (yield from _standard(target, params, max_tokens, eos_ids, key))
+            return (yield from _standard(target, params, max_tokens, eos_ids, key, own_clock))
         return (yield from _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key))
 
 
@@ -319,6 +331,7 @@ def _standard(
     max_tokens: int,
     eos_ids: frozenset[int],
     key: mx.array,
+    own_clock: bool = False,
 ) -> Iterator[Round]:
     """The target alone, through the same sampling code. Pipelined as mlx-lm's generate_step
     is: the step for token t+1 is queued before token t is read, so the host's graph
@@ -352,6 +365,8 @@ def _standard(
             produced += 1
             if queued:
                 target.tokens.append(token)
+                if own_clock:
+                    mx.eval(following)
             else:
                 target.pending = [token]
         ended = token in eos_ids

@@ -33,6 +33,7 @@ class Round:
     verify_seconds: float
     seconds: float  # the whole round, bookkeeping included
     pieces: tuple[str, ...] = ()  # text of each emitted id, once detokenized
+    discarded: str = ""  # text of the drafts thrown away (the first rejected one and after)
 
     @property
     def tested(self) -> int:

@@ -103,10 +103,12 @@ def stream(
     stop: Sequence[str] = (),
     xtc_probability: float = 0.0,
     session: Session | None = None,
+    own_clock: bool = False,
 ) -> Iterator[Event]:
     """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
     Done. gamma=0 is standard decoding with the same sampler. Ctrl-C ends the stream with
-    Done("interrupted"), the session still usable."""
+    Done("interrupted"), the session still usable. `own_clock=True` makes each round's
+    seconds its own compute when other work runs between rounds (see engine.decode)."""
     params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     check_options(pair, gamma, max_tokens, xtc_probability)
     if isinstance(prompt, str) and not prompt.strip():
@@ -132,6 +134,7 @@ def stream(
         max_tokens=max_tokens,
         eos_ids=eos,
         key=mx.random.key(seed),
+        own_clock=own_clock,
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):
@@ -160,6 +163,8 @@ def stream(
 def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopFilter) -> tuple[Round, str | None]:
     """Attach each emitted id's text; cut the round at a stop string. The text ends where
     the stop string starts; the ids that spelled it stay in `emitted`."""
+    if event.accepted < len(event.drafted):
+        event = dataclasses.replace(event, discarded=text.decode(list(event.drafted[event.accepted :])))
     pieces, kept = [], []
     for token in event.emitted:
         kept.append(token)

@@ -24,6 +24,10 @@ class TextStream:
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids on their own (e.g. drafts that were thrown away)."""
+        return self._decode(ids)
+
     def add(self, token: int) -> str:
         """Append one id; returns the text it completes (possibly empty)."""
         self.tokens.append(token)

@@ -1,0 +1,180 @@
+"""A conversation over one Session: messages, per-turn statistics, and both models' caches
+kept between turns.
+
+Each turn renders the whole conversation through the chat template and hands the ids to the
+engine with the session; the session keeps the longest prefix its caches already hold and
+reads only the rest (the template's new suffix, plus whatever the template rewrote, such as
+a reply's thinking section). When the conversation outgrows the target's context, the
+oldest turns are dropped and the rest is read again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .errors import InvalidOption, PromptTooLong
+from .events import Done, Prefill, Round, Stats, StatsCollector
+from .generation import Session, stream
+from .pairs import Pair
+from .sampling import SamplingParams
+
+
+@dataclass
+class ChatSettings:
+    gamma: int = 4
+    temp: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 512
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
+
+
+@dataclass(frozen=True)
+class ContextTrimmed:
+    """Emitted before a reply when the oldest turns were dropped to fit the context."""
+
+    dropped_turns: int
+    context_length: int
+
+
+@dataclass
+class Turn:
+    user: str
+    assistant: str
+    stats: Stats
+    prompt_tokens: int
+    reused_tokens: int
+    finish_reason: str
+
+
+@dataclass
+class Conversation:
+    pair: Pair
+    system: str | None = None
+    settings: ChatSettings = field(default_factory=ChatSettings)
+
+    def __post_init__(self):
+        self.session = Session(self.pair)
+        self.turns: list[Turn] = []
+        self.totals = StatsCollector()
+        self._dropped = 0  # leading turns no longer in the model's view
+
+    def messages(self, user: str | None = None) -> list[dict]:
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        for turn in self.turns[self._dropped :]:
+            messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
+        if user is not None:
+            messages.append({"role": "user", "content": user})
+        return messages
+
+    def encode(self, user: str) -> list[int]:
+        tokenizer = self.pair.tokenizer
+        messages = self.messages(user)
+        if tokenizer.has_chat_template:
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        # A model without a chat template (e.g. the bundled code pair): plain transcript.
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+        return list(tokenizer.encode("\n\n".join(lines) + "\n\nAssistant:"))
+
+    def _fit(self, user: str) -> tuple[list[int], int]:
+        """Ids for the next turn, dropping the oldest turns while they do not fit."""
+        context = self.pair.target.context_length
+        ids = self.encode(user)
+        dropped = 0
+        while context and len(ids) + self.settings.max_tokens > context and self._dropped < len(self.turns):
+            self._dropped += 1
+            dropped += 1
+            ids = self.encode(user)
+        if context and len(ids) >= context:
+            raise PromptTooLong(f"this message alone has {len(ids)} tokens and {self.pair.target.label} reads at most {context}")
+        return ids, dropped
+
+    def reply(self, user: str) -> Iterator[Prefill | Round | Done | ContextTrimmed]:
+        """The reply's events. A KeyboardInterrupt thrown in at a yield (Ctrl-C while the
+        caller printed) ends it like one inside the engine: the turn is kept as far as it got
+        and a Done("interrupted") follows."""
+        if not user.strip():
+            raise InvalidOption("the message is empty")
+        ids, dropped = self._fit(user)
+        if dropped:
+            yield ContextTrimmed(dropped, self.pair.target.context_length)
+        s = self.settings
+        gamma = s.gamma if self.pair.draft is not None else 0
+        pieces, reused = [], 0
+        turn = StatsCollector(gamma=gamma, seed=s.seed)
+        events = stream(
+            self.pair, ids, max_tokens=s.max_tokens, gamma=gamma, temp=s.temp, top_p=s.top_p, top_k=s.top_k,
+            min_p=s.min_p, seed=s.seed, session=self.session,
+        )
+        try:
+            for event in events:
+                if isinstance(event, Prefill):
+                    reused = event.prompt_tokens - event.processed_tokens
+                    turn.add_prefill(event)
+                elif isinstance(event, Round):
+                    pieces.append(event.text)
+                    kept = sum(t not in self.pair.eos_ids for t in event.emitted)
+                    turn.add_round(event, tokens=kept)
+                    self.totals.add_round(event, tokens=kept)
+                elif isinstance(event, Done):
+                    pieces.append(event.text)
+                    self.totals.prefill_seconds += event.stats.prefill_seconds
+                    self.turns.append(Turn(user, "".join(pieces), event.stats, len(ids), reused, event.finish_reason))
+                yield event
+        except KeyboardInterrupt:
+            events.close()
+            self.totals.prefill_seconds += turn.prefill_seconds
+            stats = turn.stats("interrupted")
+            self.turns.append(Turn(user, "".join(pieces), stats, len(ids), reused, "interrupted"))
+            yield Done("interrupted", stats)
+
+    def reset(self) -> None:
+        self.turns.clear()
+        self._dropped = 0
+        self.session.reset()
+        self.totals = StatsCollector()
+
+    def update(self, **changes) -> None:
+        """Change settings; refused values leave the settings as they were."""
+        candidate = dataclasses.replace(self.settings, **changes)
+        candidate.sampling()  # raises InvalidOption on a bad value
+        if candidate.gamma < 0 or candidate.max_tokens < 1:
+            raise InvalidOption("gamma must be >= 0 and max tokens >= 1")
+        if candidate.gamma > 0 and self.pair.draft is None:
+            raise InvalidOption("there is no draft model: only gamma 0 is possible")
+        self.settings = candidate
+
+    def transcript(self) -> dict:
+        return {
+            "target": self.pair.target.name,
+            "draft": self.pair.draft.name if self.pair.draft else None,
+            "system": self.system,
+            "settings": dataclasses.asdict(self.settings),
+            "turns": [
+                {
+                    "user": t.user,
+                    "assistant": t.assistant,
+                    "finish_reason": t.finish_reason,
+                    "prompt_tokens": t.prompt_tokens,
+                    "reused_tokens": t.reused_tokens,
+                    "stats": t.stats.to_dict(),
+                }
+                for t in self.turns
+            ],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path).expanduser()
+        try:
+            path.write_text(json.dumps(self.transcript(), indent=2, ensure_ascii=False) + "\n")
+        except OSError as e:
+            raise InvalidOption(f"cannot write {path}: {e.strerror}") from None
+        return path

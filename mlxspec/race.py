@@ -1,0 +1,114 @@
+"""Standard and speculative decoding side by side, each on its own clock.
+
+Both sides share one device, so running them at once would slow each by the other. Instead
+the two generators alternate, and the one whose own compute time is behind always goes
+next. Every round reports the seconds it computed (with nothing left in flight when it
+yields), so each side's clock reads as if it ran alone, and at any moment the two panels
+show what each method had produced after the same amount of its own time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .events import Done, Prefill, Round, StatsCollector
+from .generation import stream
+from .pairs import Pair
+from .theory import expected_tokens_per_round
+
+REJECTED = "rejected"
+
+
+@dataclass
+class Side:
+    """One panel's state, a fold over that side's events."""
+
+    method: str  # "standard" or "speculative"
+    models: str
+    gamma: int
+    segments: list[tuple[str, str]] = field(default_factory=list)  # (text, fate)
+    tokens: list[int] = field(default_factory=list)
+    stats: StatsCollector = field(default_factory=StatsCollector)
+    done: Done | None = None
+
+    def apply(self, event) -> None:
+        if isinstance(event, Prefill):
+            self.stats.add_prefill(event)
+        elif isinstance(event, Round):
+            self.stats.add_round(event)
+            if event.discarded:
+                self.segments.append((event.discarded, REJECTED))
+            for piece, fate in zip(event.pieces, event.fates):
+                if piece:
+                    self.segments.append((piece, fate))
+            self.tokens += event.emitted
+        elif isinstance(event, Done):
+            self.done = event
+            if event.text:
+                self.segments.append((event.text, self.segments[-1][1] if self.segments else "target"))
+
+    @property
+    def clock(self) -> float:
+        """Own compute seconds so far: what the scheduler keeps level."""
+        return self.stats.prefill_seconds + self.stats.decode_seconds
+
+    @property
+    def elapsed(self) -> float:
+        return self.stats.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.stats.tokens_per_second
+
+    @property
+    def draft_step(self) -> float | None:
+        return self.stats.draft_seconds / self.stats.drafted if self.stats.drafted else None
+
+
+def speedup(standard: Side, speculative: Side) -> float | None:
+    if not standard.tokens_per_second or not speculative.tokens_per_second:
+        return None
+    return speculative.tokens_per_second / standard.tokens_per_second
+
+
+def predicted_speedup(standard: Side, speculative: Side) -> float | None:
+    """E[tau] / (gamma c + 1) from the measured acceptance and the measured cost ratio c
+    (the draft's seconds per drafted token over the target's per standard token)."""
+    alpha, gamma = speculative.stats.acceptance_rate, speculative.gamma
+    if alpha is None or not standard.tokens_per_second or speculative.draft_step is None:
+        return None
+    c = speculative.draft_step * standard.tokens_per_second
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
+
+
+def identical_so_far(standard: Side, speculative: Side) -> int | None:
+    """None when the shorter output is a prefix of the longer, else the first differing index."""
+    for i, (a, b) in enumerate(zip(standard.tokens, speculative.tokens)):
+        if a != b:
+            return i
+    return None
+
+
+def race(pair: Pair, prompt, *, gamma: int, **options) -> Iterator[tuple[Side, Side]]:
+    """Yields (standard, speculative) after every event of either side. Ctrl-C in either
+    side stops both (KeyboardInterrupt, after the state is updated)."""
+    target_label = pair.target.label
+    standard = Side("standard", target_label, 0)
+    speculative = Side("speculative", f"{target_label} + {pair.draft.label}", gamma)
+    generators = {
+        id(standard): stream(pair, prompt, gamma=0, own_clock=True, **options),
+        id(speculative): stream(pair, prompt, gamma=gamma, own_clock=True, **options),
+    }
+    try:
+        while not (standard.done and speculative.done):
+            side = min((s for s in (standard, speculative) if not s.done), key=lambda s: s.clock)
+            event = next(generators[id(side)])
+            side.apply(event)
+            yield standard, speculative
+            if isinstance(event, Done) and event.finish_reason == "interrupted":
+                raise KeyboardInterrupt
+    finally:
+        for generator in generators.values():
+            generator.close()
+

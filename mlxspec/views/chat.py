@@ -1,0 +1,197 @@
+"""The interactive chat loop: read a line (or several), run a command or stream a reply,
+print a one-line stat after it. Input and output are injected, so tests drive the real
+loop with scripted lines."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..chat import ContextTrimmed, Conversation
+from ..errors import MlxspecError
+from ..events import Done, Prefill, Round
+from ..theory import expected_tokens_per_round
+from .tokens import STYLES, legend
+
+HELP = """\
+/help              this list
+/stats             session totals: tokens, acceptance, tokens per round, per-position acceptance, time
+/gamma N           draft tokens per round (0: standard decoding)
+/temp X            temperature (0: greedy); also /top-p X, /top-k N, /min-p X, /seed N, /max-tokens N
+/system TEXT       set the system prompt (starts a new conversation)
+/reset             forget the conversation (and both models' caches)
+/save FILE         save the transcript, with per-turn statistics, as JSON
+/quit              leave (or Ctrl-D; Ctrl-C stops a reply)
+End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
+
+_SETTINGS = {
+    "/gamma": ("gamma", int),
+    "/temp": ("temp", float),
+    "/top-p": ("top_p", float),
+    "/top-k": ("top_k", int),
+    "/min-p": ("min_p", float),
+    "/seed": ("seed", int),
+    "/max-tokens": ("max_tokens", int),
+}
+
+
+def estimated_speedup(stats) -> float | None:
+    """E[tau] / (gamma c + 1), c from this reply's own timings: a draft step over a verify
+    pass (which costs about one target step when decoding is memory-bound)."""
+    if not stats.gamma or not stats.drafted or not stats.rounds or stats.acceptance_rate is None:
+        return None
+    c = (stats.draft_seconds / stats.drafted) / (stats.verify_seconds / stats.rounds)
+    return expected_tokens_per_round(stats.acceptance_rate, stats.gamma) / (stats.gamma * c + 1)
+
+
+def stat_line(stats, prompt_tokens: int, reused: int) -> Text:
+    parts = [f"{stats.tokens} tokens"]
+    if stats.tokens_per_second:
+        parts.append(f"{stats.tokens_per_second:.1f} tok/s")
+    if stats.acceptance_rate is not None:
+        parts.append(f"α {stats.acceptance_rate:.2f}")
+    if stats.gamma and stats.tokens_per_round:
+        parts.append(f"τ {stats.tokens_per_round:.2f}")
+    estimate = estimated_speedup(stats)
+    if estimate:
+        parts.append(f"≈{estimate:.2f}x est.")
+    parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
+    parts.append(f"prefill {stats.prefill_seconds:.2f} s ({prompt_tokens - reused} new of {prompt_tokens} tokens)")
+    return Text(" · ".join(parts), style="dim")
+
+
+class ChatApp:
+    def __init__(self, conversation: Conversation, *, read: Callable[[str], str], console: Console, show_drafts: bool = False):
+        self.conversation = conversation
+        self.read = read
+        self.console = console
+        self.show_drafts = show_drafts
+
+    def run(self) -> int:
+        """The loop; returns the exit code (0: the user left)."""
+        self.console.print(Text("Type a message, or /help. Ctrl-D or /quit to leave.", style="dim"))
+        if self.show_drafts:
+            self.console.print(legend())
+        while True:
+            try:
+                line = self.read_message()
+            except (EOFError, KeyboardInterrupt):
+                self.console.print()
+                return 0
+            if line is None or not line.strip():
+                continue
+            if line.startswith("/"):
+                if self.command(line.strip()) == "quit":
+                    return 0
+                continue
+            self.answer(line)
+
+    def read_message(self) -> str | None:
+        """One message: a line, lines joined by a trailing backslash, or a \"\"\" block."""
+        line = self.read(">>> ")
+        if line.strip() == '"""':
+            block = []
+            while (more := self.read("... ")).strip() != '"""':
+                block.append(more)
+            return "\n".join(block)
+        lines = [line]
+        while lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1]
+            lines.append(self.read("... "))
+        return "\n".join(lines)
+
+    def answer(self, message: str) -> None:
+        self._prompt = (0, 0)
+        try:
+            events = self.conversation.reply(message)
+            try:
+                for event in events:
+                    self.show(event)
+            except KeyboardInterrupt:  # Ctrl-C while printing: let the reply end itself
+                try:
+                    self.show(events.throw(KeyboardInterrupt))
+                except (StopIteration, KeyboardInterrupt):
+                    pass
+                events.close()
+        except MlxspecError as e:
+            self.console.print(Text.assemble(("error: ", "bold red"), str(e)))
+
+    def show(self, event) -> None:
+        if isinstance(event, ContextTrimmed):
+            self.console.print(Text(f"(the conversation nears the {event.context_length}-token context: dropped the oldest {event.dropped_turns} turn(s))", style="yellow"))
+        elif isinstance(event, Prefill):
+            self._prompt = (event.prompt_tokens, event.prompt_tokens - event.processed_tokens)
+        elif isinstance(event, Round):
+            self.print_round(event)
+        elif isinstance(event, Done):
+            self.console.print(event.text, end="", markup=False, highlight=False)
+            self.console.print()
+            if event.finish_reason == "interrupted":
+                self.console.print(Text("[interrupted]", style="yellow"))
+            self.console.print(stat_line(event.stats, *self._prompt))
+
+    def print_round(self, event: Round) -> None:
+        if not self.show_drafts:
+            self.console.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
+            return
+        text = Text()
+        for piece, fate in zip(event.pieces, event.fates):
+            text.append(piece, style=STYLES.get(fate, ""))
+        self.console.print(text, end="", soft_wrap=True)
+
+    def command(self, line: str) -> str | None:
+        name, _, argument = line.partition(" ")
+        argument = argument.strip()
+        try:
+            if name in ("/quit", "/exit", "/q"):
+                return "quit"
+            if name == "/help":
+                self.console.print(HELP, markup=False, highlight=False)
+            elif name == "/stats":
+                self.console.print(self.stats_table())
+            elif name == "/reset":
+                self.conversation.reset()
+                self.console.print(Text("(conversation and caches cleared)", style="dim"))
+            elif name == "/system":
+                self.conversation.system = argument or None
+                self.conversation.reset()
+                self.console.print(Text("(system prompt set; new conversation)" if argument else "(system prompt cleared; new conversation)", style="dim"))
+            elif name == "/save":
+                if not argument:
+                    raise ValueError("/save needs a file name")
+                path = self.conversation.save(argument)
+                self.console.print(Text(f"(saved {len(self.conversation.turns)} turns to {path})", style="dim"))
+            elif name in _SETTINGS:
+                field, kind = _SETTINGS[name]
+                if not argument:
+                    raise ValueError(f"{name} needs a value (now {getattr(self.conversation.settings, field)})")
+                try:
+                    value = kind(argument)
+                except ValueError:
+                    raise ValueError(f"{name} takes {'a whole number' if kind is int else 'a number'}, not {argument!r}") from None
+                self.conversation.update(**{field: value})
+                self.console.print(Text(f"({field.replace('_', '-')} = {value})", style="dim"))
+            else:
+                self.console.print(Text(f"unknown command {name}; /help lists them", style="yellow"))
+        except (ValueError, MlxspecError) as e:
+            self.console.print(Text.assemble(("error: ", "bold red"), str(e)))
+        return None
+
+    def stats_table(self) -> Table:
+        totals = self.conversation.totals
+        table = Table(title=f"Session: {len(self.conversation.turns)} turns", title_justify="left", show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("tokens", str(totals.tokens))
+        table.add_row("decode time", f"{totals.decode_seconds:.2f} s" + (f" ({totals.tokens_per_second:.1f} tok/s)" if totals.tokens_per_second else ""))
+        table.add_row("prefill time", f"{totals.prefill_seconds:.2f} s")
+        table.add_row("rounds", str(totals.rounds))
+        if totals.acceptance_rate is not None:
+            table.add_row("acceptance α", f"{totals.acceptance_rate:.3f} ({totals.accepted} of {totals.tested} tested)")
+            table.add_row("tokens per round τ", f"{totals.tokens_per_round:.2f}")
+            rates = [f"{a / t:.2f}" if t else "–" for a, t in zip(totals.position_accepted, totals.position_tested)]
+            table.add_row("by position", " ".join(rates))
+        return table

@@ -1,0 +1,113 @@
+"""The race screen: two panels (side by side, or stacked on narrow terminals), live figures,
+and a footer with the speedup, what the theory predicts, and whether the outputs agree.
+A pure function of the two sides' state and the screen size."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .. import race as model
+from .tokens import fate_text, legend
+
+NARROW = 100  # columns below which the panels stack
+
+
+def _figures(side: model.Side) -> str:
+    parts = [f"{side.stats.tokens} tokens", f"{side.elapsed:.2f} s"]
+    if side.tokens_per_second:
+        parts.append(f"{side.tokens_per_second:.1f} tok/s")
+    if side.gamma:
+        parts.append(f"{side.stats.rounds} rounds")
+        if side.stats.acceptance_rate is not None:
+            parts.append(f"α {side.stats.acceptance_rate:.2f}")
+        if side.stats.tokens_per_round:
+            parts.append(f"τ {side.stats.tokens_per_round:.2f}")
+        parts.append(f"γ {side.gamma}")
+    return " · ".join(parts)
+
+
+def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool) -> Panel:
+    body = fate_text(side.segments, show_rejected=show_rejected)
+    if height is not None:  # keep the newest lines that fit
+        measure = Console(width=max(width - 4, 10), file=io.StringIO())
+        lines = body.wrap(measure, max(width - 4, 10))
+        lines = lines[-max(height - 2, 1) :]
+        body = Text("\n").join(lines)
+    title = Text.assemble((side.method.capitalize(), "bold"), f" · {side.models}")
+    return Panel(body, title=title, title_align="left", subtitle=Text(_figures(side), style="dim"), subtitle_align="left", height=height, width=width)
+
+
+def footer(standard: model.Side, speculative: model.Side, *, temp: float, show_rejected: bool) -> Group:
+    lines = [legend(show_rejected)]
+    now = model.speedup(standard, speculative)
+    predicted = model.predicted_speedup(standard, speculative)
+    parts = [Text.assemble(("speedup ", "bold"), (f"{now:.2f}x" if now else "–", "bold green" if now and now >= 1 else "bold red"))]
+    if predicted:
+        c = speculative.draft_step * standard.tokens_per_second
+        parts.append(Text(f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}, c {c:.2f}, γ {speculative.gamma})", style="dim"))
+    if temp == 0:
+        differs = model.identical_so_far(standard, speculative)
+        parts.append(Text("identical so far ✓", style="green") if differs is None else Text(f"outputs differ at token {differs} ✗", style="bold red"))
+    lines.append(Text(" · ").join(parts))
+    return Group(*lines)
+
+
+def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Text:
+    """The closing line: speedup, acceptance, time saved; a slowdown said plainly."""
+    now = model.speedup(standard, speculative)
+    if now is None:
+        return Text("No tokens were generated.", style="dim")
+    tokens = min(standard.stats.tokens, speculative.stats.tokens)
+    saved = tokens / standard.tokens_per_second - tokens / speculative.tokens_per_second
+    alpha = speculative.stats.acceptance_rate
+    detail = f"α {alpha:.2f}, τ {speculative.stats.tokens_per_round:.2f} tokens per round" if alpha is not None else ""
+    if now >= 1:
+        text = Text.assemble(("Speculative decoding was ", ""), (f"{now:.2f}x faster", "bold green"), f" ({detail}): {saved:.2f} s saved over {tokens} tokens.")
+    else:
+        c = speculative.draft_step * standard.tokens_per_second if speculative.draft_step else None
+        why = f" The draft costs {c:.2f} of a target step per token; speculation pays when that is small and α high (see `mlxspec bench`)." if c else ""
+        text = Text.assemble(("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({detail}).{why}")
+    if temp == 0:
+        differs = model.identical_so_far(standard, speculative)
+        text.append(" Outputs identical." if differs is None else f" Outputs differ at token {differs}!", style="green" if differs is None else "bold red")
+    return text
+
+
+def render(standard: model.Side, speculative: model.Side, *, width: int, height: int | None, temp: float, show_rejected: bool = False, done: bool = False) -> RenderableType:
+    """The whole screen. `height` None: panels as tall as their text (final screen, export)."""
+    foot = footer(standard, speculative, temp=temp, show_rejected=show_rejected)
+    parts = [foot]
+    if done:
+        parts.append(summary(standard, speculative, temp=temp))
+    reserved = 2 + (2 if done else 0)
+    stacked = width < NARROW
+    if stacked:
+        panel_height = None if height is None else max((height - reserved) // 2, 4)
+        panels = [_panel(standard, width, panel_height, show_rejected), _panel(speculative, width, panel_height, show_rejected)]
+        return Group(*panels, *parts)
+    half = width // 2
+    panel_height = None if height is None else max(height - reserved, 4)
+    if panel_height is None:  # equal heights, as tall as the longer text
+        measure = Console(width=half - 4, file=io.StringIO())
+        lines = max(len(fate_text(s.segments, show_rejected=show_rejected).wrap(measure, half - 4)) for s in (standard, speculative))
+        panel_height = lines + 2
+    grid = Table.grid(expand=True)
+    grid.add_column(ratio=1)
+    grid.add_column(ratio=1)
+    grid.add_row(_panel(standard, half, panel_height, show_rejected), _panel(speculative, width - half, panel_height, show_rejected))
+    return Group(grid, *parts)
+
+
+def plain_summary(standard: model.Side, speculative: model.Side, *, temp: float) -> str:
+    """For a pipe: the two outputs' figures and the summary, no colours."""
+    lines = [
+        f"standard:    {_figures(standard)}",
+        f"speculative: {_figures(speculative)}",
+        summary(standard, speculative, temp=temp).plain,
+    ]
+    return "\n".join(lines)

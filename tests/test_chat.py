@@ -1,0 +1,136 @@
+"""`mlxspec chat`: the real loop and engine on tiny models, driven by scripted input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+
+import pytest
+from rich.console import Console
+
+import mlxspec
+from mlxspec.chat import ChatSettings, Conversation
+from mlxspec.events import Round
+from mlxspec.views.chat import ChatApp
+
+GREEDY = dict(temp=0.0, top_p=1.0, max_tokens=12)
+
+
+def script(lines):
+    """read() for ChatApp: the scripted lines, then Ctrl-D."""
+    queue = list(lines)
+
+    def read(prompt: str) -> str:
+        if not queue:
+            raise EOFError
+        return queue.pop(0)
+
+    return read
+
+
+def drive(pair, lines, **settings):
+    out = io.StringIO()
+    conversation = Conversation(pair, settings=ChatSettings(**{**GREEDY, **settings}))
+    app = ChatApp(conversation, read=script(lines), console=Console(file=out, width=120, color_system=None))
+    code = app.run()
+    return code, out.getvalue(), conversation
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])
+def test_second_turn_equals_a_fresh_generation_over_the_same_history(load_pair, arch):
+    pair = load_pair(arch)
+    code, out, conversation = drive(pair, ["hello there", "and again"], gamma=3)
+    assert code == 0 and len(conversation.turns) == 2
+    # what the second turn saw: the template over the first exchange plus the new message
+    conversation.turns.pop()
+    ids = conversation.encode("and again")
+    fresh = mlxspec.generate(pair, ids, max_tokens=12, gamma=3)
+    assert conversation.turns[-1].assistant is not None
+    _, _, replay = drive(pair, ["hello there", "and again"], gamma=3)
+    assert replay.turns[1].assistant == fresh.text
+    # and the caches were reused: the second turn read only part of its prompt (windows that
+    # wrapped and recurrent states come back to where the first prompt ended)
+    assert replay.turns[1].reused_tokens >= replay.turns[0].prompt_tokens - 1
+
+
+def test_cache_reuse_is_reported_per_turn(load_pair):
+    _, out, conversation = drive(load_pair("llama"), ["one", "two", "three"], gamma=2)
+    reused = [t.reused_tokens for t in conversation.turns]
+    assert reused[0] == 0 and reused[1] > 0 and reused[2] > reused[1]
+    assert out.count("prefill") == 3 and "new of" in out
+
+
+def test_interrupted_reply_leaves_consistent_caches(load_pair):
+    """Ctrl-C (a real SIGINT) during a long reply; the next turn gives what a fresh
+    generation over the same history gives."""
+    pair = load_pair("llama")
+    conversation = Conversation(pair, settings=ChatSettings(temp=0.0, top_p=1.0, max_tokens=100000, gamma=3))
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        events = list(conversation.reply("talk for a long time"))
+    finally:
+        timer.join()
+    assert events[-1].finish_reason == "interrupted"
+    assert conversation.turns[-1].finish_reason == "interrupted" and conversation.turns[-1].assistant
+    conversation.settings.max_tokens = 10
+    ids = conversation.encode("shorter now")
+    emitted = [t for e in conversation.reply("shorter now") if isinstance(e, Round) for t in e.emitted]
+    assert [t for t in emitted if t not in pair.eos_ids] == mlxspec.generate(pair, ids, max_tokens=10, gamma=3).tokens
+
+
+def test_commands(load_pair, tmp_path):
+    saved = tmp_path / "chat.json"
+    code, out, conversation = drive(load_pair("llama"), [
+        "/gamma 2", "/temp 0", "first message", "/stats", "/gamma -1", "/temp hot", "/top-p 2",
+        "/frobnicate", "/system Be brief.", f"/save {saved}", "second message", f"/save {saved}", "/quit",
+    ])
+    assert code == 0
+    assert "(gamma = 2)" in out and "(temp = 0.0)" in out
+    assert "acceptance α" in out and "tokens per round τ" in out and "by position" in out
+    assert "error: gamma must be >= 0" in out
+    assert "error: /temp takes a number, not 'hot'" in out
+    assert "error: top-p must be in (0, 1]" in out
+    assert "unknown command /frobnicate; /help lists them" in out
+    assert "(system prompt set; new conversation)" in out
+    data = json.loads(saved.read_text())
+    assert data["system"] == "Be brief." and len(data["turns"]) == 1
+    assert data["turns"][0]["user"] == "second message" and data["turns"][0]["stats"]["tokens"] > 0
+    assert data["settings"]["gamma"] == 2
+
+
+def test_reset_clears_history_and_caches(load_pair):
+    _, out, conversation = drive(load_pair("llama"), ["hello", "/reset", "hello"], gamma=2)
+    assert "(conversation and caches cleared)" in out
+    assert len(conversation.turns) == 1
+    assert conversation.turns[0].reused_tokens == 0
+
+
+def test_multiline_input(load_pair):
+    _, _, conversation = drive(load_pair("llama"), ["first line \\", "second line", '"""', "a", "b", '"""'], gamma=2)
+    assert [t.user for t in conversation.turns] == ["first line \nsecond line", "a\nb"]
+
+
+def test_gamma_zero_and_show_drafts(load_pair):
+    out = io.StringIO()
+    conversation = Conversation(load_pair("llama"), settings=ChatSettings(**GREEDY, gamma=0))
+    ChatApp(conversation, read=script(["hi"]), console=Console(file=out, width=120), show_drafts=True).run()
+    assert "no draft" in out.getvalue() and "draft token accepted" in out.getvalue()
+
+
+def test_oldest_turns_are_dropped_near_the_context(factory):
+    short = factory.model("short-chat", arch="llama", seed=1, overrides={"max_position_embeddings": 80})
+    pair = mlxspec.load_pair(str(short))
+    _, out, conversation = drive(pair, ["one two three four", "five six seven", "eight nine ten", "eleven"], gamma=0, max_tokens=16)
+    assert "dropped the oldest" in out
+    assert len(conversation.turns) == 4 and all(t.finish_reason in ("length", "eos") for t in conversation.turns)
+
+
+def test_message_too_long_for_the_context(factory):
+    short = factory.model("short-chat", arch="llama", seed=1, overrides={"max_position_embeddings": 80})
+    pair = mlxspec.load_pair(str(short))
+    _, out, conversation = drive(pair, ["word " * 100, "ok"], gamma=0, max_tokens=8)
+    assert "error: this message alone has" in out and len(conversation.turns) == 1
