@@ -22,11 +22,9 @@ About an hour on 2 CPU cores (MLX's CPU backend with OpenBLAS preloaded); unchan
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +37,7 @@ from mlx.utils import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlxspec import synthetic  # noqa: E402
+from demos.stdlib_corpus import read, split_files  # noqa: E402
 
 VOCAB = 2048
 SEQ = 256
@@ -58,23 +57,6 @@ TARGET = {
     "tie_word_embeddings": True,
 }
 DRAFT = {**TARGET, "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 384, "num_attention_heads": 2, "num_key_value_heads": 1}
-
-
-def split_files(held_out_percent: int = 5) -> tuple[list[Path], list[Path]]:
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        f for f in lib.rglob("*.py")
-        if not {"site-packages", "test", "tests", "idle_test"} & set(f.relative_to(lib).parts)
-    )
-    train, held = [], []
-    for f in files:
-        bucket = int(hashlib.sha256(str(f.relative_to(lib)).encode()).hexdigest(), 16) % 100
-        (held if bucket < held_out_percent else train).append(f)
-    return train, held
-
-
-def read(files: list[Path]) -> list[str]:
-    return [f.read_text(errors="ignore") for f in files]
 
 
 def encode_corpus(tokenizer_dir: Path, texts: list[str]) -> np.ndarray:

@@ -194,12 +194,15 @@ def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | 
 
 
 def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> None:
-    generate(pair, ids, max_tokens=8, gamma=0)
-    generate(pair, ids, max_tokens=8, gamma=max(config.gammas), temp=max(config.temps), seed=0)
-    if config.peers:
-        from .peers import mlx_lm_generate
+    """Once per method, mode and temperature: the first call of each compiles kernels (and
+    mlx-lm's compiled samplers), which must not count."""
+    from .peers import mlx_lm_generate
 
-        mlx_lm_generate(pair, ids, max_tokens=8, gamma=max(config.gammas))
+    for temp in config.temps:
+        for gamma in (0, max(config.gammas)):
+            generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp, seed=0)
+            if config.peers:
+                mlx_lm_generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp)
 
 
 def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:

@@ -1,0 +1,106 @@
+"""The draft-length controller on synthetic traces, against the cost model; the n-gram
+matcher on hand-made sequences."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxspec.controller import Controller
+from mlxspec.ngram import NGramIndex
+from mlxspec.theory import expected_tokens_per_round
+
+
+def feed(controller, alpha_hits, rounds, gamma, draft_step, verify, slope=0.0):
+    """Rounds where position i is accepted while i < hits (a deterministic trace)."""
+    for r in range(rounds):
+        accepted = min(alpha_hits(r), gamma)
+        k = gamma + 1
+        controller.observe(gamma, accepted, gamma * draft_step, verify * (1 + slope * (k - 1)), k, accepted + 1)
+
+
+def test_high_acceptance_and_cheap_draft_pick_a_long_draft():
+    c = Controller(max_gamma=8)
+    for g in (3, 5, 7):  # rounds of several sizes, so the verify curve is fitted
+        feed(c, lambda r: 100, 30, g, draft_step=0.001, verify=0.02)
+    assert c.best() >= 7
+
+
+def test_collapsing_acceptance_falls_back_to_plain_decoding():
+    c = Controller(max_gamma=8)
+    feed(c, lambda r: 0, 80, 2, draft_step=0.008, verify=0.02)
+    for _ in range(10):
+        c.observe(0, 0, 0.0, 0.02, 1, 1)
+    assert c.best() == 0
+
+
+def test_it_probes_again_and_recovers():
+    c = Controller(max_gamma=6, probe_every=8)
+    feed(c, lambda r: 0, 60, 2, draft_step=0.006, verify=0.02)
+    choices = []
+    for step in range(200):
+        g = c.choose()
+        choices.append(g)
+        if g == 0:
+            c.observe(0, 0, 0.0, 0.02, 1, 1)
+        else:  # the text became predictable: every draft is accepted now
+            c.observe(g, g, g * 0.006, 0.02 * (1 + 0.02 * g), g + 1, g + 1)
+    assert 0 in choices[:20] and choices[-1] >= 3
+
+
+def test_costly_draft_never_pays():
+    c = Controller(max_gamma=8)
+    feed(c, lambda r: 100, 40, 3, draft_step=0.05, verify=0.02)
+    feed(c, lambda r: 100, 40, 1, draft_step=0.05, verify=0.02)
+    # a draft step 2.5x the target's: even perfect acceptance gives (g+1)/(2.5g+1) < 1
+    assert c.best() == 0
+
+
+def test_linear_verify_cost_is_learned():
+    """A verify that grows linearly with tokens (4-bit matmul on some Macs) makes long drafts
+    expensive: the chosen gamma matches the cost model's own optimum."""
+    c = Controller(max_gamma=8)
+    for g in (1, 3, 6):
+        feed(c, lambda r: 100 if r % 2 else 2, 40, g, draft_step=0.002, verify=0.02, slope=0.5)
+    t1 = c.verify_time(1)
+    assert t1 == pytest.approx(0.02, rel=0.05) and c.verify_time(5) == pytest.approx(0.02 * 3, rel=0.05)
+    best_by_model = max(range(9), key=lambda g: c.expected_tokens(g) / (g * c.draft_step + c.verify_time(g + 1)))
+    assert c.best() == best_by_model and c.best() < 6
+
+
+def test_flat_verify_curve_and_the_closed_form():
+    c = Controller(max_gamma=8)
+    feed(c, lambda r: 3 if r % 10 else 0, 200, 6, draft_step=0.002, verify=0.02)
+    # equal per-position rates reproduce (1 - a^(g+1)) / (1 - a)
+    c.acceptance = [0.7] * 8
+    assert c.expected_tokens(5) == pytest.approx(expected_tokens_per_round(0.7, 5))
+
+
+def test_first_choice_before_any_timing():
+    assert Controller(max_gamma=8).choose() == 4
+    assert Controller(max_gamma=2).choose() == 2
+
+
+def test_ngram_longest_match_and_followers():
+    index = NGramIndex(max_n=3, min_n=1)
+    index.extend([1, 2, 3, 4, 5, 9, 2, 3])
+    assert index.match() == (2, 2)  # "2 3" ended at index 2 before
+    assert index.propose(3) == [4, 5, 9]
+    index.extend([4])
+    assert index.match() == (3, 3) and index.propose(2) == [5, 9]
+
+
+def test_ngram_no_match_and_minimum_length():
+    index = NGramIndex(max_n=4, min_n=2)
+    index.extend([1, 2, 3, 4])
+    assert index.match() is None and index.propose(4) == []
+    index.extend([7, 3])
+    assert index.propose(4) == []  # only "3" repeats: shorter than min_n
+    index.extend([4])
+    assert index.propose(4) == [7, 3, 4]
+    assert index.propose(4, min_match=3) == []
+
+
+def test_ngram_prefers_the_latest_occurrence():
+    index = NGramIndex(max_n=2, min_n=2)
+    index.extend([5, 6, 1, 5, 6, 2, 5, 6])
+    assert index.propose(1) == [2]

@@ -1,0 +1,131 @@
+"""`mlxspec race`: the view as a pure function of recorded events, the own-clock scheduler,
+and the command end to end."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from mlxspec import race as racing
+from mlxspec.events import Done, Prefill, Round, StatsCollector
+from mlxspec.views import race as view
+from mlxspec.views.tokens import STYLES
+from tests.test_cli import run
+
+
+def round_event(i, drafted, accepted, emitted, pieces, seconds, discarded=""):
+    return Round(index=i, gamma=len(drafted), drafted=tuple(drafted), accepted=accepted, emitted=tuple(emitted),
+                 draft_seconds=seconds / 3, verify_seconds=seconds * 2 / 3, seconds=seconds, pieces=tuple(pieces), discarded=discarded)
+
+
+def recorded_sides(diverge=False):
+    """Standard: 6 tokens at 0.1 s each. Speculative: two rounds, 6 tokens in 0.25 s."""
+    standard = racing.Side("standard", "Big", 0)
+    speculative = racing.Side("speculative", "Big + Small", 3)
+    words = ["The", " cat", " sat", " on", " the", " mat"]
+    standard.apply(Prefill(5, 5, 0.01))
+    for i, w in enumerate(words):
+        standard.apply(round_event(i, (), 0, [i + 10], [w], 0.1))
+    speculative.apply(Prefill(5, 5, 0.02))
+    speculative.apply(round_event(0, [10, 11, 99], 2, [10, 11, 12], words[:3], 0.12, discarded=" dog"))
+    last = 99 if diverge else 15
+    speculative.apply(round_event(1, [13, 14], 2, [13, 14, last], words[3:], 0.13))
+    return standard, speculative
+
+
+def screen(standard, speculative, width, height=None, **options):
+    console = Console(width=width, file=io.StringIO(), record=True, color_system="truecolor")
+    console.print(view.render(standard, speculative, width=width, height=height, temp=0, **options))
+    return console
+
+
+def test_panels_figures_and_footer():
+    standard, speculative = recorded_sides()
+    text = screen(standard, speculative, 160).export_text()
+    assert "Standard · Big" in text and "Speculative · Big + Small" in text
+    assert "6 tokens · 0.60 s · 10.0 tok/s" in text
+    assert "6 tokens · 0.25 s · 24.0 tok/s · 2 rounds · α 0.80 · τ 3.00 · γ 3" in text
+    assert "speedup 2.40x" in text and "identical so far ✓" in text
+    assert "predicted" in text and "E[τ]/(γc+1)" in text
+    # side by side: both panels' titles on one line
+    assert any("Standard" in line and "Speculative" in line for line in text.splitlines())
+
+
+def test_tokens_are_styled_by_fate():
+    standard, speculative = recorded_sides()
+    text = view.fate_text(speculative.segments)
+    styles = {text.plain[span.start : span.end]: str(span.style) for span in text.spans}
+    assert styles["The"] == STYLES["accepted"] and styles[" sat"] == STYLES["recovered"]
+    assert styles[" mat"] == STYLES["bonus"]
+    assert " dog" not in text.plain
+    shown = view.fate_text(speculative.segments, show_rejected=True)
+    assert " dog" in shown.plain
+    assert any(shown.plain[s.start : s.end] == " dog" and "strike" in str(s.style) for s in shown.spans)
+
+
+def test_narrow_terminals_stack_the_panels():
+    standard, speculative = recorded_sides()
+    lines = screen(standard, speculative, 80).export_text().splitlines()
+    assert not any("Standard" in line and "Speculative" in line for line in lines)
+    top = next(i for i, line in enumerate(lines) if "Standard" in line)
+    assert next(i for i, line in enumerate(lines) if "Speculative" in line) > top
+
+
+def test_live_height_keeps_the_newest_lines():
+    standard, speculative = recorded_sides()
+    for i in range(60):
+        standard.apply(round_event(10 + i, (), 0, [1], [f"\nline {i}"], 0.01))
+    text = screen(standard, speculative, 160, height=14).export_text()
+    assert "line 59" in text and "line 5\n" not in text
+    assert len(text.splitlines()) <= 14
+
+
+def test_divergence_is_flagged_at_temperature_zero():
+    standard, speculative = recorded_sides(diverge=True)
+    assert racing.identical_so_far(standard, speculative) == 5
+    assert "outputs differ at token 5 ✗" in screen(standard, speculative, 160).export_text()
+
+
+def test_summary_says_speedup_and_slowdown_plainly():
+    standard, speculative = recorded_sides()
+    speculative.apply(Done("length", speculative.stats.stats("length")))
+    assert "2.40x faster" in view.summary(standard, speculative, temp=0).plain
+    slow = racing.Side("speculative", "Big + Small", 3)
+    slow.apply(round_event(0, [10, 11, 12], 0, [10], ["The"], 0.5, discarded=" x"))
+    summary = view.summary(standard, slow, temp=0.7).plain
+    assert "slower here" in summary and "draft costs" in summary
+
+
+def test_scheduler_always_advances_the_side_that_is_behind(load_pair):
+    pair = load_pair("llama")
+    before = (0.0, 0.0)
+    moves = 0
+    for standard, speculative in racing.race(pair, list(range(10, 22)), gamma=3, max_tokens=30):
+        now = (standard.clock, speculative.clock)
+        moved = [i for i in (0, 1) if now[i] != before[i]]
+        if len(moved) == 1 and not (standard.done or speculative.done):
+            i = moved[0]
+            assert before[i] <= before[1 - i], (before, now)
+            moves += 1
+        before = now
+    assert moves > 10
+    assert standard.done and speculative.done
+    assert standard.tokens == speculative.tokens  # temperature 0
+
+
+def test_race_command_plain_summary_and_svg(capsys, factory, tmp_path):
+    target, draft = factory.pair("llama")
+    svg, html = tmp_path / "race.svg", tmp_path / "race.html"
+    code, out, err = run(capsys, "race", "hello", "-t", str(target), "-d", str(draft), "-m", "20", "--svg", str(svg), "--html", str(html))
+    assert code == 0, err
+    assert out.startswith("standard:") and "speculative:" in out and "Outputs identical." in out
+    assert svg.read_text().startswith("<svg") and "Speculative" in svg.read_text()
+    assert "<html" in html.read_text().lower()
+
+
+def test_race_refuses_gamma_zero(capsys, factory):
+    target, draft = factory.pair("llama")
+    code, _, err = run(capsys, "race", "-t", str(target), "-d", str(draft), "-g", "0")
+    assert code == 2 and "--gamma must be >= 1" in err
