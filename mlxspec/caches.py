@@ -123,16 +123,18 @@ class ModelCache:
         return True
 
     def restore(self, mark: Mark) -> None:
-        """Go back to exactly the state at `mark`."""
+        """Go back to exactly the state at `mark` (which stays usable: the layers get views
+        of its snapshots, not the snapshots themselves)."""
         for i, layer in enumerate(self.layers):
             if i in mark.states:
-                layer.state = mark.states[i]
+                layer.state = tree_map(_view, mark.states[i])
                 continue
-            # Per layer: after an interrupt mid-forward, layers may disagree on their length.
-            offset = getattr(layer, "offset", None)
-            drop = (offset if isinstance(offset, int) else self.length) - mark.length
-            if drop:
-                self._trim(i, drop)
+            # Each part by its own count: after an interrupt mid-forward, layers (and the
+            # parts of a CacheList) may disagree on their length.
+            for part in _parts(layer):
+                drop = part.offset - mark.length
+                if drop and part.trim(drop) != drop:
+                    raise CacheRollbackError(f"layer {i} ({type(part).__name__}) could not drop {drop} tokens")
         self.length = mark.length
         self._check()
 
@@ -161,13 +163,20 @@ class ModelCache:
             raise CacheRollbackError(f"layer {i} ({type(layer).__name__}) trimmed {trimmed} of {n} tokens")
 
     def _check(self) -> None:
-        """Every layer that counts its tokens must agree with the length we believe."""
+        """Every layer that counts its tokens (CacheList parts included) must agree with the
+        length we believe."""
         for i, layer in enumerate(self.layers):
-            offset = getattr(layer, "offset", None)
-            if isinstance(offset, int) and offset != self.length:
-                raise CacheRollbackError(
-                    f"layer {i} ({type(layer).__name__}) holds {offset} tokens, expected {self.length}"
-                )
+            for part in _parts(layer):
+                if part.offset != self.length:
+                    raise CacheRollbackError(
+                        f"layer {i} ({type(part).__name__}) holds {part.offset} tokens, expected {self.length}"
+                    )
+
+
+def _parts(layer) -> list:
+    """The token-counting caches of a layer: itself, or a CacheList's parts."""
+    parts = layer.caches if type(layer) is mlx_cache.CacheList else [layer]
+    return [p for p in parts if isinstance(getattr(p, "offset", None), int)]
 
 
 def make_cache(model, model_name: str = "model") -> ModelCache:

@@ -17,6 +17,10 @@ from mlxspec import synthetic  # noqa: E402
 # Per architecture: how sharp the target's logits are and how far its draft is perturbed
 # from it, chosen so that greedy acceptance sits between ~0.3 and ~0.9: every round length
 # and both rewind paths (partial rejection, full acceptance) occur within 40 tokens.
+# Caches covered: KVCache (llama, qwen2, qwen3, gemma2, phi3), RotatingKVCache that wraps
+# (gemma3_text, llama_sliding), ArraysCache (mamba; qwen3_next beside KVCache) and
+# CacheList (deepseek_v32: two KV caches; baichuan_m1: a state with a window; falcon_h1: a
+# Mamba-2 state with a KV cache).
 ARCH_SETTINGS = {
     "llama": (4.0, 0.1),
     "qwen2": (4.0, 0.1),
@@ -27,6 +31,9 @@ ARCH_SETTINGS = {
     "llama_sliding": (4.0, 0.1),
     "qwen3_next": (4.0, 0.05),
     "mamba": (4.0, 0.15),
+    "deepseek_v32": (2.0, 0.15),
+    "baichuan_m1": (4.0, 0.1),
+    "falcon_h1": (4.0, 0.1),
 }
 ARCHS = list(ARCH_SETTINGS)
 

@@ -96,7 +96,7 @@ def test_a_layer_that_disagrees_is_caught(load_pair):
         cache.trim_to(5)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next", "deepseek_v32", "baichuan_m1"])
 def test_interrupted_generation_leaves_a_usable_session(load_pair, arch):
     """Ctrl-C at arbitrary moments (a real SIGINT): the stream ends with Done('interrupted')
     and the same session then generates exactly what a fresh one would."""
