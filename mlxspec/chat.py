@@ -25,13 +25,14 @@ from .sampling import SamplingParams
 
 @dataclass
 class ChatSettings:
-    gamma: int = 4
+    gamma: int | str = 4  # or "auto"
     temp: float = 0.7
     top_p: float = 0.95
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 512
+    draft_min_p: float = 0.0
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
@@ -107,12 +108,12 @@ class Conversation:
         if dropped:
             yield ContextTrimmed(dropped, self.pair.target.context_length)
         s = self.settings
-        gamma = s.gamma if self.pair.draft is not None else 0
+        gamma = s.gamma if self.pair.draft is not None or self.pair.ngram else 0
         pieces, reused = [], 0
         turn = StatsCollector(gamma=gamma, seed=s.seed)
         events = stream(
             self.pair, ids, max_tokens=s.max_tokens, gamma=gamma, temp=s.temp, top_p=s.top_p, top_k=s.top_k,
-            min_p=s.min_p, seed=s.seed, session=self.session,
+            min_p=s.min_p, seed=s.seed, session=self.session, draft_min_p=s.draft_min_p,
         )
         try:
             for event in events:
@@ -144,12 +145,13 @@ class Conversation:
 
     def update(self, **changes) -> None:
         """Change settings; refused values leave the settings as they were."""
+        from .generation import check_options
+
         candidate = dataclasses.replace(self.settings, **changes)
         candidate.sampling()  # raises InvalidOption on a bad value
-        if candidate.gamma < 0 or candidate.max_tokens < 1:
-            raise InvalidOption("gamma must be >= 0 and max tokens >= 1")
-        if candidate.gamma > 0 and self.pair.draft is None:
-            raise InvalidOption("there is no draft model: only gamma 0 is possible")
+        if candidate.max_tokens < 1:
+            raise InvalidOption("max tokens must be >= 1")
+        check_options(self.pair, candidate.gamma, candidate.max_tokens, ngram=self.pair.ngram, draft_min_p=candidate.draft_min_p)
         self.settings = candidate
 
     def transcript(self) -> dict:

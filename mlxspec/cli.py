@@ -50,9 +50,11 @@ def _app(
 
 # Options shared by the commands.
 Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: Hugging Face repo id or local folder. Default: the bundled tiny pair.", show_default=False)]
-Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model sharing the target's tokenizer: repo id or folder.", show_default=False)]
+Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model sharing the target's tokenizer: repo id or folder; 'ngram' drafts by prompt lookup, no model.", show_default=False)]
 PairName = Annotated[Optional[str], typer.Option("--pair", "-p", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)]
-Gamma = Annotated[Optional[int], typer.Option("--gamma", "-g", help="Draft tokens proposed per round; 0 is standard decoding. Default: the preset's, else 4.", show_default=False)]
+Gamma = Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft tokens per round; 0 is standard decoding; 'auto' picks each round's from what the run measures. Default: the preset's, else 4.", show_default=False)]
+NGram = Annotated[bool, typer.Option("--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise.")]
+DraftMinP = Annotated[float, typer.Option("--draft-min-p", help="Stop a round's drafting when the draft's top probability falls below this (0: off).")]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy (argmax).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")]
@@ -74,10 +76,12 @@ def _status(message: str) -> None:
         err.print(Text(f"{message}…", style="dim"))
 
 
-def default_gamma(gamma: int | None, pair: str | None) -> int:
-    """An explicit --gamma, else the preset's recommendation, else 4."""
+def default_gamma(gamma: str | None, pair: str | None) -> int | str:
+    """An explicit --gamma (a number or 'auto'), else the preset's recommendation, else 4."""
     if gamma is not None:
-        return gamma
+        from .generation import parse_gamma
+
+        return parse_gamma(gamma.strip().lower())
     if pair:
         from .presets import find_preset
 
@@ -85,10 +89,14 @@ def default_gamma(gamma: int | None, pair: str | None) -> int:
     return 4
 
 
-def load(target, draft, pair, no_draft=False):
+def load(target, draft, pair, no_draft=False, ngram=False):
+    """Load the pair; `--ngram` with no draft named means prompt lookup alone."""
     from .pairs import load_pair
 
-    return load_pair(target, draft, pair=pair, no_draft=no_draft, on_status=_status)
+    loaded = load_pair(target, draft, pair=pair, no_draft=no_draft, on_status=_status)
+    if ngram and not no_draft:
+        loaded.ngram = True
+    return loaded
 
 
 @app.command()
@@ -108,6 +116,8 @@ def generate(
     raw: Raw = False,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")] = False,
+    ngram: NGram = False,
+    draft_min_p: DraftMinP = 0.0,
     xtc_probability: Xtc = 0.0,
 ):
     """Generate one completion, streaming it to stdout, with statistics on stderr."""
@@ -123,11 +133,11 @@ def generate(
     gamma = 0 if no_draft else default_gamma(gamma, pair)
     # refuse bad values before spending time loading models
     SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    generation.check_options(None, gamma, max_tokens, xtc_probability)
-    loaded = load(target, draft, pair, no_draft=gamma == 0)
+    generation.check_options(None, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
+    loaded = load(target, draft, pair, no_draft=gamma == 0, ngram=ngram)
     options = dict(
         max_tokens=max_tokens, gamma=gamma, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
-        seed=seed, raw=raw, stop=stop or (), xtc_probability=xtc_probability,
+        seed=seed, raw=raw, stop=stop or (), xtc_probability=xtc_probability, draft_min_p=draft_min_p,
     )
     if as_json:
         result = generation.generate(loaded, prompt, **options)
@@ -166,6 +176,8 @@ def chat(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-m", help="Most tokens per reply.")] = 512,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.", show_default=False)] = None,
     show_drafts: Annotated[bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")] = False,
+    ngram: NGram = False,
+    draft_min_p: DraftMinP = 0.0,
 ):
     """Chat with a model, speculative decoding on, caches kept between turns."""
     from .chat import ChatSettings, Conversation
@@ -176,12 +188,12 @@ def chat(
     except ImportError:  # pragma: no cover
         pass
     gamma = 0 if no_draft else default_gamma(gamma, pair)
-    settings = ChatSettings(gamma=gamma, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, max_tokens=max_tokens)
+    settings = ChatSettings(gamma=gamma, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, max_tokens=max_tokens, draft_min_p=draft_min_p)
     settings.sampling()
     from .generation import check_options
 
-    check_options(None, gamma, max_tokens)
-    loaded = load(target, draft, pair, no_draft=gamma == 0)
+    check_options(None, gamma, max_tokens, ngram=ngram, draft_min_p=draft_min_p)
+    loaded = load(target, draft, pair, no_draft=gamma == 0, ngram=ngram)
     console = Console(highlight=False)
     title = loaded.description + (f" · γ {gamma}" if gamma else " · no draft")
     console.print(Text(title, style="bold"))
@@ -210,6 +222,8 @@ def race(
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show thrown-away draft tokens, struck through.")] = False,
     svg: Annotated[Optional[str], typer.Option("--svg", help="Save the final screen as SVG.", show_default=False)] = None,
     html: Annotated[Optional[str], typer.Option("--html", help="Save the final screen as HTML.", show_default=False)] = None,
+    ngram: NGram = False,
+    draft_min_p: DraftMinP = 0.0,
 ):
     """Standard vs speculative decoding, side by side, live: same prompt, same target."""
     import time as clock
@@ -223,14 +237,14 @@ def race(
 
     gamma = default_gamma(gamma, pair)
     SamplingParams(temp=temp, top_p=top_p, top_k=top_k)
-    check_options(None, gamma, max_tokens)
-    if gamma < 1:
-        raise InvalidOption("race compares against speculative decoding: --gamma must be >= 1")
-    loaded = load(target, draft, pair)
-    if loaded.draft is None:
-        raise InvalidOption("race needs a draft model")
+    check_options(None, gamma, max_tokens, ngram=ngram, draft_min_p=draft_min_p)
+    if gamma == 0:
+        raise InvalidOption("race compares against speculative decoding: --gamma must be >= 1 or auto")
+    loaded = load(target, draft, pair, ngram=ngram)
+    if loaded.draft is None and not loaded.ngram:
+        raise InvalidOption("race needs a draft model (or --draft ngram)")
     prompt = prompt_opt or prompt_arg or (DEFAULT_CHAT_PROMPT if loaded.tokenizer.has_chat_template and not raw else DEFAULT_CODE_PROMPT)
-    options = dict(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, seed=seed, raw=raw)
+    options = dict(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, seed=seed, raw=raw, draft_min_p=draft_min_p)
     console = Console()
     state = None
     interrupted = False

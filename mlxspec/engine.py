@@ -15,6 +15,7 @@ reads the round's outcome once, at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from .caches import ModelCache, make_cache
+from .controller import Controller
+from .ngram import NGramIndex
 from .events import Prefill, Round
 from .sampling import SamplingParams, sample, warp
 from .verify import greedy_sample, speculative_sample
@@ -156,21 +159,45 @@ def _pick(logits: mx.array, params: SamplingParams, key: mx.array) -> tuple[mx.a
     return sample(probs, key), probs
 
 
-def draft(cursor: Cursor, gamma: int, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:
-    """The draft proposes `gamma` ids. Returns drafted (gamma,) and their rows q (gamma, V),
-    None when greedy. The draft reads its pending ids and all drafts but the last."""
+def draft(
+    cursor: Cursor, gamma: int, params: SamplingParams, key: mx.array, min_p: float = 0.0
+) -> tuple[mx.array, mx.array | None, bool]:
+    """The draft proposes up to `gamma` ids. Returns drafted (n,), their rows q (n, V) (None
+    when greedy), and whether the draft read all of them (normally it reads its pending ids
+    and every draft but the last).
+
+    `min_p` > 0 stops early when the draft's confidence (its top probability) for the next
+    id falls below it: those are the proposals most often rejected. Deciding needs the value
+    on the host, one wait per draft step, so it is off by default. The rule stays exact: when
+    to stop depends on the draft alone, never on the target."""
     keys = mx.random.split(key, gamma)
     inputs = mx.array(cursor.pending, dtype=_TOKEN)
     cursor.pending = []
     ids, rows = [], []
     for i in range(gamma):
-        token, probs = _pick(cursor.forward(inputs)[-1], params, keys[i])
+        logits = cursor.forward(inputs)[-1]
+        token, probs = _pick(logits, params, keys[i])
+        if min_p > 0:
+            confidence = (probs if probs is not None else mx.softmax(logits.astype(mx.float32))).max()
+            if confidence.item() < min_p:
+                return (*_stack(ids, rows, params), True)
         mx.async_eval(token)
         ids.append(token)
         rows.append(probs)
         inputs = token[None]
-    drafted = mx.stack(ids)
-    return drafted, (None if params.greedy else mx.stack(rows))
+    return (*_stack(ids, rows, params), False)
+
+
+def _stack(ids: list, rows: list, params: SamplingParams) -> tuple[mx.array, mx.array | None]:
+    if not ids:
+        return mx.array([], dtype=_TOKEN), None
+    return mx.stack(ids).astype(_TOKEN), (None if params.greedy else mx.stack(rows))
+
+
+def point_mass_rows(ids: mx.array, width: int) -> mx.array:
+    """q for proposals that are certain (prompt lookup): one-hot rows (n, width). The rule then
+    accepts x with probability p(x) and recovers from p with x removed."""
+    return (mx.arange(width)[None, :] == ids[:, None]).astype(mx.float32)
 
 
 def verify(
@@ -194,16 +221,39 @@ class RoundOutcome:
     next_id: int
     draft_seconds: float
     verify_seconds: float
+    source: str = "model"  # what proposed: "model", "ngram", or "target" (nothing drafted)
+    early_stop: bool = False
+    verified: int = 1  # ids the target read in its pass
 
 
-def speculative_round(target: Cursor, drafter: Cursor, gamma: int, params: SamplingParams, key: mx.array) -> RoundOutcome:
-    """One draft-verify-rewind round. On any exception both cursors are left as before it."""
+def speculative_round(
+    target: Cursor,
+    drafter: Cursor | None,
+    gamma: int,
+    params: SamplingParams,
+    key: mx.array,
+    *,
+    proposal: list[int] | None = None,
+    min_p: float = 0.0,
+) -> RoundOutcome:
+    """One propose-verify-rewind round. The draft model proposes up to `gamma` ids, unless a
+    `proposal` (prompt lookup) is given: then those ids are verified as point masses and the
+    draft model only hears what was emitted. On any exception both cursors are left as
+    before the round."""
     t0 = time.perf_counter()
     draft_key, rule_key = mx.random.split(key)
-    target_mark, draft_mark = target.cache.mark(), drafter.cache.mark()
-    target_pending, draft_pending = list(target.pending), list(drafter.pending)
+    use_model = proposal is None and drafter is not None and gamma > 0
+    target_mark, target_pending = target.cache.mark(), list(target.pending)
+    if use_model:
+        draft_mark, draft_pending = drafter.cache.mark(), list(drafter.pending)
     try:
-        drafted, draft_probs = draft(drafter, gamma, params, draft_key)
+        read_all = False
+        if use_model:
+            drafted, draft_probs, read_all = draft(drafter, gamma, params, draft_key, min_p)
+        else:
+            drafted = mx.array(proposal or [], dtype=_TOKEN)
+            draft_probs = None if params.greedy or not proposal else point_mass_rows(drafted, target.width)
+        n = drafted.shape[0]
         accepted, next_id = verify(target, drafted, draft_probs, params, rule_key)
         outcome = mx.concatenate([drafted, accepted.astype(_TOKEN)[None], next_id.astype(_TOKEN)[None]])
         mx.async_eval(outcome)
@@ -211,37 +261,27 @@ def speculative_round(target: Cursor, drafter: Cursor, gamma: int, params: Sampl
         t1 = time.perf_counter()
         values = outcome.tolist()
         t2 = time.perf_counter()
-        drafted_ids, accepted, next_id = values[:gamma], values[gamma], values[gamma + 1]
+        drafted_ids, accepted, next_id = values[:n], values[n], values[n + 1]
 
         target.tokens += target_pending + drafted_ids
-        target.pending = target.rewind(len(target.tokens) - (gamma - accepted), target_mark) + [next_id]
-        drafter.tokens += draft_pending + drafted_ids[:-1]
-        if accepted < gamma:
-            keep = len(drafter.tokens) - (gamma - 1 - accepted)
-            drafter.pending = drafter.rewind(keep, draft_mark) + [next_id]
-        else:  # the draft never read its own last proposal
-            drafter.pending = [drafted_ids[-1], next_id]
+        target.pending = target.rewind(len(target.tokens) - (n - accepted), target_mark) + [next_id]
+        if use_model:
+            # the draft read its pending ids and its drafts but the last (all, if it stopped early)
+            read = n if read_all else max(n - 1, 0)
+            drafter.tokens += draft_pending + drafted_ids[:read]
+            kept = min(accepted, read)
+            again = drafter.rewind(len(drafter.tokens) - (read - kept), draft_mark)
+            drafter.pending = again + drafted_ids[kept:accepted] + [next_id]
+        elif drafter is not None:
+            drafter.pending += drafted_ids[:accepted] + [next_id]
     except BaseException:
         target.abandon(target_mark, target_pending)
-        drafter.abandon(draft_mark, draft_pending)
+        if use_model:
+            drafter.abandon(draft_mark, draft_pending)
         raise
-    return RoundOutcome(drafted_ids, accepted, next_id, t1 - t0, t2 - t1)
-
-
-def target_round(target: Cursor, drafter: Cursor | None, params: SamplingParams, key: mx.array) -> RoundOutcome:
-    """A round with nothing drafted: one target step (the last token of a speculative run)."""
-    t0 = time.perf_counter()
-    mark, pending = target.cache.mark(), list(target.pending)
-    try:
-        next_id = verify(target, mx.array([], dtype=_TOKEN), None, params, key)[1].item()
-        target.tokens += pending
-        target.pending = [next_id]
-    except BaseException:
-        target.abandon(mark, pending)
-        raise
-    if drafter is not None:
-        drafter.pending.append(next_id)
-    return RoundOutcome([], 0, next_id, 0.0, time.perf_counter() - t0)
+    source = "model" if use_model and n else "ngram" if n else "target"
+    early = use_model and read_all
+    return RoundOutcome(drafted_ids, accepted, next_id, t1 - t0, t2 - t1, source, early, len(target_pending) + n)
 
 
 def _emit(emitted: list[int], eos_ids: frozenset[int]) -> tuple[list[int], bool]:
@@ -267,47 +307,83 @@ def decode(
     drafter: Cursor | None,
     prompt: list[int],
     *,
-    gamma: int,
+    gamma: int | str,
     params: SamplingParams,
     max_tokens: int,
     eos_ids: frozenset[int],
     key: mx.array,
     own_clock: bool = False,
+    ngram: NGramIndex | None = None,
+    min_p: float = 0.0,
+    controller: Controller | None = None,
+    ngram_min_match: int | None = None,
 ) -> Iterator[Prefill | Round]:
     """Yields a Prefill, then one Round per round; returns the finish reason
-    ("eos" or "length"). gamma = 0 (or no draft) is standard decoding.
+    ("eos" or "length").
+
+    gamma: the draft length, 0 for standard decoding, or "auto" (the controller picks each
+    round's, plain decoding included). Proposals come from the draft model and/or `ngram`
+    (prompt lookup over the prompt and output; with a draft model too, only matches of
+    `ngram_min_match` ids or more, 3 by default, are used). `min_p`: the draft's early stop
+    (see `draft`).
 
     `own_clock`: leave no device work in flight across a yield, so each round's seconds are
     this generator's own compute even when another generator runs between its rounds (race).
     Speculative rounds always end synchronised; standard decoding then finishes its queued
     next step inside the round instead of during the consumer's time."""
+    plain = gamma == 0 or (drafter is None and ngram is None)
     # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
     with mx.stream(generation_stream):
-        yield prefill(target, drafter if gamma else None, prompt)
-        if gamma == 0 or drafter is None:
+        yield prefill(target, None if plain else drafter, prompt)
+        if plain:
             return (yield from _standard(target, params, max_tokens, eos_ids, key, own_clock))
-        return (yield from _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key))
+        if gamma == "auto" and controller is None:
+            controller = Controller()
+        return (
+            yield from _speculative(
+                target, drafter, gamma, params, max_tokens, eos_ids, key, own_clock, ngram, min_p, controller,
+                ngram_min_match if ngram_min_match is not None else (3 if drafter is not None else None),
+            )
+        )
 
 
-def _speculative(
-    target: Cursor,
-    drafter: Cursor,
-    gamma: int,
-    params: SamplingParams,
-    max_tokens: int,
-    eos_ids: frozenset[int],
-    key: mx.array,
-) -> Iterator[Round]:
+def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, own_clock, ngram, min_p, controller, min_match) -> Iterator[Round]:
     produced, index = 0, 0
     while produced < max_tokens:
-        t0 = time.perf_counter()
         key, round_key = mx.random.split(key)
-        g = min(gamma, max_tokens - produced - 1)
-        if g > 0:
-            outcome = speculative_round(target, drafter, g, params, round_key)
-        else:
-            outcome = target_round(target, drafter, params, round_key)
+        remaining = max_tokens - produced
+        g = min(controller.choose() if controller else gamma, remaining - 1)
+        if controller and g == 0 and remaining > 1:
+            # plain decoding wins for now: a pipelined stretch, as fast as standard decoding,
+            # until the controller wants to probe again
+            stretch = min(controller.probe_every, remaining)
+            segment = _standard(target, params, stretch, eos_ids, round_key, own_clock)
+            while True:
+                try:
+                    event = next(segment)
+                except StopIteration as end:
+                    finished = end.value
+                    break
+                controller.observe(0, 0, 0.0, event.seconds, 1, 1)
+                _heard(drafter, ngram, event.emitted)
+                produced += 1
+                yield dataclasses.replace(event, index=index, source="target")
+                index += 1
+            if finished == "eos":
+                return "eos"
+            continue
+        t0 = time.perf_counter()
+        proposal = None
+        if ngram is not None and g > 0:
+            proposal = ngram.propose(g, min_match) or None
+        if proposal is None and drafter is None:
+            proposal = []  # prompt lookup found nothing: a plain target step
+        outcome = speculative_round(target, drafter, g, params, round_key, proposal=proposal, min_p=min_p)
         emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
+        if ngram is not None:
+            ngram.extend(emitted)
+        if controller:
+            controller.observe(len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds, outcome.verified, len(emitted))
         produced += len(emitted)
         yield Round(
             index=index,
@@ -318,11 +394,21 @@ def _speculative(
             draft_seconds=outcome.draft_seconds,
             verify_seconds=outcome.verify_seconds,
             seconds=time.perf_counter() - t0,
+            source=outcome.source,
+            early_stop=outcome.early_stop,
         )
         index += 1
         if ended:
             return "eos"
     return "length"
+
+
+def _heard(drafter: Cursor | None, ngram: NGramIndex | None, ids) -> None:
+    """Ids emitted without the draft's help: the draft reads them with its next proposal."""
+    if drafter is not None:
+        drafter.pending += list(ids)
+    if ngram is not None:
+        ngram.extend(ids)
 
 
 def _standard(

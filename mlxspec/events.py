@@ -34,6 +34,8 @@ class Round:
     seconds: float  # the whole round, bookkeeping included
     pieces: tuple[str, ...] = ()  # text of each emitted id, once detokenized
     discarded: str = ""  # text of the drafts thrown away (the first rejected one and after)
+    source: str = "model"  # who proposed: "model", "ngram", or "target" (nothing drafted)
+    early_stop: bool = False  # the draft stopped short of gamma, unsure of its next id
 
     @property
     def tested(self) -> int:
@@ -73,7 +75,12 @@ class Stats:
     draft_seconds: float
     verify_seconds: float
     tokens_per_second: float | None
-    gamma: int
+    gamma: int | str  # "auto" when the controller chose per round
+    mean_gamma: float | None = None  # drafts proposed per round
+    model_rounds: int = 0  # rounds drafted by the draft model
+    ngram_rounds: int = 0  # rounds proposed by prompt lookup
+    plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
+    early_stops: int = 0  # rounds the draft cut short (draft min-p)
     seed: int | None = None
     finish_reason: str | None = None
 
@@ -86,7 +93,7 @@ class StatsCollector:
     """Accumulates rounds into Stats; views use it for live figures."""
 
     prompt_tokens: int = 0
-    gamma: int = 0
+    gamma: int | str = 0
     seed: int | None = None
     prefill_seconds: float = 0.0
     tokens: int = 0
@@ -99,6 +106,8 @@ class StatsCollector:
     verify_seconds: float = 0.0
     position_tested: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)
+    early_stops: int = 0
 
     def add_prefill(self, event: Prefill) -> None:
         self.prompt_tokens = event.prompt_tokens
@@ -114,6 +123,8 @@ class StatsCollector:
         self.decode_seconds += event.seconds
         self.draft_seconds += event.draft_seconds
         self.verify_seconds += event.verify_seconds
+        self.sources[event.source] = self.sources.get(event.source, 0) + 1
+        self.early_stops += event.early_stop
         for i in range(event.tested):
             if i >= len(self.position_tested):
                 self.position_tested.append(0)
@@ -152,6 +163,11 @@ class StatsCollector:
             verify_seconds=self.verify_seconds,
             tokens_per_second=self.tokens_per_second,
             gamma=self.gamma,
+            mean_gamma=self.drafted / self.rounds if self.rounds else None,
+            model_rounds=self.sources.get("model", 0),
+            ngram_rounds=self.sources.get("ngram", 0),
+            plain_rounds=self.sources.get("target", 0),
+            early_stops=self.early_stops,
             seed=self.seed,
             finish_reason=finish_reason,
         )

@@ -72,13 +72,27 @@ def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False,
     return list(tokenizer.encode(prompt))
 
 
-def check_options(pair: Pair | None, gamma: int, max_tokens: int, xtc_probability: float = 0.0) -> None:
+def parse_gamma(gamma) -> int | str:
+    """A draft length: a whole number >= 0, or "auto"."""
+    if gamma == "auto":
+        return gamma
+    if isinstance(gamma, str) and gamma.strip().isdigit():
+        return int(gamma)
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+        raise InvalidOption(f"gamma (draft length) must be a whole number >= 0 or 'auto', got {gamma!r}")
+    return gamma
+
+
+def check_options(
+    pair: Pair | None, gamma, max_tokens: int, xtc_probability: float = 0.0, ngram: bool = False, draft_min_p: float = 0.0
+) -> None:
     """Refuse options the engine cannot honour exactly; `pair` None checks what it can
     before the models are loaded."""
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-        raise InvalidOption(f"gamma (draft length) must be a whole number >= 0, got {gamma}")
-    if gamma > 0 and pair is not None and pair.draft is None:
-        raise InvalidOption("speculative decoding needs a draft model: name one, or use gamma 0")
+    gamma = parse_gamma(gamma)
+    if gamma != 0 and pair is not None and pair.draft is None and not ngram:
+        raise InvalidOption("speculative decoding needs a draft model (or n-gram drafting): name one, or use gamma 0")
+    if not 0 <= draft_min_p < 1:
+        raise InvalidOption(f"draft min-p must be in [0, 1), got {draft_min_p}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidOption(f"max tokens must be a whole number >= 1, got {max_tokens}")
     if xtc_probability:
@@ -93,7 +107,7 @@ def stream(
     prompt: str | Sequence[int],
     *,
     max_tokens: int = 256,
-    gamma: int = 4,
+    gamma: int | str = 4,
     temp: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -104,13 +118,20 @@ def stream(
     xtc_probability: float = 0.0,
     session: Session | None = None,
     own_clock: bool = False,
+    ngram: bool | None = None,
+    draft_min_p: float = 0.0,
 ) -> Iterator[Event]:
     """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
-    Done. gamma=0 is standard decoding with the same sampler. Ctrl-C ends the stream with
-    Done("interrupted"), the session still usable. `own_clock=True` makes each round's
-    seconds its own compute when other work runs between rounds (see engine.decode)."""
+    Done. gamma=0 is standard decoding with the same sampler; gamma="auto" chooses each
+    round's draft length (plain decoding included) from what the run measures. `ngram=True`
+    adds prompt-lookup proposals (alone when the pair has no draft model). `draft_min_p`
+    stops a round's drafting when the draft's top probability falls below it. Ctrl-C ends
+    the stream with Done("interrupted"), the session still usable. `own_clock=True` makes
+    each round's seconds its own compute when other work runs between rounds (race)."""
     params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    check_options(pair, gamma, max_tokens, xtc_probability)
+    ngram = pair.ngram if ngram is None else ngram
+    check_options(pair, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
+    gamma = parse_gamma(gamma)
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")
     ids = encode_prompt(pair, prompt, raw=raw)
@@ -135,6 +156,8 @@ def stream(
         eos_ids=eos,
         key=mx.random.key(seed),
         own_clock=own_clock,
+        ngram=_ngram_index(ids) if ngram else None,
+        min_p=draft_min_p,
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):
@@ -176,6 +199,14 @@ def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopF
         if stopped:
             return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), "stop"
     return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), None
+
+
+def _ngram_index(ids: list[int]):
+    from .ngram import NGramIndex
+
+    index = NGramIndex()
+    index.extend(ids)
+    return index
 
 
 def _check_ids(pair: Pair, ids: list[int]) -> None:

@@ -29,10 +29,14 @@ _OVERHEAD_FRACTION = 0.10
 _OVERHEAD_BYTES = 512 * 2**20
 
 
+NGRAM = "ngram"  # as a draft name: prompt-lookup drafting, no draft model
+
+
 @dataclass
 class Pair:
     target: LoadedModel
     draft: LoadedModel | None
+    ngram: bool = False  # prompt-lookup proposals by default (draft="ngram")
 
     @property
     def tokenizer(self):
@@ -44,7 +48,9 @@ class Pair:
 
     @property
     def description(self) -> str:
-        return self.target.label + (f" + {self.draft.label}" if self.draft else "")
+        drafts = [self.draft.label] if self.draft else []
+        drafts += ["n-gram"] if self.ngram else []
+        return self.target.label + "".join(f" + {d}" for d in drafts)
 
 
 def load_pair(
@@ -58,12 +64,14 @@ def load_pair(
 ) -> Pair:
     """Load a target and its draft by repo id, folder, or models.toml preset name.
 
-    With no names at all, the bundled tiny pair (offline). `no_draft` loads the target only.
-    Raises MlxspecError subclasses with one-line messages.
+    With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
+    lookup, with no draft model. `no_draft` loads the target only. Raises MlxspecError
+    subclasses with one-line messages.
     """
     status = on_status or (lambda message: None)
     target_name, draft_name = choose_names(target, draft, pair)
-    if no_draft:
+    ngram = draft_name == NGRAM
+    if no_draft or ngram:
         draft_name = None
 
     status(f"Finding {target_name}")
@@ -85,7 +93,7 @@ def load_pair(
         draft_model.name = draft_name
         caches.check_supported(draft_model.model, f"draft {draft_name}")
         check_compatible(target_model.tokenizer, draft_model.tokenizer)
-    return Pair(target_model, draft_model)
+    return Pair(target_model, draft_model, ngram=ngram and not no_draft)
 
 
 def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[str, str | None]:
@@ -96,6 +104,8 @@ def choose_names(target: str | None, draft: str | None, pair: str | None) -> tup
         return target or preset.target, draft or preset.draft
     if target is None and draft is None:
         return str(BUNDLED_TARGET), str(BUNDLED_DRAFT)
+    if target is None and draft == NGRAM:
+        return str(BUNDLED_TARGET), NGRAM
     if target is None:
         raise InvalidOption("--draft needs a --target (or name a --pair)")
     return target, draft

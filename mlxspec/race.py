@@ -26,16 +26,18 @@ class Side:
 
     method: str  # "standard" or "speculative"
     models: str
-    gamma: int
+    gamma: int | str  # or "auto"
     segments: list[tuple[str, str]] = field(default_factory=list)  # (text, fate)
     tokens: list[int] = field(default_factory=list)
     stats: StatsCollector = field(default_factory=StatsCollector)
     done: Done | None = None
+    last: Round | None = None  # the latest round: its gamma and who proposed
 
     def apply(self, event) -> None:
         if isinstance(event, Prefill):
             self.stats.add_prefill(event)
         elif isinstance(event, Round):
+            self.last = event
             self.stats.add_round(event)
             if event.discarded:
                 self.segments.append((event.discarded, REJECTED))
@@ -65,6 +67,13 @@ class Side:
     def draft_step(self) -> float | None:
         return self.stats.draft_seconds / self.stats.drafted if self.stats.drafted else None
 
+    @property
+    def effective_gamma(self) -> float:
+        """The draft length in force: the fixed one, or the mean the controller chose."""
+        if isinstance(self.gamma, int):
+            return self.gamma
+        return self.stats.drafted / self.stats.rounds if self.stats.rounds else 0.0
+
 
 def speedup(standard: Side, speculative: Side) -> float | None:
     if not standard.tokens_per_second or not speculative.tokens_per_second:
@@ -75,11 +84,12 @@ def speedup(standard: Side, speculative: Side) -> float | None:
 def predicted_speedup(standard: Side, speculative: Side) -> float | None:
     """E[tau] / (gamma c + 1) from the measured acceptance and the measured cost ratio c
     (the draft's seconds per drafted token over the target's per standard token)."""
-    alpha, gamma = speculative.stats.acceptance_rate, speculative.gamma
+    alpha, gamma = speculative.stats.acceptance_rate, speculative.effective_gamma
     if alpha is None or not standard.tokens_per_second or speculative.draft_step is None:
         return None
     c = speculative.draft_step * standard.tokens_per_second
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
+    rounded = max(round(gamma), 1)
+    return expected_tokens_per_round(alpha, rounded) / (gamma * c + 1)
 
 
 def identical_so_far(standard: Side, speculative: Side) -> int | None:

@@ -91,7 +91,7 @@ def test_commands(load_pair, tmp_path):
     assert code == 0
     assert "(gamma = 2)" in out and "(temp = 0.0)" in out
     assert "acceptance α" in out and "tokens per round τ" in out and "by position" in out
-    assert "error: gamma must be >= 0" in out
+    assert "error: /gamma takes a whole number or auto, not '-1'" in out
     assert "error: /temp takes a number, not 'hot'" in out
     assert "error: top-p must be in (0, 1]" in out
     assert "unknown command /frobnicate; /help lists them" in out

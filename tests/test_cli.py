@@ -98,7 +98,7 @@ BAD_INPUTS = {
     "negative temperature": (["-t", "{target}", "-d", "{draft}", "--temp", "-0.5"], "temperature must be >= 0"),
     "top-p zero": (["-t", "{target}", "-d", "{draft}", "--top-p", "0"], "top-p must be in (0, 1]"),
     "top-p above one": (["-t", "{target}", "-d", "{draft}", "--top-p", "1.2"], "top-p must be in (0, 1]"),
-    "gamma not a number": (["-t", "{target}", "-g", "lots"], "Invalid value for '--gamma'"),
+    "gamma not a number": (["-t", "{target}", "-g", "lots"], "must be a whole number >= 0 or 'auto', got 'lots'"),
     "draft without target": (["-d", "{draft}"], "--draft needs a --target"),
     "not enough memory": (["-t", "{target}", "-d", "{draft}", "ENV:MLXSPEC_MEMORY_LIMIT=10MB"], "needs about"),
 }

@@ -163,3 +163,62 @@ def test_harness_rejects_unclamped_residual(small_pair, monkeypatch):
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
     assert not ok, f"an unclamped residual passed: chi2 {statistic:.1f} <= {threshold:.1f}"
+
+
+ADAPTIVE = {
+    "auto": dict(gamma="auto"),
+    "early-stop": dict(gamma=GAMMA, min_p=0.7),
+    "ngram+model": dict(gamma=GAMMA, ngram=True),
+    "ngram-only": dict(gamma=GAMMA, ngram=True, no_model=True),
+}
+
+
+def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False):
+    from mlxspec.ngram import NGramIndex
+
+    counts = Counter()
+    for i in range(runs):
+        session = Session(pair)
+        index = None
+        if ngram:
+            index = NGramIndex(max_n=2, min_n=1)
+            index.extend(PROMPT)
+        emitted = []
+        for event in engine.decode(
+            session.target, None if no_model else session.draft, PROMPT, gamma=gamma, params=params,
+            max_tokens=LENGTH, eos_ids=frozenset(), key=mx.random.key(seed + i), ngram=index, min_p=min_p,
+            ngram_min_match=2,
+        ):
+            if isinstance(event, Round):
+                emitted += event.emitted
+        counts[tuple(emitted)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("mode", list(ADAPTIVE))
+def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode):
+    """Auto draft lengths, early stops and point-mass (prompt lookup) proposals, through the
+    whole engine: the joint law is still the target's (temperature 1)."""
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    counts = sample_joint_with(small_pair, params, RUNS, 9000, **ADAPTIVE[mode])
+    ok, statistic, threshold = fits(counts, law)
+    assert ok, f"{mode}: chi2 {statistic:.1f} > {threshold:.1f}"
+
+
+def test_point_mass_proposals_are_exercised(small_pair):
+    """With a 6-id vocabulary, prompt lookup finds a match in most runs, and its proposals are
+    both accepted (bonus) and rejected (recovered from p with the proposal removed)."""
+    from mlxspec.ngram import NGramIndex
+
+    sources = Counter()
+    for i in range(100):
+        session = Session(small_pair)
+        index = NGramIndex(max_n=2, min_n=1)
+        index.extend(PROMPT)
+        for event in engine.decode(session.target, None, PROMPT, gamma=GAMMA, params=SETTINGS["temp1"], max_tokens=LENGTH,
+                                   eos_ids=frozenset(), key=mx.random.key(i), ngram=index):
+            if isinstance(event, Round):
+                sources[event.source] += 1
+                sources[event.fates[-1]] += 1
+    assert sources["ngram"] > 50 and sources["recovered"] > 15 and sources["bonus"] > 15, sources

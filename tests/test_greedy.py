@@ -91,3 +91,40 @@ def test_session_reuses_caches_exactly(load_pair):
     reused = [t for e in events if isinstance(e, Round) for t in e.emitted]
     assert reused == fresh.tokens
     assert events[0].processed_tokens < len(follow) - 10
+
+
+MODES = {
+    "auto": dict(gamma="auto"),
+    "early-stop": dict(gamma=5, draft_min_p=0.6),
+    "ngram+model": dict(gamma=4, ngram=True),
+    "auto+ngram": dict(gamma="auto", ngram=True),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next", "baichuan_m1"])
+def test_adaptive_drafting_stays_exact(load_pair, arch, mode):
+    """--gamma auto, the draft's early stop and prompt-lookup proposals change only how much
+    is proposed, never what is emitted."""
+    pair = load_pair(arch)
+    prompt = PROMPT * 3  # repeats for prompt lookup to find
+    standard = mlxspec.generate(pair, prompt, max_tokens=MAX_TOKENS, gamma=0)
+    result = mlxspec.generate(pair, prompt, max_tokens=MAX_TOKENS, **MODES[mode])
+    assert result.tokens == standard.tokens
+    stats = result.stats
+    if mode == "early-stop":
+        assert stats.early_stops > 0
+    if "ngram" in mode:
+        assert stats.ngram_rounds > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])
+def test_prompt_lookup_alone_stays_exact(load_pair, arch):
+    pair = load_pair(arch)
+    lookup = mlxspec.Pair(pair.target, None, ngram=True)
+    prompt = PROMPT * 3
+    standard = mlxspec.generate(pair, prompt, max_tokens=MAX_TOKENS, gamma=0)
+    for gamma in (2, 5, "auto"):
+        result = mlxspec.generate(lookup, prompt, max_tokens=MAX_TOKENS, gamma=gamma)
+        assert result.tokens == standard.tokens, gamma
+        assert result.stats.ngram_rounds > 0 and result.stats.model_rounds == 0

@@ -19,7 +19,7 @@ from .tokens import STYLES, legend
 HELP = """\
 /help              this list
 /stats             session totals: tokens, acceptance, tokens per round, per-position acceptance, time
-/gamma N           draft tokens per round (0: standard decoding)
+/gamma N|auto      draft tokens per round (0: standard decoding; auto: chosen each round)
 /temp X            temperature (0: greedy); also /top-p X, /top-k N, /min-p X, /seed N, /max-tokens N
 /system TEXT       set the system prompt (starts a new conversation)
 /reset             forget the conversation (and both models' caches)
@@ -27,8 +27,14 @@ HELP = """\
 /quit              leave (or Ctrl-D; Ctrl-C stops a reply)
 End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
 
+def _gamma(text: str):
+    from ..generation import parse_gamma
+
+    return parse_gamma(text.strip().lower())
+
+
 _SETTINGS = {
-    "/gamma": ("gamma", int),
+    "/gamma": ("gamma", _gamma),
     "/temp": ("temp", float),
     "/top-p": ("top_p", float),
     "/top-k": ("top_k", int),
@@ -43,8 +49,9 @@ def estimated_speedup(stats) -> float | None:
     pass (which costs about one target step when decoding is memory-bound)."""
     if not stats.gamma or not stats.drafted or not stats.rounds or stats.acceptance_rate is None:
         return None
+    gamma = stats.drafted / stats.rounds  # the mean: gamma may be auto, rounds cut short
     c = (stats.draft_seconds / stats.drafted) / (stats.verify_seconds / stats.rounds)
-    return expected_tokens_per_round(stats.acceptance_rate, stats.gamma) / (stats.gamma * c + 1)
+    return expected_tokens_per_round(stats.acceptance_rate, max(round(gamma), 1)) / (gamma * c + 1)
 
 
 def stat_line(stats, prompt_tokens: int, reused: int) -> Text:
@@ -58,7 +65,12 @@ def stat_line(stats, prompt_tokens: int, reused: int) -> Text:
     estimate = estimated_speedup(stats)
     if estimate:
         parts.append(f"≈{estimate:.2f}x est.")
-    parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
+    if stats.gamma == "auto":
+        parts.append(f"γ auto (mean {stats.mean_gamma:.1f}, {stats.plain_rounds} plain steps)" if stats.mean_gamma is not None else "γ auto")
+    else:
+        parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
+    if stats.ngram_rounds:
+        parts.append(f"{stats.ngram_rounds} n-gram rounds")
     parts.append(f"prefill {stats.prefill_seconds:.2f} s ({prompt_tokens - reused} new of {prompt_tokens} tokens)")
     return Text(" · ".join(parts), style="dim")
 
@@ -170,8 +182,9 @@ class ChatApp:
                     raise ValueError(f"{name} needs a value (now {getattr(self.conversation.settings, field)})")
                 try:
                     value = kind(argument)
-                except ValueError:
-                    raise ValueError(f"{name} takes {'a whole number' if kind is int else 'a number'}, not {argument!r}") from None
+                except (ValueError, MlxspecError):
+                    what = {int: "a whole number", float: "a number"}.get(kind, "a whole number or auto")
+                    raise ValueError(f"{name} takes {what}, not {argument!r}") from None
                 self.conversation.update(**{field: value})
                 self.console.print(Text(f"({field.replace('_', '-')} = {value})", style="dim"))
             else:

@@ -27,8 +27,23 @@ def _figures(side: model.Side) -> str:
             parts.append(f"α {side.stats.acceptance_rate:.2f}")
         if side.stats.tokens_per_round:
             parts.append(f"τ {side.stats.tokens_per_round:.2f}")
-        parts.append(f"γ {side.gamma}")
+        parts.append(gamma_label(side.gamma, side.last))
     return " · ".join(parts)
+
+
+def gamma_label(gamma, last) -> str:
+    """γ 4, or for auto the length in force now: γ auto→3, γ auto→0 (plain); n-gram marked."""
+    if gamma != "auto":
+        label = f"γ {gamma}"
+    elif last is None:
+        label = "γ auto"
+    elif last.source == "target":
+        label = "γ auto→0 (plain)"
+    else:
+        label = f"γ auto→{last.gamma}"
+    if last is not None and last.source == "ngram":
+        label += " n-gram"
+    return label
 
 
 def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool) -> Panel:
@@ -49,7 +64,7 @@ def footer(standard: model.Side, speculative: model.Side, *, temp: float, show_r
     parts = [Text.assemble(("speedup ", "bold"), (f"{now:.2f}x" if now else "–", "bold green" if now and now >= 1 else "bold red"))]
     if predicted:
         c = speculative.draft_step * standard.tokens_per_second
-        parts.append(Text(f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}, c {c:.2f}, γ {speculative.gamma})", style="dim"))
+        parts.append(Text(f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}, c {c:.2f}, γ {speculative.effective_gamma:.3g})", style="dim"))
     if temp == 0:
         differs = model.identical_so_far(standard, speculative)
         parts.append(Text("identical so far ✓", style="green") if differs is None else Text(f"outputs differ at token {differs} ✗", style="bold red"))

@@ -16,7 +16,14 @@ def stats_line(stats: Stats, *, speedup: float | None = None) -> Text:
         parts.append(f"α {stats.acceptance_rate:.2f}")
     if stats.gamma and stats.tokens_per_round:
         parts.append(f"τ {stats.tokens_per_round:.2f}")
-    parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
+    if stats.gamma == "auto":
+        parts.append(f"γ auto (mean {stats.mean_gamma:.1f})" if stats.mean_gamma is not None else "γ auto")
+    else:
+        parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
+    if stats.ngram_rounds:
+        parts.append(f"{stats.ngram_rounds} n-gram rounds")
+    if stats.early_stops:
+        parts.append(f"{stats.early_stops} early stops")
     if speedup is not None:
         parts.append(f"{speedup:.2f}x")
     parts.append(f"prefill {stats.prefill_seconds:.2f} s ({stats.prompt_tokens} tokens)")
