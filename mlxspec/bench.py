@@ -31,7 +31,7 @@ MLXSPEC, MLX_LM = "mlxspec", "mlx-lm"
 @dataclass
 class BenchConfig:
     prompts: list[BenchPrompt]
-    gammas: list[int]
+    gammas: list[int | str]  # draft lengths, or "auto"
     temps: list[float]
     max_tokens: int = 128
     repeats: int = 3
@@ -48,7 +48,7 @@ class Run:
     category: str
     method: str  # mlxspec or mlx-lm
     mode: str  # standard or speculative
-    gamma: int
+    gamma: int | str
     temp: float
     tokens: int  # per repeat, median
     tokens_per_second: float  # median over repeats
@@ -62,6 +62,10 @@ class Run:
     position_accepted: list[int]
     position_tested: list[int]
     peak_memory_gb: float | None
+    drafted: int = 0
+    ngram_rounds: int = 0
+    plain_rounds: int = 0
+    early_stops: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -78,7 +82,7 @@ class Setting:
     time, so long answers weigh more than short ones)."""
 
     temp: float
-    gamma: int
+    gamma: int | str
     category: str  # "all" or one category
     standard_tps: float
     speculative_tps: float
@@ -89,6 +93,10 @@ class Setting:
     peer_speculative_tps: float | None = None
     peer_standard_tps: float | None = None
     peer_acceptance_rate: float | None = None
+    mean_gamma: float | None = None  # drafts per round (the controller's mean for auto)
+    ngram_rounds: int = 0
+    plain_rounds: int = 0
+    early_stops: int = 0
 
     @property
     def speedup(self) -> float:
@@ -160,8 +168,13 @@ def plan_size(config: BenchConfig) -> int:
     """How many generations the sweep runs (for the progress bar)."""
     per_temp = 1 + len(config.gammas)
     if config.peers:
-        per_temp += 1 + len(config.gammas)
+        per_temp += 1 + len(_peer_gammas(config))
     return len(config.prompts) * len(config.temps) * per_temp * config.repeats
+
+
+def _peer_gammas(config: BenchConfig) -> list[int]:
+    """mlx-lm has fixed draft lengths only."""
+    return [g for g in config.gammas if isinstance(g, int)]
 
 
 def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | None = None) -> BenchReport:
@@ -186,7 +199,7 @@ def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | 
                 report.runs.append(_mlxspec_run(pair, prompt, ids, gamma, temp, config, step))
             if config.peers:
                 report.runs.append(_peer_run(pair, prompt, ids, 0, temp, config, step))
-                for gamma in config.gammas:
+                for gamma in _peer_gammas(config):
                     report.runs.append(_peer_run(pair, prompt, ids, gamma, temp, config, step))
     report.settings = summarize(report.runs, measured, config)
     report.seconds = time.perf_counter() - t0
@@ -199,10 +212,10 @@ def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> None:
     from .peers import mlx_lm_generate
 
     for temp in config.temps:
-        for gamma in (0, max(config.gammas)):
+        for gamma in [0, *config.gammas]:
             generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp, seed=0)
-            if config.peers:
-                mlx_lm_generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp)
+        for gamma in [0, *_peer_gammas(config)[-1:]] if config.peers else []:
+            mlx_lm_generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp)
 
 
 def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
@@ -234,6 +247,10 @@ def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
         position_accepted=[sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted)) for i in range(positions)],
         position_tested=[sum(s.position_tested[i] for s in stats if i < len(s.position_tested)) for i in range(positions)],
         peak_memory_gb=max(m for _, m in results),
+        drafted=sum(s.drafted for s in stats),
+        ngram_rounds=sum(s.ngram_rounds for s in stats),
+        plain_rounds=sum(s.plain_rounds for s in stats),
+        early_stops=sum(s.early_stops for s in stats),
     )
 
 
@@ -291,9 +308,12 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
                     per_position.append(a / t if t else None)
                 peer_runs = [r for r in chosen if r.method == MLX_LM and r.gamma == gamma and r.temp == temp]
                 peer_tested = sum(r.tested for r in peer_runs)
+                mean_gamma = sum(r.drafted for r in spec_runs) / rounds if rounds else None
                 predicted = None
-                if alpha is not None and costs.target_step > 0:
-                    predicted = expected_tokens_per_round(alpha, gamma) / (gamma * costs.c + costs.verify_cost(gamma + 1))
+                if alpha is not None and costs.target_step > 0 and mean_gamma:
+                    # auto: the controller's mean draft length stands in for gamma
+                    g = gamma if isinstance(gamma, int) else mean_gamma
+                    predicted = expected_tokens_per_round(alpha, max(round(g), 1)) / (g * costs.c + costs.verify_cost(round(g) + 1))
                 settings.append(
                     Setting(
                         temp=temp,
@@ -308,12 +328,16 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
                         peer_speculative_tps=_speed(chosen, MLX_LM, gamma, temp),
                         peer_standard_tps=peer_standard,
                         peer_acceptance_rate=sum(r.accepted for r in peer_runs) / peer_tested if peer_tested else None,
+                        mean_gamma=mean_gamma,
+                        ngram_rounds=sum(r.ngram_rounds for r in spec_runs),
+                        plain_rounds=sum(r.plain_rounds for r in spec_runs),
+                        early_stops=sum(r.early_stops for r in spec_runs),
                     )
                 )
     return settings
 
 
-def _speed(runs: list[Run], method: str, gamma: int, temp: float) -> float | None:
+def _speed(runs: list[Run], method: str, gamma: int | str, temp: float) -> float | None:
     """Total tokens over total time, each prompt counted at its median speed."""
     chosen = [r for r in runs if r.method == method and r.gamma == gamma and r.temp == temp]
     if not chosen:

@@ -321,6 +321,11 @@ def models_download(name: Annotated[str, typer.Argument(help="A preset name from
     err.print(Text(f"{name} is ready: mlxspec generate --pair {name} \"…\"", style="green"))
 
 
+def _gamma_value(text: str):
+    text = text.strip().lower()
+    return text if text == "auto" else int(text)
+
+
 def _number_list(text: str, kind, name: str) -> list:
     try:
         values = [kind(part) for part in text.split(",") if part.strip()]
@@ -336,7 +341,7 @@ def bench(
     target: Target = None,
     draft: Draft = None,
     pair: PairName = None,
-    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8.", show_default="2,4,6")] = None,
+    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.", show_default="auto,2,4,6")] = None,
     temp: Annotated[Optional[str], typer.Option("--temp", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1")] = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="Your own prompts: a JSON-lines file of {\"prompt\": ..., \"category\": ...}.", show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-m", help="Tokens per generation.", show_default="128")] = None,
@@ -348,6 +353,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print every measurement as one JSON object.")] = False,
     csv_file: Annotated[Optional[str], typer.Option("--csv", help="Also write one row per run to this CSV file.", show_default=False)] = None,
     plot_file: Annotated[Optional[str], typer.Option("--plot", help="Also plot speedup against γ (measured and predicted) to this PNG (needs matplotlib).", show_default=False)] = None,
+    ngram: NGram = False,
 ):
     """Measure speedup, acceptance and costs on this machine, against the theory and mlx-lm."""
     from . import prompts as suites
@@ -357,7 +363,7 @@ def bench(
 
     config = BenchConfig(
         prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
-        gammas=_number_list(gamma or ("2,4" if quick else "2,4,6"), int, "--gamma"),
+        gammas=_number_list(gamma or ("auto,2,4" if quick else "auto,2,4,6"), _gamma_value, "--gamma"),
         temps=_number_list(temp or "0,1", float, "--temp"),
         max_tokens=max_tokens or (64 if quick else 128),
         repeats=repeats or (1 if quick else 3),
@@ -365,17 +371,19 @@ def bench(
         seed=seed if seed is not None else 0,
         raw=raw,
     )
-    if any(g < 1 for g in config.gammas):
-        raise InvalidOption("--gamma values must be >= 1 (standard decoding is always measured)")
+    if any(g != "auto" and g < 1 for g in config.gammas):
+        raise InvalidOption("--gamma values must be >= 1 or auto (standard decoding is always measured)")
     if config.repeats < 1 or config.max_tokens < 1:
         raise InvalidOption("--repeats and --max-tokens must be >= 1")
     for t in config.temps:
         SamplingParams(temp=t)
     if plot_file:
         _require_matplotlib()
-    loaded = load(target, draft, pair)
+    loaded = load(target, draft, pair, ngram=ngram)
+    if loaded.draft is None and not loaded.ngram:
+        raise InvalidOption("bench needs a draft model (or --draft ngram)")
     if loaded.draft is None:
-        raise InvalidOption("bench needs a draft model")
+        config.peers = False  # mlx-lm has no prompt-lookup drafting to compare with
     report = _with_progress(lambda step: run_bench(loaded, config, step), plan_size(config) + 2, "Benchmarking")
     if csv_file:
         _write_csv(csv_file, view.csv_rows(report))

@@ -100,3 +100,19 @@ def test_prompts_file_with_a_bad_line(capsys, factory, tmp_path):
     bad.write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
     code, _, err = run(capsys, "bench", "-t", str(target), "-d", str(draft), "--prompts", str(bad))
     assert code == 2 and f"{bad}:2" in err
+
+
+def test_bench_auto_and_prompt_lookup(factory, capsys, tmp_path):
+    target, _ = factory.pair("llama")
+    prompts = tmp_path / "edit.jsonl"
+    text = "def area(width, height):\\n    return width * height\\n"
+    prompts.write_text(json.dumps({"prompt": f"{text}\nRepeat the code above exactly:\n{text}", "category": "edit"}) + "\n")
+    code, out, _ = run(capsys, "bench", "-t", str(target), "-d", "ngram", "--prompts", str(prompts), "--raw",
+                       "-g", "auto,3", "--temp", "0", "--max-tokens", "24", "--repeats", "1", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["pair"]["draft"] is None
+    assert all(r["method"] == "mlxspec" for r in report["runs"])  # mlx-lm has no prompt lookup
+    settings = {s["gamma"]: s for s in report["settings"] if s["category"] == "all"}
+    assert set(settings) == {"auto", 3}
+    assert settings[3]["ngram_rounds"] > 0 and settings["auto"]["mean_gamma"] is not None

@@ -33,6 +33,9 @@ def settings_table(report) -> Table:
     table = Table(title="All prompts", title_justify="left", header_style="bold")
     for name in ("T", "γ", "std tok/s", "spec tok/s", "speedup", "α", "τ", "predicted", "meas/pred"):
         table.add_column(name, justify="right", no_wrap=True)
+    extras = any(s.ngram_rounds or s.early_stops or s.gamma == "auto" for s in report.settings)
+    if extras:
+        table.add_column("drafting", no_wrap=True)
     if peers:
         for name in ("mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm"):
             table.add_column(name, justify="right", no_wrap=True)
@@ -42,10 +45,25 @@ def settings_table(report) -> Table:
             _num(s.acceptance_rate, ".2f"), _num(s.tokens_per_round, ".2f"), _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
             _num(s.vs_predicted, ".2f"),
         ]
+        if extras:
+            row.append(_drafting(s))
         if peers:
             row += [_num(s.peer_speculative_tps, ".1f"), _num(s.peer_acceptance_rate, ".2f"), _num(s.vs_peer, ".2f") + ("x" if s.vs_peer else "")]
         table.add_row(*row)
     return table
+
+
+def _drafting(s) -> str:
+    parts = []
+    if s.mean_gamma is not None and s.gamma == "auto":
+        parts.append(f"mean γ {s.mean_gamma:.1f}")
+    if s.plain_rounds:
+        parts.append(f"{s.plain_rounds} plain")
+    if s.ngram_rounds:
+        parts.append(f"{s.ngram_rounds} n-gram")
+    if s.early_stops:
+        parts.append(f"{s.early_stops} early stops")
+    return ", ".join(parts)
 
 
 def category_table(report) -> Table:
@@ -71,7 +89,7 @@ def standard_line(report) -> Text:
     """Standard decoding against mlx-lm's own: the baseline must be honest."""
     parts = []
     for s in report.settings:
-        if s.category == "all" and s.gamma == report.settings[0].gamma and s.peer_standard_tps:
+        if s.category == "all" and s.gamma == report.settings[0].gamma and s.peer_standard_tps is not None:
             parts.append(f"T{s.temp:g}: mlxspec {s.standard_tps:.1f} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s")
     return Text("standard decoding  " + "; ".join(parts), style="dim") if parts else Text("")
 
