@@ -14,6 +14,7 @@ from ..chat import ContextTrimmed, Conversation
 from ..errors import MlxspecError
 from ..events import Done, Prefill, Round
 from ..theory import expected_tokens_per_round
+from .summary import stats_line
 from .tokens import STYLES, legend
 
 HELP = """\
@@ -54,25 +55,8 @@ def estimated_speedup(stats) -> float | None:
     return expected_tokens_per_round(stats.acceptance_rate, max(round(gamma), 1)) / (gamma * c + 1)
 
 
-def stat_line(stats, prompt_tokens: int, reused: int) -> Text:
-    parts = [f"{stats.tokens} tokens"]
-    if stats.tokens_per_second:
-        parts.append(f"{stats.tokens_per_second:.1f} tok/s")
-    if stats.acceptance_rate is not None:
-        parts.append(f"α {stats.acceptance_rate:.2f}")
-    if stats.gamma and stats.tokens_per_round:
-        parts.append(f"τ {stats.tokens_per_round:.2f}")
-    estimate = estimated_speedup(stats)
-    if estimate:
-        parts.append(f"≈{estimate:.2f}x est.")
-    if stats.gamma == "auto":
-        parts.append(f"γ auto (mean {stats.mean_gamma:.1f}, {stats.plain_rounds} plain steps)" if stats.mean_gamma is not None else "γ auto")
-    else:
-        parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
-    if stats.ngram_rounds:
-        parts.append(f"{stats.ngram_rounds} n-gram rounds")
-    parts.append(f"prefill {stats.prefill_seconds:.2f} s ({prompt_tokens - reused} new of {prompt_tokens} tokens)")
-    return Text(" · ".join(parts), style="dim")
+def stat_line(stats, reused: int) -> Text:
+    return stats_line(stats, estimate=estimated_speedup(stats), reused=reused)
 
 
 class ChatApp:
@@ -116,7 +100,7 @@ class ChatApp:
         return "\n".join(lines)
 
     def answer(self, message: str) -> None:
-        self._prompt = (0, 0)
+        self._reused = 0
         try:
             events = self.conversation.reply(message)
             try:
@@ -135,7 +119,7 @@ class ChatApp:
         if isinstance(event, ContextTrimmed):
             self.console.print(Text(f"(the conversation nears the {event.context_length}-token context: dropped the oldest {event.dropped_turns} turn(s))", style="yellow"))
         elif isinstance(event, Prefill):
-            self._prompt = (event.prompt_tokens, event.prompt_tokens - event.processed_tokens)
+            self._reused = event.prompt_tokens - event.processed_tokens
         elif isinstance(event, Round):
             self.print_round(event)
         elif isinstance(event, Done):
@@ -143,7 +127,7 @@ class ChatApp:
             self.console.print()
             if event.finish_reason == "interrupted":
                 self.console.print(Text("[interrupted]", style="yellow"))
-            self.console.print(stat_line(event.stats, *self._prompt))
+            self.console.print(stat_line(event.stats, self._reused))
 
     def print_round(self, event: Round) -> None:
         if not self.show_drafts:
