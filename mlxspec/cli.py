@@ -250,8 +250,9 @@ def race(
     interrupted = False
 
     def screen(done: bool):
+        # one line short of the terminal: a frame of exactly its height scrolls by a line
         standard, speculative = state
-        return view.render(standard, speculative, width=console.width, height=None if done else console.height, temp=temp, show_rejected=show_rejected, done=done)
+        return view.render(standard, speculative, width=console.width, height=console.height - 1, temp=temp, show_rejected=show_rejected, done=done)
 
     try:
         if console.is_terminal:

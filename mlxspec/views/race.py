@@ -99,7 +99,7 @@ def render(standard: model.Side, speculative: model.Side, *, width: int, height:
     parts = [foot]
     if done:
         parts.append(summary(standard, speculative, temp=temp))
-    reserved = 2 + (2 if done else 0)
+    reserved = _lines(Group(*parts), width)
     stacked = width < NARROW
     if stacked:
         panel_height = None if height is None else max((height - reserved) // 2, 4)
@@ -116,6 +116,12 @@ def render(standard: model.Side, speculative: model.Side, *, width: int, height:
     grid.add_column(ratio=1)
     grid.add_row(_panel(standard, half, panel_height, show_rejected), _panel(speculative, width - half, panel_height, show_rejected))
     return Group(grid, *parts)
+
+
+def _lines(renderable, width: int) -> int:
+    """Rows a renderable takes at this width (footers wrap on narrow terminals)."""
+    measure = Console(width=width, file=io.StringIO())
+    return len(measure.render_lines(renderable, measure.options, pad=False))
 
 
 def plain_summary(standard: model.Side, speculative: model.Side, *, temp: float) -> str:
