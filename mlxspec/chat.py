@@ -90,7 +90,9 @@ class Conversation:
         context = self.pair.target.context_length
         ids = self.encode(user)
         dropped = 0
-        while context and len(ids) + self.settings.max_tokens > context and self._dropped < len(self.turns):
+        # room for the reply: max tokens, but never more than half the context
+        reserve = min(self.settings.max_tokens, context // 2) if context else 0
+        while context and len(ids) + reserve > context and self._dropped < len(self.turns):
             self._dropped += 1
             dropped += 1
             ids = self.encode(user)
