@@ -1,0 +1,61 @@
+"""The bundled tiny pair: shipped, offline, loadable like any folder, and the default."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import mlxspec
+from mlxspec.pairs import BUNDLED_DRAFT, BUNDLED_TARGET
+from tests.test_cli import run
+
+
+def test_bundled_files_and_size():
+    total = 0
+    for folder in (BUNDLED_TARGET, BUNDLED_DRAFT):
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            assert (folder / name).exists(), folder / name
+        total += sum(f.stat().st_size for f in folder.iterdir())
+    assert total <= 20 * 2**20, f"{total / 2**20:.1f} MiB"
+    assert (BUNDLED_TARGET.parent / "README.md").exists()  # the model card
+
+
+def test_loads_with_mlx_lm_and_is_the_default(monkeypatch):
+    import mlx_lm
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = mlx_lm.load(str(BUNDLED_TARGET))
+    pair = mlxspec.load_pair()
+    assert pair.target.path == BUNDLED_TARGET and pair.draft.path == BUNDLED_DRAFT
+    assert pair.target.width == pair.draft.width == len(tokenizer.get_vocab())
+    result = mlxspec.generate(pair, "def fibonacci(n):", max_tokens=24, gamma=4)
+    assert result.stats.tokens > 0 and result.stats.acceptance_rate is not None
+
+
+def test_bundled_greedy_speculation_is_exact():
+    pair = mlxspec.load_pair()
+    prompt = "import os\n\n\ndef list_files(root):\n"
+    standard = mlxspec.generate(pair, prompt, max_tokens=64, gamma=0)
+    for gamma in (2, 5, "auto"):
+        assert mlxspec.generate(pair, prompt, max_tokens=64, gamma=gamma).tokens == standard.tokens
+
+
+def test_preset_tiny_is_the_bundled_pair(capsys):
+    code, out, _ = run(capsys, "generate", "class Point:", "--pair", "tiny", "-m", "8", "--json")
+    assert code == 0 and json.loads(out)["target"].endswith("tiny-target")
+
+
+def test_generate_with_no_model_arguments_offline():
+    """The issue's 'done when': on a fresh install, offline, no model named."""
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "mlxspec", "generate", "def main(", "--json", "-m", "32"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["stats"]["acceptance_rate"] is not None and data["stats"]["tokens"] > 0
+
+
+def test_race_on_the_bundled_pair(capsys):
+    code, out, _ = run(capsys, "race", "-m", "32")
+    assert code == 0 and "speculative:" in out and "Outputs identical." in out
