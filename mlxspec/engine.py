@@ -358,7 +358,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, own_c
         if controller and g == 0 and remaining > 1:
             # plain decoding wins for now: a pipelined stretch, as fast as standard decoding,
             # until the controller wants to probe again
-            stretch = min(controller.probe_every, remaining)
+            stretch = min(controller.plain_stretch(), remaining)
             segment = _standard(target, params, stretch, eos_ids, round_key, own_clock)
             while True:
                 try:
@@ -384,8 +384,12 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, own_c
         emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
         if ngram is not None:
             ngram.extend(emitted)
+        seconds = time.perf_counter() - t0
         if controller:
-            controller.observe(len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds, outcome.verified, len(emitted))
+            controller.observe(
+                len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds,
+                outcome.verified, len(emitted), seconds,
+            )
         produced += len(emitted)
         yield Round(
             index=index,
@@ -395,7 +399,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, own_c
             emitted=tuple(emitted),
             draft_seconds=outcome.draft_seconds,
             verify_seconds=outcome.verify_seconds,
-            seconds=time.perf_counter() - t0,
+            seconds=seconds,
             source=outcome.source,
             early_stop=outcome.early_stop,
         )

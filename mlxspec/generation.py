@@ -44,10 +44,14 @@ class GenerationResult:
 
 
 class Session:
-    """Both models' caches, kept across generations. One session per conversation."""
+    """Both models' caches, kept across generations, and (for gamma="auto") what the draft
+    length controller has learnt of this pair. One session per conversation."""
 
     def __init__(self, pair: Pair):
+        from .controller import Controller
+
         self.pair = pair
+        self.controller = Controller()
         width = pair.target.width
         self.target = engine.Cursor(pair.target.model, f"target {pair.target.name}", pair.target.width, width)
         self.draft = (
@@ -158,6 +162,7 @@ def stream(
         own_clock=own_clock,
         ngram=_ngram_index(ids) if ngram else None,
         min_p=draft_min_p,
+        controller=session.controller if gamma == "auto" else None,
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):

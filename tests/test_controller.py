@@ -34,7 +34,7 @@ def test_collapsing_acceptance_falls_back_to_plain_decoding():
 
 
 def test_it_probes_again_and_recovers():
-    c = Controller(max_gamma=6, probe_every=8)
+    c = Controller(max_gamma=6, probe_every=8)  # a short first stretch: the test is 200 steps
     feed(c, lambda r: 0, 60, 2, draft_step=0.006, verify=0.02)
     choices = []
     for step in range(200):
@@ -104,3 +104,33 @@ def test_ngram_prefers_the_latest_occurrence():
     index = NGramIndex(max_n=2, min_n=2)
     index.extend([5, 6, 1, 5, 6, 2, 5, 6])
     assert index.propose(1) == [2]
+
+
+def test_failed_probes_back_off_and_a_paying_probe_resets():
+    c = Controller(max_gamma=6)
+    feed(c, lambda r: 0, 40, 2, draft_step=0.006, verify=0.02)
+    stretches = []
+    for _ in range(1100):
+        g = c.choose()
+        if g == 0:
+            c.observe(0, 0, 0.0, 0.02, 1, 1)
+        else:
+            stretches.append(c.probe_every)
+            c.observe(g, 0, g * 0.006, 0.021, g + 1, 1)  # the probe is rejected
+    assert stretches[:4] == [32, 64, 128, 256] and c.probe_every == 512
+    while c.choose() == 0:
+        c.observe(0, 0, 0.0, 0.02, 1, 1)
+    c.observe(2, 2, 0.012, 0.021, 3, 3)  # this probe is accepted: the text turned predictable
+    assert c.probe_every == 32 and c.choose() > 0
+
+
+def test_plain_decoding_is_judged_by_its_own_step_time():
+    """A pipelined plain step can be cheaper than a one-token verify: gamma 0 is scored on it."""
+    c = Controller(max_gamma=4)
+    feed(c, lambda r: 1, 30, 2, draft_step=0.004, verify=0.02)
+    feed(c, lambda r: 1, 30, 3, draft_step=0.004, verify=0.02)
+    c.observe(0, 0, 0.0, 0.03, 1, 1)
+    slow_plain = c.best()
+    for _ in range(60):
+        c.observe(0, 0, 0.0, 0.008, 1, 1)
+    assert slow_plain > 0 and c.best() == 0
