@@ -235,8 +235,8 @@ def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
         mode=mode,
         gamma=gamma,
         temp=temp,
-        tokens=int(statistics.median(s.tokens for s in stats)),
-        tokens_per_second=statistics.median(s.tokens_per_second or 0.0 for s in stats),
+        tokens=int(_median_speed(s.tokens for s in stats)),
+        tokens_per_second=_median_speed(s.tokens_per_second for s in stats),
         repeat_tokens_per_second=[s.tokens_per_second or 0.0 for s in stats],
         decode_seconds=sum(s.decode_seconds for s in stats),
         generated=sum(s.tokens for s in stats),
@@ -252,6 +252,13 @@ def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
         plain_rounds=sum(s.plain_rounds for s in stats),
         early_stops=sum(s.early_stops for s in stats),
     )
+
+
+def _median_speed(values) -> float:
+    """Median over the repeats that produced tokens (their speeds, or token counts): a
+    sampled run may end on its first token (end-of-sequence), which says nothing of speed."""
+    measured = [v for v in values if v]
+    return statistics.median(measured) if measured else 0.0
 
 
 def _peer_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
@@ -272,8 +279,8 @@ def _peer_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
         mode=mode,
         gamma=gamma,
         temp=temp,
-        tokens=int(statistics.median(len(p.tokens) for p in peers)),
-        tokens_per_second=statistics.median(p.tokens_per_second for p in peers),
+        tokens=int(_median_speed(len(p.tokens) for p in peers)),
+        tokens_per_second=_median_speed(p.tokens_per_second for p in peers),
         repeat_tokens_per_second=[p.tokens_per_second for p in peers],
         decode_seconds=sum(p.seconds for p in peers),
         generated=sum(len(p.tokens) for p in peers),
@@ -339,7 +346,7 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
 
 def _speed(runs: list[Run], method: str, gamma: int | str, temp: float) -> float | None:
     """Total tokens over total time, each prompt counted at its median speed."""
-    chosen = [r for r in runs if r.method == method and r.gamma == gamma and r.temp == temp]
+    chosen = [r for r in runs if r.method == method and r.gamma == gamma and r.temp == temp and r.tokens_per_second]
     if not chosen:
         return None
     seconds = sum(r.tokens / r.tokens_per_second for r in chosen if r.tokens_per_second)
