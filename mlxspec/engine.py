@@ -314,7 +314,6 @@ def decode(
     max_tokens: int,
     eos_ids: frozenset[int],
     key: mx.array,
-    own_clock: bool = False,
     ngram: NGramIndex | None = None,
     min_p: float = 0.0,
     controller: Controller | None = None,
@@ -329,27 +328,26 @@ def decode(
     `ngram_min_match` ids or more, 3 by default, are used). `min_p`: the draft's early stop
     (see `draft`).
 
-    `own_clock`: leave no device work in flight across a yield, so each round's seconds are
-    this generator's own compute even when another generator runs between its rounds (race).
-    Speculative rounds always end synchronised; standard decoding then finishes its queued
-    next step inside the round instead of during the consumer's time."""
+    Standard decoding leaves the next step queued when it yields (pipelining); speculative
+    rounds end synchronised. A consumer that runs other device work between rounds (race)
+    waits for the queue first (`mx.synchronize()`) and counts that time to this generator."""
     plain = gamma == 0 or (drafter is None and ngram is None)
     # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
     with mx.stream(generation_stream):
         yield prefill(target, None if plain else drafter, prompt)
         if plain:
-            return (yield from _standard(target, params, max_tokens, eos_ids, key, own_clock))
+            return (yield from _standard(target, params, max_tokens, eos_ids, key))
         if gamma == "auto" and controller is None:
             controller = Controller()
         return (
             yield from _speculative(
-                target, drafter, gamma, params, max_tokens, eos_ids, key, own_clock, ngram, min_p, controller,
+                target, drafter, gamma, params, max_tokens, eos_ids, key, ngram, min_p, controller,
                 ngram_min_match if ngram_min_match is not None else (3 if drafter is not None else None),
             )
         )
 
 
-def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, own_clock, ngram, min_p, controller, min_match) -> Iterator[Round]:
+def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram, min_p, controller, min_match) -> Iterator[Round]:
     produced, index = 0, 0
     while produced < max_tokens:
         key, round_key = mx.random.split(key)
@@ -359,7 +357,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, own_c
             # plain decoding wins for now: a pipelined stretch, as fast as standard decoding,
             # until the controller wants to probe again
             stretch = min(controller.plain_stretch(), remaining)
-            segment = _standard(target, params, stretch, eos_ids, round_key, own_clock)
+            segment = _standard(target, params, stretch, eos_ids, round_key)
             while True:
                 try:
                     event = next(segment)
@@ -423,7 +421,6 @@ def _standard(
     max_tokens: int,
     eos_ids: frozenset[int],
     key: mx.array,
-    own_clock: bool = False,
 ) -> Iterator[Round]:
     """The target alone, through the same sampling code. Pipelined as mlx-lm's generate_step
     is: the step for token t+1 is queued before token t is read, so the host's graph
@@ -457,8 +454,6 @@ def _standard(
             produced += 1
             if queued:
                 target.tokens.append(token)
-                if own_clock:
-                    mx.eval(following)
             else:
                 target.pending = [token]
         ended = token in eos_ids

@@ -121,7 +121,6 @@ def stream(
     stop: Sequence[str] = (),
     xtc_probability: float = 0.0,
     session: Session | None = None,
-    own_clock: bool = False,
     ngram: bool | None = None,
     draft_min_p: float = 0.0,
 ) -> Iterator[Event]:
@@ -130,8 +129,7 @@ def stream(
     round's draft length (plain decoding included) from what the run measures. `ngram=True`
     adds prompt-lookup proposals (alone when the pair has no draft model). `draft_min_p`
     stops a round's drafting when the draft's top probability falls below it. Ctrl-C ends
-    the stream with Done("interrupted"), the session still usable. `own_clock=True` makes
-    each round's seconds its own compute when other work runs between rounds (race)."""
+    the stream with Done("interrupted"), the session still usable."""
     params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ngram = pair.ngram if ngram is None else ngram
     check_options(pair, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
@@ -159,7 +157,6 @@ def stream(
         max_tokens=max_tokens,
         eos_ids=eos,
         key=mx.random.key(seed),
-        own_clock=own_clock,
         ngram=_ngram_index(ids) if ngram else None,
         min_p=draft_min_p,
         controller=session.controller if gamma == "auto" else None,

@@ -1,16 +1,21 @@
 """Standard and speculative decoding side by side, each on its own clock.
 
 Both sides share one device, so running them at once would slow each by the other. Instead
-the two generators alternate, and the one whose own compute time is behind always goes
-next. Every round reports the seconds it computed (with nothing left in flight when it
-yields), so each side's clock reads as if it ran alone, and at any moment the two panels
-show what each method had produced after the same amount of its own time.
+the two generators take turns, and the one whose own compute time is behind goes next. A
+side's clock is the seconds its rounds report, plus, when it is paused, the time to finish
+the device work it left queued (standard decoding queues its next step before yielding, as
+it does alone). Turns last a short slice of a side's own time rather than one round, so
+that pipelining survives as it would running alone. Each clock then reads as if that side
+ran alone, and the panels show what each method had produced after the same own time.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
+
+import mlx.core as mx
 
 from .events import Done, Prefill, Round, StatsCollector
 from .generation import stream
@@ -32,6 +37,7 @@ class Side:
     stats: StatsCollector = field(default_factory=StatsCollector)
     done: Done | None = None
     last: Round | None = None  # the latest round: its gamma and who proposed
+    settle_seconds: float = 0.0  # device work left queued when paused, finished on its clock
 
     def apply(self, event) -> None:
         if isinstance(event, Prefill):
@@ -53,15 +59,16 @@ class Side:
     @property
     def clock(self) -> float:
         """Own compute seconds so far: what the scheduler keeps level."""
-        return self.stats.prefill_seconds + self.stats.decode_seconds
+        return self.stats.prefill_seconds + self.elapsed
 
     @property
     def elapsed(self) -> float:
-        return self.stats.decode_seconds
+        """Decoding seconds, prompt processing excluded."""
+        return self.stats.decode_seconds + self.settle_seconds
 
     @property
     def tokens_per_second(self) -> float | None:
-        return self.stats.tokens_per_second
+        return self.stats.tokens / self.elapsed if self.elapsed > 0 else None
 
     @property
     def draft_step(self) -> float | None:
@@ -100,19 +107,29 @@ def identical_so_far(standard: Side, speculative: Side) -> int | None:
     return None
 
 
-def race(pair: Pair, prompt, *, gamma: int, **options) -> Iterator[tuple[Side, Side]]:
+SLICE = 0.05  # seconds of its own time a side runs before the other may take a turn
+
+
+def race(pair: Pair, prompt, *, gamma, slice_seconds: float = SLICE, **options) -> Iterator[tuple[Side, Side]]:
     """Yields (standard, speculative) after every event of either side. Ctrl-C in either
     side stops both (KeyboardInterrupt, after the state is updated)."""
     target_label = pair.target.label
+    drafts = ([pair.draft.label] if pair.draft else []) + (["n-gram"] if pair.ngram else [])
     standard = Side("standard", target_label, 0)
-    speculative = Side("speculative", f"{target_label} + {pair.draft.label}", gamma)
+    speculative = Side("speculative", " + ".join([target_label, *drafts]), gamma)
     generators = {
-        id(standard): stream(pair, prompt, gamma=0, own_clock=True, **options),
-        id(speculative): stream(pair, prompt, gamma=gamma, own_clock=True, **options),
+        id(standard): stream(pair, prompt, gamma=0, **options),
+        id(speculative): stream(pair, prompt, gamma=gamma, **options),
     }
+    current = None
     try:
         while not (standard.done and speculative.done):
-            side = min((s for s in (standard, speculative) if not s.done), key=lambda s: s.clock)
+            side = _turn(current, standard, speculative, slice_seconds)
+            if side is not current and current is not None and not current.done:
+                start = time.perf_counter()
+                mx.synchronize()  # what the paused side left queued is its own work
+                current.settle_seconds += time.perf_counter() - start
+            current = side
             event = next(generators[id(side)])
             side.apply(event)
             yield standard, speculative
@@ -122,3 +139,13 @@ def race(pair: Pair, prompt, *, gamma: int, **options) -> Iterator[tuple[Side, S
         for generator in generators.values():
             generator.close()
 
+
+def _turn(current: Side | None, standard: Side, speculative: Side, slice_seconds: float) -> Side:
+    """Keep the side that is running until it is a slice ahead; else the one behind."""
+    active = [s for s in (standard, speculative) if not s.done]
+    if len(active) == 1:
+        return active[0]
+    other = speculative if current is standard else standard
+    if current is not None and not current.done and current.clock <= other.clock + slice_seconds:
+        return current
+    return min(active, key=lambda s: s.clock)
