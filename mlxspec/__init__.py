@@ -2,7 +2,7 @@
 
     import mlxspec
     pair = mlxspec.load_pair(target="mlx-community/Qwen3-14B-4bit", draft="mlx-community/Qwen3-0.6B-4bit")
-    result = mlxspec.generate(pair, "Write a haiku about caches.", max_tokens=64, gamma=4)
+    result = mlxspec.generate(pair, "Write a haiku about caches.", max_tokens=64)  # gamma="auto"
     for event in mlxspec.stream(pair, "Hello", temp=0.7): ...
 """
 

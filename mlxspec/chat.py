@@ -25,7 +25,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class ChatSettings:
-    gamma: int | str = 4  # or "auto"
+    gamma: int | str = "auto"  # or a fixed draft length
     temp: float = 0.7
     top_p: float = 0.95
     top_k: int = 0

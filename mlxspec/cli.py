@@ -52,7 +52,7 @@ def _app(
 Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: Hugging Face repo id or local folder. Default: the bundled tiny pair.", show_default=False)]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model sharing the target's tokenizer: repo id or folder; 'ngram' drafts by prompt lookup, no model.", show_default=False)]
 PairName = Annotated[Optional[str], typer.Option("--pair", "-p", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)]
-Gamma = Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft tokens per round; 0 is standard decoding; 'auto' picks each round's from what the run measures. Default: the preset's, else 4.", show_default=False)]
+Gamma = Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from what the run measures, plain decoding included.", show_default=False)]
 NGram = Annotated[bool, typer.Option("--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise.")]
 DraftMinP = Annotated[float, typer.Option("--draft-min-p", help="Stop a round's drafting when the draft's top probability falls below this (0: off).")]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")]
@@ -76,17 +76,14 @@ def _status(message: str) -> None:
         err.print(Text(f"{message}…", style="dim"))
 
 
-def default_gamma(gamma: str | None, pair: str | None) -> int | str:
-    """An explicit --gamma (a number or 'auto'), else the preset's recommendation, else 4."""
-    if gamma is not None:
-        from .generation import parse_gamma
+def default_gamma(gamma: str | None) -> int | str:
+    """An explicit --gamma (a number or 'auto'), else auto: the controller picks each
+    round's draft length (starting from a preset's recommended one)."""
+    if gamma is None:
+        return "auto"
+    from .generation import parse_gamma
 
-        return parse_gamma(gamma.strip().lower())
-    if pair:
-        from .presets import find_preset
-
-        return find_preset(pair).gamma
-    return 4
+    return parse_gamma(gamma.strip().lower())
 
 
 def load(target, draft, pair, no_draft=False, ngram=False):
@@ -130,7 +127,7 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")
-    gamma = 0 if no_draft else default_gamma(gamma, pair)
+    gamma = 0 if no_draft else default_gamma(gamma)
     # refuse bad values before spending time loading models
     SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     generation.check_options(None, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
@@ -187,7 +184,7 @@ def chat(
         import readline  # noqa: F401
     except ImportError:  # pragma: no cover
         pass
-    gamma = 0 if no_draft else default_gamma(gamma, pair)
+    gamma = 0 if no_draft else default_gamma(gamma)
     settings = ChatSettings(gamma=gamma, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, max_tokens=max_tokens, draft_min_p=draft_min_p)
     settings.sampling()
     from .generation import check_options
@@ -235,7 +232,7 @@ def race(
     from .sampling import SamplingParams
     from .views import race as view
 
-    gamma = default_gamma(gamma, pair)
+    gamma = default_gamma(gamma)
     SamplingParams(temp=temp, top_p=top_p, top_k=top_k)
     check_options(None, gamma, max_tokens, ngram=ngram, draft_min_p=draft_min_p)
     if gamma == 0:

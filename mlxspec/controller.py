@@ -31,6 +31,7 @@ _MIN_STRETCH, _MAX_STRETCH = 32, 512
 @dataclass
 class Controller:
     max_gamma: int = 8
+    start_gamma: int = 4  # before anything is timed (a preset's recommendation)
     decay: float = 0.92  # weight of the past per observation
     prior_acceptance: float = 0.6
     prior_slope: float = 0.05  # T(k) = a (1 + prior_slope (k - 1)) until two sizes are seen
@@ -144,7 +145,7 @@ class Controller:
     def best(self) -> int:
         scores = {g: self.throughput(g) for g in range(self.max_gamma + 1)}
         if any(v is None for v in scores.values()):
-            return min(4, self.max_gamma)  # nothing timed yet: a moderate start
+            return min(self.start_gamma, self.max_gamma)  # nothing timed yet
         return max(scores, key=lambda g: (scores[g], -g))
 
     def choose(self) -> int:

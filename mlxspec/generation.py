@@ -51,7 +51,7 @@ class Session:
         from .controller import Controller
 
         self.pair = pair
-        self.controller = Controller()
+        self.controller = Controller(start_gamma=pair.gamma_hint)
         width = pair.target.width
         self.target = engine.Cursor(pair.target.model, f"target {pair.target.name}", pair.target.width, width)
         self.draft = (
@@ -111,7 +111,7 @@ def stream(
     prompt: str | Sequence[int],
     *,
     max_tokens: int = 256,
-    gamma: int | str = 4,
+    gamma: int | str = "auto",
     temp: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,

@@ -37,6 +37,7 @@ class Pair:
     target: LoadedModel
     draft: LoadedModel | None
     ngram: bool = False  # prompt-lookup proposals by default (draft="ngram")
+    gamma_hint: int = 4  # where gamma="auto" starts (a preset's recommended gamma)
 
     @property
     def tokenizer(self):
@@ -70,6 +71,7 @@ def load_pair(
     """
     status = on_status or (lambda message: None)
     target_name, draft_name = choose_names(target, draft, pair)
+    hint = _preset_gamma(pair) if pair else 4
     ngram = draft_name == NGRAM
     if no_draft or ngram:
         draft_name = None
@@ -93,7 +95,7 @@ def load_pair(
         draft_model.name = draft_name
         caches.check_supported(draft_model.model, f"draft {draft_name}")
         check_compatible(target_model.tokenizer, draft_model.tokenizer)
-    return Pair(target_model, draft_model, ngram=ngram and not no_draft)
+    return Pair(target_model, draft_model, ngram=ngram and not no_draft, gamma_hint=hint)
 
 
 def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[str, str | None]:
@@ -109,6 +111,12 @@ def choose_names(target: str | None, draft: str | None, pair: str | None) -> tup
     if target is None:
         raise InvalidOption("--draft needs a --target (or name a --pair)")
     return target, draft
+
+
+def _preset_gamma(name: str) -> int:
+    from .presets import find_preset
+
+    return find_preset(name).gamma or 4
 
 
 def _names(target: str, draft: str | None) -> str:

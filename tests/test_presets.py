@@ -113,3 +113,12 @@ def test_download_offline_is_one_clear_line(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run(capsys, "models", "download", "qwen3-8b")
     assert code == 1 and "no network" in err
+
+
+def test_a_presets_gamma_is_where_auto_starts():
+    import mlxspec
+    from mlxspec.generation import Session
+
+    pair = mlxspec.load_pair(pair="tiny")
+    assert pair.gamma_hint == presets.find_preset("tiny").gamma
+    assert Session(pair).controller.best() == pair.gamma_hint
