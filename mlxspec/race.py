@@ -45,9 +45,11 @@ class Side:
         elif isinstance(event, Round):
             self.last = event
             self.stats.add_round(event)
-            if event.discarded:
-                self.segments.append((event.discarded, REJECTED))
-            for piece, fate in zip(event.pieces, event.fates):
+            # accepted drafts, then the thrown-away ones where they were cut, then the
+            # recovered or bonus token
+            for i, (piece, fate) in enumerate(zip(event.pieces, event.fates)):
+                if i == event.accepted and event.discarded:
+                    self.segments.append((event.discarded, REJECTED))
                 if piece:
                     self.segments.append((piece, fate))
             self.tokens += event.emitted
