@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.text import Text
 
 STYLES = {
-    "accepted": "green",
-    "recovered": "yellow",
-    "bonus": "bold cyan",
-    "rejected": "strike dim red",
+    "accepted": "#5fd75f",
+    "recovered": "#ffaf00",
+    "bonus": "bold #5fafff",
+    "rejected": "strike #d75f5f",
     "target": "",
 }
 DESCRIPTIONS = {
