@@ -127,3 +127,27 @@ def load_pair(factory):
         return cache[arch, bits]
 
     return load
+
+
+def interrupt_after(delay: float, work):
+    """Run work() while a real SIGINT (Ctrl-C) arrives after `delay` seconds. Returns what
+    work returned, or None if the KeyboardInterrupt escaped it; a signal landing after work
+    finished is absorbed here, so it never leaks into the next test."""
+    import os
+    import signal
+    import threading
+    import time
+
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        result = work()
+    except KeyboardInterrupt:
+        result = None
+    while True:
+        try:
+            timer.join()
+            time.sleep(0.02)  # a pending signal is handled at the next bytecode
+            return result
+        except KeyboardInterrupt:
+            continue

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
-import threading
 
 import pytest
 from rich.console import Console
@@ -15,6 +12,7 @@ import mlxspec
 from mlxspec.chat import ChatSettings, Conversation
 from mlxspec.events import Round
 from mlxspec.views.chat import ChatApp
+from tests.conftest import interrupt_after
 
 GREEDY = dict(temp=0.0, top_p=1.0, max_tokens=12)
 
@@ -68,12 +66,7 @@ def test_interrupted_reply_leaves_consistent_caches(load_pair):
     generation over the same history gives."""
     pair = load_pair("llama")
     conversation = Conversation(pair, settings=ChatSettings(temp=0.0, top_p=1.0, max_tokens=100000, gamma=3))
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        events = list(conversation.reply("talk for a long time"))
-    finally:
-        timer.join()
+    events = interrupt_after(0.2, lambda: list(conversation.reply("talk for a long time")))
     assert events[-1].finish_reason == "interrupted"
     assert conversation.turns[-1].finish_reason == "interrupted" and conversation.turns[-1].assistant
     conversation.settings.max_tokens = 10
