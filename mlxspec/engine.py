@@ -9,8 +9,9 @@ a chat keeps its caches between turns. The round is three module-level steps:
               the rule (verify.py) picks how many drafts to keep and the next id
     rewind  - both caches forget what was rejected (caches.py)
 
-MLX is lazy: drafted ids are queued with `mx.async_eval` as they are made and the host
-reads the round's outcome once, at the end.
+MLX is lazy: drafted ids are queued with `mx.async_eval` as they are made, the verify
+graph is built while the device drafts, and the host waits twice per round, once for the
+drafts (to time them apart) and once for the outcome, never once per token.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from mlx_lm.generate import generation_stream
 
 from .caches import ModelCache, make_cache
 from .controller import Controller
-from .ngram import NGramIndex
 from .events import Prefill, Round
+from .ngram import NGramIndex
 from .sampling import SamplingParams, sample, warp
 from .verify import greedy_sample, speculative_sample
 
