@@ -49,7 +49,10 @@ def _have(flag: bool) -> Text:
 
 def models_table(rows: list[dict]) -> Table:
     table = Table(title="Model-pair presets (--pair NAME)", title_justify="left", header_style="bold")
-    for name, justify in (("name", "left"), ("target", "left"), ("draft", "left"), ("γ", "right"), ("on disk", "right"), ("memory", "right"), ("fits", "center")):
+    table.add_column("name", no_wrap=True)
+    for name in ("target", "draft"):  # long repo ids fold on narrow terminals
+        table.add_column(name, overflow="fold")
+    for name, justify in (("γ", "right"), ("on disk", "right"), ("memory", "right"), ("fits", "center")):
         table.add_column(name, justify=justify, no_wrap=True)
     for row in rows:
         on_disk = None
