@@ -392,7 +392,8 @@ def bench(
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        _wide_console().print(view.render(report))
+        console = _wide_console()
+        console.print(view.render(report, console.width))
 
 
 def _wide_console() -> Console:

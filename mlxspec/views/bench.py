@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -28,12 +29,17 @@ def costs_line(report) -> Text:
     )
 
 
-def settings_table(report) -> Table:
-    peers = any(s.peer_speculative_tps for s in report.settings)
-    table = Table(title="All prompts", title_justify="left", header_style="bold")
-    for name in ("T", "γ", "std tok/s", "spec tok/s", "speedup", "α", "τ", "predicted", "meas/pred"):
+def settings_table(report, *, wide: bool = True) -> Table:
+    """One row per temperature and γ. Narrow (`wide=False`): mlxspec's own figures only,
+    the peer and drafting columns go to `peer_table`."""
+    peers = wide and any(s.peer_speculative_tps for s in report.settings)
+    extras = wide and any(s.ngram_rounds or s.early_stops or s.gamma == "auto" for s in report.settings)
+    table = Table(title="All prompts", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    names = ("T", "γ", "std tok/s", "spec tok/s", "speedup", "α", "τ", "predicted", "meas/pred")
+    if not wide:
+        names = ("T", "γ", "std/s", "spec/s", "speedup", "α", "τ", "pred.", "m/p")
+    for name in names:
         table.add_column(name, justify="right", no_wrap=True)
-    extras = any(s.ngram_rounds or s.early_stops or s.gamma == "auto" for s in report.settings)
     if extras:
         table.add_column("drafting", no_wrap=True)
     if peers:
@@ -48,9 +54,23 @@ def settings_table(report) -> Table:
         if extras:
             row.append(_drafting(s))
         if peers:
-            row += [_num(s.peer_speculative_tps, ".1f"), _num(s.peer_acceptance_rate, ".2f"), _num(s.vs_peer, ".2f") + ("x" if s.vs_peer else "")]
+            row += _peer_cells(s)
         table.add_row(*row)
     return table
+
+
+def peer_table(report) -> Table:
+    """The narrow layout's second table: how each setting drafted, and mlx-lm beside it."""
+    table = Table(title="Drafting, and mlx-lm on the same settings", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    for name in ("T", "γ", "drafting", "mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm"):
+        table.add_column(name, justify="right" if name != "drafting" else "left")
+    for s in (s for s in report.settings if s.category == "all"):
+        table.add_row(f"{s.temp:g}", str(s.gamma), _drafting(s), *_peer_cells(s))
+    return table
+
+
+def _peer_cells(s) -> list[str]:
+    return [_num(s.peer_speculative_tps, ".1f"), _num(s.peer_acceptance_rate, ".2f"), _num(s.vs_peer, ".2f") + ("x" if s.vs_peer else "")]
 
 
 def _drafting(s) -> str:
@@ -68,7 +88,7 @@ def _drafting(s) -> str:
 
 def category_table(report) -> Table:
     keys = [(s.temp, s.gamma) for s in report.settings if s.category == "all"]
-    table = Table(title="Speedup (α) by category", title_justify="left", header_style="bold")
+    table = Table(title="Speedup (α) by category", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("category")
     for temp, gamma in keys:
         table.add_column(f"T{temp:g} γ{gamma}", justify="right")
@@ -108,13 +128,16 @@ def recommendation(report) -> Text:
     return Text.assemble(("recommended  ", "bold"), "; ".join(parts))
 
 
-def render(report) -> Group:
+def render(report, width: int = 160) -> Group:
+    """Everything; below 140 columns the wide table splits in two."""
     header = Text(
         f"{report.pair['target']} + {report.pair['draft']}  ·  {report.machine.get('device')}  ·  "
         f"mlx {report.machine.get('mlx')}, mlx-lm {report.machine.get('mlx_lm')}  ·  {report.seconds:.0f} s",
         style="bold",
     )
-    return Group(header, costs_line(report), settings_table(report), category_table(report), standard_line(report), recommendation(report))
+    wide = width >= 140
+    tables = [settings_table(report, wide=wide)] + ([] if wide else [peer_table(report)])
+    return Group(header, costs_line(report), *tables, category_table(report), standard_line(report), recommendation(report))
 
 
 def csv_rows(report) -> list[dict]:
