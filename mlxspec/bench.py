@@ -22,7 +22,7 @@ from . import costs as cost_model
 from .generation import encode_prompt, generate
 from .pairs import Pair
 from .prompts import BenchPrompt
-from .theory import expected_tokens_per_round
+from .theory import predicted_speedup_mean
 
 STANDARD, SPECULATIVE = "standard", "speculative"
 MLXSPEC, MLX_LM = "mlxspec", "mlx-lm"
@@ -220,12 +220,8 @@ def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> None:
 
 def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
     mode = SPECULATIVE if gamma else STANDARD
-    results = []
-    for r in range(config.repeats):
-        step(f"{prompt.name} · mlxspec {mode} γ{gamma} T{temp}")
-        mx.reset_peak_memory()
-        result = generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=config.seed + r)
-        results.append((result.stats, mx.get_peak_memory() / 1e9))
+    results = _repeat(config, lambda seed: generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed).stats,
+                      step, f"{prompt.name} · mlxspec {mode} γ{gamma} T{temp}")
     stats = [s for s, _ in results]
     positions = max(len(s.position_tested) for s in stats)
     return Run(
@@ -235,8 +231,8 @@ def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
         mode=mode,
         gamma=gamma,
         temp=temp,
-        tokens=int(_median_speed(s.tokens for s in stats)),
-        tokens_per_second=_median_speed(s.tokens_per_second for s in stats),
+        tokens=int(_median_produced(s.tokens for s in stats)),
+        tokens_per_second=_median_produced(s.tokens_per_second for s in stats),
         repeat_tokens_per_second=[s.tokens_per_second or 0.0 for s in stats],
         decode_seconds=sum(s.decode_seconds for s in stats),
         generated=sum(s.tokens for s in stats),
@@ -254,7 +250,17 @@ def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
     )
 
 
-def _median_speed(values) -> float:
+def _repeat(config: BenchConfig, run, step, label: str) -> list[tuple[object, float]]:
+    """config.repeats runs (seeds seed, seed + 1, ...), each with its peak memory in GB."""
+    results = []
+    for r in range(config.repeats):
+        step(label)
+        mx.reset_peak_memory()
+        results.append((run(config.seed + r), mx.get_peak_memory() / 1e9))
+    return results
+
+
+def _median_produced(values) -> float:
     """Median over the repeats that produced tokens (their speeds, or token counts): a
     sampled run may end on its first token (end-of-sequence), which says nothing of speed."""
     measured = [v for v in values if v]
@@ -265,12 +271,8 @@ def _peer_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
     from .peers import mlx_lm_generate
 
     mode = SPECULATIVE if gamma else STANDARD
-    results = []
-    for r in range(config.repeats):
-        step(f"{prompt.name} · mlx-lm {mode} γ{gamma} T{temp}")
-        mx.reset_peak_memory()
-        result = mlx_lm_generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=config.seed + r)
-        results.append((result, mx.get_peak_memory() / 1e9))
+    results = _repeat(config, lambda seed: mlx_lm_generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed),
+                      step, f"{prompt.name} · mlx-lm {mode} γ{gamma} T{temp}")
     peers = [p for p, _ in results]
     return Run(
         prompt=prompt.name,
@@ -279,8 +281,8 @@ def _peer_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
         mode=mode,
         gamma=gamma,
         temp=temp,
-        tokens=int(_median_speed(len(p.tokens) for p in peers)),
-        tokens_per_second=_median_speed(p.tokens_per_second for p in peers),
+        tokens=int(_median_produced(len(p.tokens) for p in peers)),
+        tokens_per_second=_median_produced(p.tokens_per_second for p in peers),
         repeat_tokens_per_second=[p.tokens_per_second for p in peers],
         decode_seconds=sum(p.seconds for p in peers),
         generated=sum(len(p.tokens) for p in peers),
@@ -320,7 +322,7 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
                 if alpha is not None and costs.target_step > 0 and mean_gamma:
                     # auto: the controller's mean draft length stands in for gamma
                     g = gamma if isinstance(gamma, int) else mean_gamma
-                    predicted = expected_tokens_per_round(alpha, max(round(g), 1)) / (g * costs.c + costs.verify_cost(round(g) + 1))
+                    predicted = predicted_speedup_mean(alpha, g, costs.c, costs.verify_cost(round(g) + 1))
                 settings.append(
                     Setting(
                         temp=temp,

@@ -151,8 +151,6 @@ class Conversation:
 
         candidate = dataclasses.replace(self.settings, **changes)
         candidate.sampling()  # raises InvalidOption on a bad value
-        if candidate.max_tokens < 1:
-            raise InvalidOption("max tokens must be >= 1")
         check_options(self.pair, candidate.gamma, candidate.max_tokens, ngram=self.pair.ngram, draft_min_p=candidate.draft_min_p)
         self.settings = candidate
 

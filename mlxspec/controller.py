@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .theory import expected_tokens_by_position
+
 _MIN_STRETCH, _MAX_STRETCH = 32, 512
 
 
@@ -117,11 +119,7 @@ class Controller:
         return rates
 
     def expected_tokens(self, gamma: int) -> float:
-        total, reach = 1.0, 1.0
-        for rate in self.position_rates(gamma):
-            reach *= rate
-            total += reach
-        return total
+        return expected_tokens_by_position(self.position_rates(gamma))
 
     def round_time(self, gamma: int) -> float | None:
         verify = self.verify_time(gamma + 1)

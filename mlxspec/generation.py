@@ -89,9 +89,9 @@ def parse_gamma(gamma) -> int | str:
 
 def check_options(
     pair: Pair | None, gamma, max_tokens: int, xtc_probability: float = 0.0, ngram: bool = False, draft_min_p: float = 0.0
-) -> None:
-    """Refuse options the engine cannot honour exactly; `pair` None checks what it can
-    before the models are loaded."""
+) -> int | str:
+    """Refuse options the engine cannot honour exactly (`pair` None: what can be checked
+    before the models are loaded); returns gamma parsed."""
     gamma = parse_gamma(gamma)
     if gamma != 0 and pair is not None and pair.draft is None and not ngram:
         raise InvalidOption("speculative decoding needs a draft model (or n-gram drafting): name one, or use gamma 0")
@@ -104,6 +104,7 @@ def check_options(
             "XTC sampling cannot be kept exact: it removes top tokens at random per step, so the "
             "target's distribution is not a fixed function of its logits"
         )
+    return gamma
 
 
 def stream(
@@ -132,8 +133,7 @@ def stream(
     the stream with Done("interrupted"), the session still usable."""
     params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ngram = pair.ngram if ngram is None else ngram
-    check_options(pair, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
-    gamma = parse_gamma(gamma)
+    gamma = check_options(pair, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")
     ids = encode_prompt(pair, prompt, raw=raw)

@@ -20,7 +20,7 @@ import mlx.core as mx
 from .events import Done, Prefill, Round, StatsCollector
 from .generation import stream
 from .pairs import Pair
-from .theory import expected_tokens_per_round
+from .theory import predicted_speedup_mean
 
 REJECTED = "rejected"
 
@@ -96,9 +96,7 @@ def predicted_speedup(standard: Side, speculative: Side) -> float | None:
     alpha, gamma = speculative.stats.acceptance_rate, speculative.effective_gamma
     if alpha is None or not standard.tokens_per_second or speculative.draft_step is None:
         return None
-    c = speculative.draft_step * standard.tokens_per_second
-    rounded = max(round(gamma), 1)
-    return expected_tokens_per_round(alpha, rounded) / (gamma * c + 1)
+    return predicted_speedup_mean(alpha, gamma, speculative.draft_step * standard.tokens_per_second)
 
 
 def identical_so_far(standard: Side, speculative: Side) -> int | None:

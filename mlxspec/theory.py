@@ -36,14 +36,7 @@ def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> flo
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
 
 
-def best_gamma(alpha: float, c: float, verify_cost: Sequence[float], gammas: Sequence[int]) -> tuple[int, float]:
-    """The gamma among `gammas` with the highest predicted speedup. verify_cost[k - 1] is the
-    cost of a k-token target pass relative to a 1-token one; gamma 0 is standard decoding."""
-    best = (0, 1.0)
-    for gamma in gammas:
-        if gamma == 0 or gamma + 1 > len(verify_cost):
-            continue
-        speedup = predicted_speedup(alpha, gamma, c, verify_cost[gamma])
-        if speedup > best[1]:
-            best = (gamma, speedup)
-    return best
+def predicted_speedup_mean(alpha: float, mean_gamma: float, c: float, v: float = 1.0) -> float:
+    """The same for a run whose rounds drafted `mean_gamma` on average (auto, cut rounds):
+    E[tau] at the nearest whole length (at least 1), the drafting cost at the mean."""
+    return expected_tokens_per_round(alpha, max(round(mean_gamma), 1)) / (mean_gamma * c + v)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.theory import best_gamma, expected_tokens_by_position, expected_tokens_per_round, predicted_speedup
+from mlxspec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_speedup, predicted_speedup_mean
 
 
 def test_expected_tokens_hand_computed():
@@ -27,12 +27,10 @@ def test_positions_with_equal_rates_match_the_closed_form():
     assert expected_tokens_by_position([0.9, 0.5, 0.0]) == pytest.approx(1 + 0.9 + 0.45)
 
 
-def test_best_gamma_prefers_standard_decoding_when_drafting_cannot_pay():
-    flat = [1.0] * 10
-    assert best_gamma(0.8, 0.1, flat, range(1, 9))[0] >= 4
-    assert best_gamma(0.1, 0.5, flat, range(1, 9)) == (0, 1.0)
-    linear = [float(k) for k in range(1, 11)]  # verify cost grows with tokens: no gain
-    assert best_gamma(0.8, 0.1, linear, range(1, 9)) == (0, 1.0)
+def test_mean_gamma_takes_tau_at_the_nearest_length_and_cost_at_the_mean():
+    assert predicted_speedup_mean(0.7, 5.0, 0.1) == pytest.approx(predicted_speedup(0.7, 5, 0.1))
+    assert predicted_speedup_mean(0.7, 2.4, 0.1, v=1.2) == pytest.approx(expected_tokens_per_round(0.7, 2) / (0.24 + 1.2))
+    assert predicted_speedup_mean(0.7, 0.3, 0.1) == pytest.approx(expected_tokens_per_round(0.7, 1) / 1.03)
 
 
 def test_alpha_out_of_range():

@@ -13,7 +13,7 @@ from rich.text import Text
 from ..chat import ContextTrimmed, Conversation
 from ..errors import MlxspecError
 from ..events import Done, Prefill, Round
-from ..theory import expected_tokens_per_round
+from ..theory import predicted_speedup_mean
 from .summary import stats_line
 from .tokens import STYLES, legend
 
@@ -50,9 +50,9 @@ def estimated_speedup(stats) -> float | None:
     pass (which costs about one target step when decoding is memory-bound)."""
     if not stats.gamma or not stats.drafted or not stats.rounds or stats.acceptance_rate is None:
         return None
-    gamma = stats.drafted / stats.rounds  # the mean: gamma may be auto, rounds cut short
     c = (stats.draft_seconds / stats.drafted) / (stats.verify_seconds / stats.rounds)
-    return expected_tokens_per_round(stats.acceptance_rate, max(round(gamma), 1)) / (gamma * c + 1)
+    # the mean: gamma may be auto, rounds cut short
+    return predicted_speedup_mean(stats.acceptance_rate, stats.drafted / stats.rounds, c)
 
 
 def stat_line(stats, reused: int) -> Text:
