@@ -60,7 +60,7 @@ Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is 
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")]
 TopK = Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens; 0 keeps all.")]
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens less likely than this fraction of the top token.")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed, for reproducible sampling.", show_default=False)]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed: with a fixed --gamma, the same sample every run (auto's draft lengths follow timing, so it fixes the distribution, not the sample).", show_default=False)]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-m", help="Most tokens to generate.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Use the prompt as is, without the chat template.")]
 Xtc = Annotated[float, typer.Option("--xtc-probability", hidden=True, help="Refused: XTC sampling cannot be kept exact.")]
