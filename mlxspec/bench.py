@@ -5,7 +5,8 @@ on this machine and the speedup it predicts.
 Timing rules: every method runs in this process on the same prompts and seeds; a warm-up
 run of each method comes first and is not counted; decode speed excludes prompt processing
 (mlx-lm's runs get a cache already holding the prompt, as mlxspec's prefill is timed apart);
-each setting repeats and reports the median speed.
+each setting repeats and reports the median speed, the repeats of a prompt's settings taken
+in turn so that a slow spell of the machine is shared out.
 """
 
 from __future__ import annotations
@@ -194,13 +195,7 @@ def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | 
     )
     for prompt, ids in zip(config.prompts, encoded):
         for temp in config.temps:
-            report.runs.append(_mlxspec_run(pair, prompt, ids, 0, temp, config, step))
-            for gamma in config.gammas:
-                report.runs.append(_mlxspec_run(pair, prompt, ids, gamma, temp, config, step))
-            if config.peers:
-                report.runs.append(_peer_run(pair, prompt, ids, 0, temp, config, step))
-                for gamma in _peer_gammas(config):
-                    report.runs.append(_peer_run(pair, prompt, ids, gamma, temp, config, step))
+            report.runs += _interleaved(pair, prompt, ids, temp, config, step)
     report.settings = summarize(report.runs, measured, config)
     report.seconds = time.perf_counter() - t0
     return report
@@ -218,17 +213,41 @@ def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> None:
             mlx_lm_generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp)
 
 
-def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
-    mode = SPECULATIVE if gamma else STANDARD
-    results = _repeat(config, lambda seed: generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed).stats,
-                      step, f"{prompt.name} · mlxspec {mode} γ{gamma} T{temp}")
+def _interleaved(pair, prompt, ids, temp, config, step) -> list[Run]:
+    """Every setting of one prompt and temperature, repeats taken in turn (setting A, B, C,
+    then A, B, C again): this machine has slow spells lasting seconds, and taking turns
+    spreads them over all settings instead of landing on one."""
+    from .peers import mlx_lm_generate
+
+    settings = [(MLXSPEC, g) for g in [0, *config.gammas]]
+    if config.peers:
+        settings += [(MLX_LM, g) for g in [0, *_peer_gammas(config)]]
+    results = {setting: [] for setting in settings}
+    for r in range(config.repeats):
+        seed = config.seed + r
+        for method, gamma in settings:
+            mode = SPECULATIVE if gamma else STANDARD
+            step(f"{prompt.name} · {method} {mode} γ{gamma} T{temp}")
+            mx.reset_peak_memory()
+            if method == MLXSPEC:
+                result = generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed).stats
+            else:
+                result = mlx_lm_generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed)
+            results[(method, gamma)].append((result, mx.get_peak_memory() / 1e9))
+    return [
+        (_mlxspec_run if method == MLXSPEC else _peer_run)(prompt, gamma, temp, results[(method, gamma)])
+        for method, gamma in settings
+    ]
+
+
+def _mlxspec_run(prompt, gamma, temp, results) -> Run:
     stats = [s for s, _ in results]
     positions = max(len(s.position_tested) for s in stats)
     return Run(
         prompt=prompt.name,
         category=prompt.category,
         method=MLXSPEC,
-        mode=mode,
+        mode=SPECULATIVE if gamma else STANDARD,
         gamma=gamma,
         temp=temp,
         tokens=int(_median_produced(s.tokens for s in stats)),
@@ -250,16 +269,6 @@ def _mlxspec_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
     )
 
 
-def _repeat(config: BenchConfig, run, step, label: str) -> list[tuple[object, float]]:
-    """config.repeats runs (seeds seed, seed + 1, ...), each with its peak memory in GB."""
-    results = []
-    for r in range(config.repeats):
-        step(label)
-        mx.reset_peak_memory()
-        results.append((run(config.seed + r), mx.get_peak_memory() / 1e9))
-    return results
-
-
 def _median_produced(values) -> float:
     """Median over the repeats that produced tokens (their speeds, or token counts): a
     sampled run may end on its first token (end-of-sequence), which says nothing of speed."""
@@ -267,18 +276,13 @@ def _median_produced(values) -> float:
     return statistics.median(measured) if measured else 0.0
 
 
-def _peer_run(pair, prompt, ids, gamma, temp, config, step) -> Run:
-    from .peers import mlx_lm_generate
-
-    mode = SPECULATIVE if gamma else STANDARD
-    results = _repeat(config, lambda seed: mlx_lm_generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed),
-                      step, f"{prompt.name} · mlx-lm {mode} γ{gamma} T{temp}")
+def _peer_run(prompt, gamma, temp, results) -> Run:
     peers = [p for p, _ in results]
     return Run(
         prompt=prompt.name,
         category=prompt.category,
         method=MLX_LM,
-        mode=mode,
+        mode=SPECULATIVE if gamma else STANDARD,
         gamma=gamma,
         temp=temp,
         tokens=int(_median_produced(len(p.tokens) for p in peers)),

@@ -2,32 +2,77 @@
 
 The controller keeps, with recent observations weighted more:
 - the acceptance rate at each draft position, given the earlier ones were accepted;
-- the draft's seconds per proposed token (the c of the cost model, in seconds);
-- the target's verify time as a function of the tokens it reads, T(k) = a + b k, fitted by
-  weighted least squares over speculative rounds (k varies as gamma does);
+- the draft's time for a round of gamma proposals, D(gamma) = d0 + c gamma (c, the cost model's
+  draft step, in seconds; d0 the round's fixed cost: the wait for the drafts, reading the ids
+  the last round emitted);
+- the target's verify time as a function of the tokens it reads, T(k) = a + b k;
+  both lines fitted by weighted least squares over speculative rounds (k varies as gamma does);
 - a round's remaining overhead (bookkeeping, rewinds), and the seconds of a plain
   (pipelined) decoding step.
 
 It picks the gamma that maximises expected emitted tokens per second,
 
-    E[tau](gamma) / (gamma * draft_step + T(gamma + 1) + overhead),
+    E[tau](gamma) / (D(gamma) + T(gamma + 1) + overhead),
     E[tau] = 1 + sum_k prod_{i<=k} a_i,
 
-against 1 / plain_step for gamma = 0 (plain decoding). Positions never tried borrow the last
-measured rate. It keeps probing: one position beyond the current choice now and then, and,
+against 1 / plain_step for gamma = 0 (plain decoding). Each position's rate starts from the
+prior as one pseudo-observation, so one lucky round does not send gamma to the maximum; gamma
+grows at most one position beyond those already tried (an untried position borrows the last
+measured rate). A pipelined plain step is cheaper than a one-token verify, so plain decoding
+cannot be judged before it is timed: when the best draft length is not clearly ahead of the
+verify-based guess, a short plain stretch times it. It keeps probing: one position beyond the current choice now and then, and,
 while plain decoding wins, a short draft after a stretch of plain tokens, weighted as fresh
 evidence; the stretch doubles after each probe that changes nothing (32 tokens, up to 512) and
-shrinks back when a probe pays, so the controller returns when the text turns predictable
+shrinks back when a probe pays; a probe whose proposals were all accepted is followed by
+another at once, so the controller returns when the text turns predictable
 without paying for probes while it does not. A pure function of its observations: no clocks, no MLX.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .theory import expected_tokens_by_position
 
 _MIN_STRETCH, _MAX_STRETCH = 32, 512
+_TIMING_STRETCH = 6  # plain tokens that time a pipelined step (the first one starts the pipeline)
+_PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
+
+
+@dataclass
+class LineFit:
+    """y = a + b x by least squares, each older observation weighted down by `decay`. Until
+    two sizes are seen (or when the fit says something unphysical: a negative intercept),
+    `at` scales the mean observation with `fallback(mean_x, mean_y, x)`."""
+
+    decay: float
+    fallback: Callable[[float, float, float], float]
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wx, wy, wxx, wxy
+
+    def add(self, x: float, y: float) -> None:
+        self._sums = [self.decay * s for s in self._sums]
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            self._sums[i] += v
+
+    @property
+    def fitted(self) -> bool:
+        """Two sizes or more seen: the line is measured, not guessed."""
+        w, wx, _, wxx, _ = self._sums
+        return w > 0 and wxx / w - (wx / w) ** 2 > 1e-6
+
+    def at(self, x: float) -> float | None:
+        w, wx, wy, wxx, wxy = self._sums
+        if w <= 0:
+            return None
+        mean_x, mean_y = wx / w, wy / w
+        spread = wxx / w - mean_x**2
+        if spread > 1e-6:
+            slope = max((wxy / w - mean_x * mean_y) / spread, 0.0)
+            intercept = mean_y - slope * mean_x
+            if intercept >= 0:
+                return intercept + slope * x
+        return self.fallback(mean_x, mean_y, x)
 
 
 @dataclass
@@ -39,17 +84,26 @@ class Controller:
     prior_slope: float = 0.05  # T(k) = a (1 + prior_slope (k - 1)) until two sizes are seen
     probe_every: int = _MIN_STRETCH  # plain tokens between probes (grows while probes fail)
 
-    acceptance: list[float | None] = field(default_factory=list)
-    draft_step: float | None = None
+    acceptance: list[float] = field(default_factory=list)
+    _seen: list[int] = field(default_factory=list)  # observations per position
     overhead: float = 0.0
     plain_step: float | None = None
-    _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # weighted sums: w, wk, wt, wkk, wkt
     _since_probe: int = 0
     _rounds: int = 0
+    _plains: int = 0
     _probing: bool = False
+    _probe_again: bool = False
 
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
+
+    def __post_init__(self) -> None:
+        # one draft size seen: proportional to the proposals (the fixed part counted per token,
+        # which errs towards shorter drafts); one verify size: the prior slope
+        self._draft = LineFit(self.decay, lambda n, t, x: t * x / n)
+        self._verify = LineFit(
+            self.decay, lambda k, t, x: t / (1 + self.prior_slope * (k - 1)) * (1 + self.prior_slope * (x - 1))
+        )
 
     # --- observations ---------------------------------------------------------------
     def observe(
@@ -67,7 +121,8 @@ class Controller:
         is drafted=0 with its time as `verify_seconds`."""
         seconds = draft_seconds + verify_seconds if seconds is None else seconds
         if drafted == 0:
-            self.plain_step = self._blend(self.plain_step, seconds)
+            self._plains += 1
+            self.plain_step = self._blend(self.plain_step, seconds, self._plains)
             self._since_probe += emitted
             return
         self._rounds += 1
@@ -75,45 +130,42 @@ class Controller:
         for i in range(min(accepted + 1, drafted)):
             hit = 1.0 if i < accepted else 0.0
             while len(self.acceptance) <= i:
-                self.acceptance.append(None)
-            old = self.acceptance[i]
-            self.acceptance[i] = hit if old is None else keep * old + (1 - keep) * hit
-        self.draft_step = self._blend(self.draft_step, draft_seconds / drafted)
-        self.overhead = self._blend(self.overhead, max(seconds - draft_seconds - verify_seconds, 0.0))
+                self.acceptance.append(self.prior_acceptance)
+                self._seen.append(0)
+            # a running mean (the prior counting once) until the decay takes over
+            self._seen[i] += 1
+            weight = max(1 / (self._seen[i] + 1), 1 - keep)
+            self.acceptance[i] += weight * (hit - self.acceptance[i])
+        self._draft.add(drafted, draft_seconds)
+        self.overhead = self._blend(self.overhead, max(seconds - draft_seconds - verify_seconds, 0.0), self._rounds)
         if verify_seconds > 0 and verified_tokens > 0:
-            self._fit = [self.decay * s for s in self._fit]
-            k, t = float(verified_tokens), verify_seconds
-            for i, v in enumerate((1.0, k, t, k * k, k * t)):
-                self._fit[i] += v
+            self._verify.add(verified_tokens, verify_seconds)
         if self._probing:  # the probe round's verdict sets the next stretch
             self._probing = False
-            paid = self.best() > 0
+            # every proposal accepted: the text may have turned predictable, and one short
+            # round cannot outweigh the past on its own, so probe again at once
+            self._probe_again = accepted == drafted
+            paid = self.best() > 0 or self._probe_again
             self.probe_every = _MIN_STRETCH if paid else min(self.probe_every * 2, _MAX_STRETCH)
         self._since_probe = 0
 
-    def _blend(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1 - self.decay) * new
+    def _blend(self, old: float | None, new: float, seen: int) -> float:
+        """A running mean over the first observations, then a decaying one."""
+        if old is None:
+            return new
+        return old + max(1 / seen, 1 - self.decay) * (new - old)
 
     # --- the model ------------------------------------------------------------------
     def verify_time(self, tokens: int) -> float | None:
-        w, wk, wt, wkk, wkt = self._fit
-        if w <= 0:
-            return None
-        mean_k, mean_t = wk / w, wt / w
-        spread = wkk / w - mean_k**2
-        if spread > 1e-6:
-            slope = max((wkt / w - mean_k * mean_t) / spread, 0.0)
-            intercept = mean_t - slope * mean_k
-            if intercept > 0:
-                return intercept + slope * tokens
-        # one size seen so far: scale it with the prior slope
-        base = mean_t / (1 + self.prior_slope * (mean_k - 1))
-        return base * (1 + self.prior_slope * (tokens - 1))
+        return self._verify.at(tokens)
+
+    def draft_time(self, gamma: int) -> float | None:
+        return self._draft.at(gamma)
 
     def position_rates(self, gamma: int) -> list[float]:
         rates, last = [], self.prior_acceptance
         for i in range(gamma):
-            rate = self.acceptance[i] if i < len(self.acceptance) and self.acceptance[i] is not None else last
+            rate = self.acceptance[i] if i < len(self.acceptance) else last
             rates.append(rate)
             last = rate
         return rates
@@ -122,10 +174,10 @@ class Controller:
         return expected_tokens_by_position(self.position_rates(gamma))
 
     def round_time(self, gamma: int) -> float | None:
-        verify = self.verify_time(gamma + 1)
-        if verify is None or self.draft_step is None:
+        verify, draft = self.verify_time(gamma + 1), self.draft_time(gamma)
+        if verify is None or draft is None:
             return None
-        return gamma * self.draft_step + verify + self.overhead
+        return draft + verify + self.overhead
 
     def throughput(self, gamma: int) -> float | None:
         """Expected emitted tokens per second at this gamma; None before it can be told."""
@@ -136,20 +188,33 @@ class Controller:
         return self.expected_tokens(gamma) / time if time else None
 
     def plain_stretch(self) -> int:
-        """Plain tokens to decode before the next probe."""
+        """Plain tokens to decode before the next probe (or, before plain decoding has been
+        timed, just enough to time it)."""
+        if self.plain_step is None:
+            return _TIMING_STRETCH
         return max(self.probe_every - self._since_probe, 1)
+
+    def _plain_untimed_may_win(self, best: int) -> bool:
+        guess = self.verify_time(1)
+        return self.plain_step is None and guess is not None and self.throughput(best) < _PLAIN_DOUBT / guess
 
     # --- the decision -----------------------------------------------------------------
     def best(self) -> int:
-        scores = {g: self.throughput(g) for g in range(self.max_gamma + 1)}
+        reach = min(len(self.acceptance) + 1, self.max_gamma)
+        scores = {g: self.throughput(g) for g in range(reach + 1)}
         if any(v is None for v in scores.values()):
             return min(self.start_gamma, self.max_gamma)  # nothing timed yet
         return max(scores, key=lambda g: (scores[g], -g))
 
     def choose(self) -> int:
+        if self._rounds == 1 and not self._draft.fitted and self.start_gamma > 1:
+            return self.start_gamma // 2  # a second size, so both lines are fitted early
         best = self.best()
+        if best > 0 and self._plain_untimed_may_win(best):
+            return 0  # a short plain stretch (plain_stretch) times it
         if best == 0:
-            if self._since_probe >= self.probe_every:
+            if self._since_probe >= self.probe_every or self._probe_again:
+                self._probe_again = False
                 self._probing = True
                 return min(self.probe_gamma, self.max_gamma)
             return 0

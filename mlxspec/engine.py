@@ -92,6 +92,12 @@ class Cursor:
         return len(self.tokens)
 
     def prefill(self, step: int = PREFILL_STEP) -> None:
+        """Read all pending ids but the last, in chunks, and remember where a prompt ended."""
+        self.catch_up(step)
+        if self.cache.needs_snapshots and (self.checkpoint is None or self.checkpoint.length < self.cache.length):
+            self.checkpoint = self.cache.mark()
+
+    def catch_up(self, step: int = PREFILL_STEP) -> None:
         """Read all pending ids but the last, in chunks."""
         with self.atomic(self.history):
             while len(self.pending) > 1:
@@ -101,8 +107,6 @@ class Cursor:
                 self.tokens += chunk
                 del self.pending[: len(chunk)]
                 mx.clear_cache()
-            if self.cache.needs_snapshots and (self.checkpoint is None or self.checkpoint.length < self.cache.length):
-                self.checkpoint = self.cache.mark()
 
     @contextmanager
     def atomic(self, history: list[int]):
@@ -348,6 +352,9 @@ def decode(
         )
 
 
+_CATCH_UP_AFTER = 4  # pending ids; a round's own leftovers are at most 2
+
+
 def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram, min_p, controller, min_match) -> Iterator[Round]:
     produced, index = 0, 0
     while produced < max_tokens:
@@ -379,6 +386,12 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
             proposal = ngram.propose(g, min_match) or None
         if proposal is None and drafter is None:
             proposal = []  # prompt lookup found nothing: a plain target step
+        caught_up = 0.0
+        if proposal is None and len(drafter.pending) > _CATCH_UP_AFTER:
+            # after a plain stretch the draft has many ids to read: read them apart, so that
+            # the controller times this round's drafting, not the catching up
+            drafter.catch_up()
+            caught_up = time.perf_counter() - t0
         outcome = speculative_round(target, drafter, g, params, round_key, proposal=proposal, min_p=min_p)
         emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
         if ngram is not None:
@@ -387,7 +400,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
         if controller:
             controller.observe(
                 len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds,
-                outcome.verified, len(emitted), seconds,
+                outcome.verified, len(emitted), seconds - caught_up,
             )
         produced += len(emitted)
         yield Round(

@@ -63,7 +63,7 @@ def test_linear_verify_cost_is_learned():
         feed(c, lambda r: 100 if r % 2 else 2, 40, g, draft_step=0.002, verify=0.02, slope=0.5)
     t1 = c.verify_time(1)
     assert t1 == pytest.approx(0.02, rel=0.05) and c.verify_time(5) == pytest.approx(0.02 * 3, rel=0.05)
-    best_by_model = max(range(9), key=lambda g: c.expected_tokens(g) / (g * c.draft_step + c.verify_time(g + 1)))
+    best_by_model = max(range(9), key=lambda g: c.expected_tokens(g) / (c.draft_time(g) + c.verify_time(g + 1)) if g else 1 / c.verify_time(1))
     assert c.best() == best_by_model and c.best() < 6
 
 
