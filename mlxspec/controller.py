@@ -15,17 +15,21 @@ It picks the gamma that maximises expected emitted tokens per second,
     E[tau](gamma) / (D(gamma) + T(gamma + 1) + overhead),
     E[tau] = 1 + sum_k prod_{i<=k} a_i,
 
-against 1 / plain_step for gamma = 0 (plain decoding). Each position's rate starts from the
-prior as one pseudo-observation, so one lucky round does not send gamma to the maximum; gamma
-grows at most one position beyond those already tried (an untried position borrows the last
-measured rate). A pipelined plain step is cheaper than a one-token verify, so plain decoding
-cannot be judged before it is timed: when the best draft length is not clearly ahead of the
-verify-based guess, a short plain stretch times it. It keeps probing: one position beyond the current choice now and then, and,
-while plain decoding wins, a short draft after a stretch of plain tokens, weighted as fresh
-evidence; the stretch doubles after each probe that changes nothing (32 tokens, up to 512) and
-shrinks back when a probe pays; a probe whose proposals were all accepted is followed by
-another at once, so the controller returns when the text turns predictable
-without paying for probes while it does not. A pure function of its observations: no clocks, no MLX.
+against 1 / plain_step for gamma = 0 (plain decoding).
+
+Early on: each position's rate starts from the prior as one pseudo-observation, so one lucky
+round does not send gamma to the maximum; the second round tries another size, so both lines
+are fitted; gamma grows at most one position beyond those tried (an untried position borrows
+the last measured rate). A pipelined plain step can be much cheaper than a one-token verify,
+so plain decoding is not judged before it is timed: while no draft length is clearly ahead of
+the verify-based guess, a short plain stretch times it.
+
+It keeps probing: one position beyond the current choice now and then, and, while plain
+decoding wins, a short draft after a stretch of plain tokens, weighted as fresh evidence. The
+stretch doubles after each probe that changes nothing (32 tokens, up to 512) and shrinks back
+when a probe pays; a probe whose proposals were all accepted is followed by another at once.
+So the controller returns when the text turns predictable without paying for probes while it
+does not. A pure function of its observations: no clocks, no MLX.
 """
 
 from __future__ import annotations

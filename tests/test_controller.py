@@ -134,3 +134,56 @@ def test_plain_decoding_is_judged_by_its_own_step_time():
     for _ in range(60):
         c.observe(0, 0, 0.0, 0.008, 1, 1)
     assert slow_plain > 0 and c.best() == 0
+
+
+def test_draft_time_separates_the_fixed_cost_from_the_step():
+    """D(gamma) = d0 + c gamma: a draft round's fixed cost (the wait, reading the last round's
+    ids) must not be charged per proposal, or long drafts look too dear."""
+    c = Controller(max_gamma=8)
+    for g in (2, 5, 3, 6):
+        for _ in range(10):
+            c.observe(g, g, 0.004 + 0.001 * g, 0.02, g + 1, g + 1)
+    assert c.draft_time(1) == pytest.approx(0.005) and c.draft_time(8) == pytest.approx(0.012)
+    one_size = Controller()
+    one_size.observe(4, 4, 0.008, 0.02, 5, 5)
+    assert one_size.draft_time(2) == pytest.approx(0.004)  # proportional until a second size
+
+
+def test_the_second_round_tries_another_size():
+    c = Controller(max_gamma=8, start_gamma=4)
+    assert c.choose() == 4
+    c.observe(4, 4, 0.004, 0.02, 5, 5)
+    assert c.choose() == 2
+
+
+def test_one_lucky_round_does_not_jump_to_the_longest_draft():
+    c = Controller(max_gamma=8)
+    c.observe(4, 4, 0.004, 0.010, 5, 5)
+    c.observe(2, 2, 0.002, 0.009, 3, 3)
+    assert c.acceptance[0] < 1  # the prior counts as one observation
+    assert c.best() <= 5  # at most one position beyond those tried
+
+
+def test_plain_decoding_is_timed_before_it_is_judged():
+    """A pipelined plain step can be much cheaper than a one-token verify, so while a draft is
+    not clearly ahead of the verify-based guess, a short plain stretch times it; a clearly
+    better draft is not interrupted."""
+    close = Controller(max_gamma=6)
+    feed(close, lambda r: r % 2, 6, 2, draft_step=0.004, verify=0.02)
+    feed(close, lambda r: r % 2, 6, 3, draft_step=0.004, verify=0.02)
+    assert close.best() > 0 and close.choose() == 0 and close.plain_stretch() < 10
+    clear = Controller(max_gamma=6)
+    feed(clear, lambda r: 100, 6, 2, draft_step=0.0005, verify=0.02)
+    feed(clear, lambda r: 100, 6, 3, draft_step=0.0005, verify=0.02)
+    assert clear.choose() > 0
+
+
+def test_a_fully_accepted_probe_is_followed_by_another():
+    c = Controller(max_gamma=6)
+    feed(c, lambda r: 0, 40, 2, draft_step=0.006, verify=0.02)
+    for _ in range(40):
+        c.observe(0, 0, 0.0, 0.02, 1, 1)
+    g = c.choose()
+    assert g == c.probe_gamma
+    c.observe(g, g, g * 0.006, 0.021, g + 1, g + 1)  # all accepted
+    assert c.choose() > 0  # at once, not after another stretch

@@ -8,6 +8,7 @@ import pytest
 
 import mlxspec
 from mlxspec import Round
+from mlxspec.controller import Controller
 from mlxspec.generation import Session
 from tests.conftest import ARCHS
 
@@ -128,3 +129,35 @@ def test_prompt_lookup_alone_stays_exact(load_pair, arch):
         result = mlxspec.generate(lookup, prompt, max_tokens=MAX_TOKENS, gamma=gamma)
         assert result.tokens == standard.tokens, gamma
         assert result.stats.ngram_rounds > 0 and result.stats.model_rounds == 0
+
+
+class Alternating(Controller):
+    """A fixed policy in the controller's place: plain stretches of 9 ids between drafting
+    rounds, so that every round starts with the draft catching up on what it did not draft."""
+
+    def choose(self) -> int:
+        self._turn = getattr(self, "_turn", 0) + 1
+        return 0 if self._turn % 2 else 3
+
+    def plain_stretch(self) -> int:
+        return 9
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next", "baichuan_m1"])
+def test_drafting_after_plain_stretches_stays_exact(load_pair, arch):
+    """After a plain stretch the draft reads the stretch's ids apart (catch-up) before it
+    proposes: the output stays the target's, and each proposal is what a fresh draft over the
+    same history would propose."""
+    pair = load_pair(arch)
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0)
+    session = Session(pair)
+    session.controller = Alternating()
+    events = rounds(pair, PROMPT, max_tokens=MAX_TOKENS, gamma="auto", session=session)
+    assert [t for e in events for t in e.emitted] == standard.tokens
+    history, drafting = list(PROMPT), 0
+    for event in events:
+        if event.drafted:
+            drafting += 1
+            assert list(event.drafted) == fresh_greedy(pair.draft.model, history, len(event.drafted))
+        history += event.emitted
+    assert drafting >= 3 and any(e.source == "target" for e in events)
