@@ -32,7 +32,7 @@ class ChatSettings:
     min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 512
-    draft_min_p: float = 0.0
+    draft_min_p: float | str = 0.0
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)

@@ -54,7 +54,7 @@ Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model
 PairName = Annotated[Optional[str], typer.Option("--pair", "-p", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)]
 Gamma = Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from what the run measures, plain decoding included.", show_default=False)]
 NGram = Annotated[bool, typer.Option("--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise.")]
-DraftMinP = Annotated[float, typer.Option("--draft-min-p", help="Stop a round's drafting when the draft's top probability falls below this (0: off).")]
+DraftMinP = Annotated[str, typer.Option("--draft-min-p", help="Stop a round's drafting when the draft's top probability falls below this (0: off); 'auto' learns it from what the target accepts.")]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy (argmax).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")]
@@ -114,7 +114,7 @@ def generate(
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")] = False,
     ngram: NGram = False,
-    draft_min_p: DraftMinP = 0.0,
+    draft_min_p: DraftMinP = "0",
     xtc_probability: Xtc = 0.0,
 ):
     """Generate one completion, streaming it to stdout, with statistics on stderr."""
@@ -174,7 +174,7 @@ def chat(
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.", show_default=False)] = None,
     show_drafts: Annotated[bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")] = False,
     ngram: NGram = False,
-    draft_min_p: DraftMinP = 0.0,
+    draft_min_p: DraftMinP = "0",
 ):
     """Chat with a model, speculative decoding on, caches kept between turns."""
     from .chat import ChatSettings, Conversation
@@ -220,7 +220,7 @@ def race(
     svg: Annotated[Optional[str], typer.Option("--svg", help="Save the final screen as SVG.", show_default=False)] = None,
     html: Annotated[Optional[str], typer.Option("--html", help="Save the final screen as HTML.", show_default=False)] = None,
     ngram: NGram = False,
-    draft_min_p: DraftMinP = 0.0,
+    draft_min_p: DraftMinP = "0",
 ):
     """Standard vs speculative decoding, side by side, live: same prompt, same target."""
     import time as clock

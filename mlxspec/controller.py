@@ -34,7 +34,9 @@ does not. A pure function of its observations: no clocks, no MLX.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from .theory import expected_tokens_by_position
@@ -42,6 +44,22 @@ from .theory import expected_tokens_by_position
 _MIN_STRETCH, _MAX_STRETCH = 32, 512
 _TIMING_STRETCH = 6  # plain tokens that time a pipelined step (the first one starts the pipeline)
 _PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
+
+# the learned early stop (draft min-p "auto")
+_THRESHOLDS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+_STOP_EVIDENCE = 24, 64  # rounds with every confidence seen: needed, kept
+_OPEN_ROUND_EVERY = 8  # with a threshold on, every 8th round drafts without one (full evidence)
+_STOP_MARGIN = 1.02  # a threshold must beat never stopping by this much
+_PRIOR_WAIT = 0.25  # a host wait per draft step, in draft steps, until one is measured
+
+
+def _proportional(n: float, t: float, x: float) -> float:
+    return t * x / n
+
+
+def _prior_line(slope: float, k: float, t: float, x: float) -> float:
+    """T(x) through the one size seen, (k, t), with a relative slope."""
+    return t / (1 + slope * (k - 1)) * (1 + slope * (x - 1))
 
 
 @dataclass
@@ -64,6 +82,10 @@ class LineFit:
         """Two sizes or more seen: the line is measured, not guessed."""
         w, wx, _, wxx, _ = self._sums
         return w > 0 and wxx / w - (wx / w) ** 2 > 1e-6
+
+    def mean(self) -> tuple[float, float] | None:
+        w, wx, wy = self._sums[:3]
+        return (wx / w, wy / w) if w > 0 else None
 
     def at(self, x: float) -> float | None:
         w, wx, wy, wxx, wxy = self._sums
@@ -104,10 +126,15 @@ class Controller:
     def __post_init__(self) -> None:
         # one draft size seen: proportional to the proposals (the fixed part counted per token,
         # which errs towards shorter drafts); one verify size: the prior slope
-        self._draft = LineFit(self.decay, lambda n, t, x: t * x / n)
-        self._verify = LineFit(
-            self.decay, lambda k, t, x: t / (1 + self.prior_slope * (k - 1)) * (1 + self.prior_slope * (x - 1))
-        )
+        self._draft = LineFit(self.decay, _proportional)
+        self._verify = LineFit(self.decay, partial(_prior_line, self.prior_slope))
+        # the learned early stop: rounds drafted without a threshold (every confidence seen),
+        # and the draft's time when it waits for each confidence (by draft forwards)
+        self._open_rounds: deque = deque(maxlen=_STOP_EVIDENCE[1])
+        self._waiting = LineFit(self.decay, _proportional)
+        self._threshold = 0.0
+        self._since_open = 0
+        self._stop_observations = 0
 
     # --- observations ---------------------------------------------------------------
     def observe(
@@ -119,10 +146,12 @@ class Controller:
         verified_tokens: int,
         emitted: int,
         seconds: float | None = None,
+        waited: bool = False,
     ) -> None:
         """One round: `drafted` proposals of which `accepted` leading ones passed, a verify
         pass over `verified_tokens` ids, `seconds` for the whole round. A plain decoding step
-        is drafted=0 with its time as `verify_seconds`."""
+        is drafted=0 with its time as `verify_seconds`. `waited`: the draft waited for its
+        confidence at every step (an early-stop threshold was on); its time is kept apart."""
         seconds = draft_seconds + verify_seconds if seconds is None else seconds
         if drafted == 0:
             self._plains += 1
@@ -140,7 +169,8 @@ class Controller:
             self._seen[i] += 1
             weight = max(1 / (self._seen[i] + 1), 1 - keep)
             self.acceptance[i] += weight * (hit - self.acceptance[i])
-        self._draft.add(drafted, draft_seconds)
+        if not waited:
+            self._draft.add(drafted, draft_seconds)
         self.overhead = self._blend(self.overhead, max(seconds - draft_seconds - verify_seconds, 0.0), self._rounds)
         if verify_seconds > 0 and verified_tokens > 0:
             self._verify.add(verified_tokens, verify_seconds)
@@ -152,6 +182,12 @@ class Controller:
             paid = self.best() > 0 or self._probe_again
             self.probe_every = _MIN_STRETCH if paid else min(self.probe_every * 2, _MAX_STRETCH)
         self._since_probe = 0
+
+    def observe_empty(self, verified_tokens: int, verify_seconds: float) -> None:
+        """A round that proposed nothing (the draft stopped at once, or prompt lookup found no
+        match): a verify pass, not a pipelined plain step."""
+        if verify_seconds > 0 and verified_tokens > 0:
+            self._verify.add(verified_tokens, verify_seconds)
 
     def _blend(self, old: float | None, new: float, seen: int) -> float:
         """A running mean over the first observations, then a decaying one."""
@@ -225,3 +261,69 @@ class Controller:
         if best < self.max_gamma and self._rounds % 16 == 15:
             return best + 1  # learn the next position's rate
         return best
+
+    # --- the learned early stop ---------------------------------------------------------
+    def stop_threshold(self) -> float:
+        """The draft's min-p for the next round: 0 (never stop) unless stopping has been
+        shown to pay; even then every few rounds draft without it, so the evidence about
+        lower thresholds stays complete."""
+        self._since_open += 1
+        if self._threshold == 0 or self._since_open >= _OPEN_ROUND_EVERY:
+            self._since_open = 0
+            return 0.0
+        return self._threshold
+
+    def observe_confidences(
+        self, threshold: float, confidences: list[float], accepted: int, forwards: int, draft_seconds: float
+    ) -> None:
+        """A model round's confidences (the draft's top probability for each proposal), how
+        many proposals the target accepted, and, for a round that waited at each step
+        (`threshold` > 0), its draft forwards and time."""
+        if threshold > 0:
+            if forwards:
+                self._waiting.add(forwards, draft_seconds)
+        elif confidences:
+            self._open_rounds.append((tuple(confidences), accepted))
+        self._stop_observations += 1
+        # chosen again every few rounds (a replay costs about a round's bookkeeping)
+        if len(self._open_rounds) >= _STOP_EVIDENCE[0] and self._stop_observations % 4 == 0:
+            self._threshold = self._best_threshold()
+
+    def _wait_per_forward(self) -> float | None:
+        """The extra cost of waiting for the confidence at a draft step."""
+        step = (self.draft_time(2) or 0.0) - (self.draft_time(1) or 0.0)
+        seen = self._waiting.mean()
+        if seen is None:
+            return _PRIOR_WAIT * step
+        forwards, seconds = seen
+        plain = self.draft_time(forwards)
+        return None if plain is None else max(seconds - plain, 0.0) / forwards
+
+    def _best_threshold(self) -> float:
+        """The threshold that would have given the most tokens per second over the recent
+        rounds drafted without one, replayed: cut each at its first confidence below the
+        threshold (the draft then ran one forward more, waiting at each), keep the accepted
+        ids before the cut, plus the target's own next id. 0 unless one beats never stopping
+        by a margin."""
+        wait = self._wait_per_forward()
+        longest = max(len(c) for c, _ in self._open_rounds) + 1
+        draft = [self.draft_time(x) if x else 0.0 for x in range(longest + 1)]
+        verify = [self.verify_time(x + 1) for x in range(longest + 1)]
+        if wait is None or None in draft or None in verify:
+            return 0.0
+
+        def rate(threshold: float) -> float:
+            tokens = seconds = 0.0
+            for confidences, accepted in self._open_rounds:
+                cut = next((i for i, q in enumerate(confidences) if q < threshold), len(confidences))
+                forwards = cut + (cut < len(confidences))
+                tokens += min(accepted, cut) + 1
+                seconds += draft[forwards] + verify[cut] + self.overhead
+                if threshold > 0:
+                    seconds += forwards * wait
+            return tokens / seconds
+
+        never = rate(0.0)
+        best = max(_THRESHOLDS, key=rate)
+        return best if rate(best) > _STOP_MARGIN * never else 0.0
+

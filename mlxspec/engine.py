@@ -165,32 +165,37 @@ def _pick(logits: mx.array, params: SamplingParams, key: mx.array) -> tuple[mx.a
 
 
 def draft(
-    cursor: Cursor, gamma: int, params: SamplingParams, key: mx.array, min_p: float = 0.0
-) -> tuple[mx.array, mx.array | None, bool]:
+    cursor: Cursor, gamma: int, params: SamplingParams, key: mx.array, min_p: float = 0.0, confident: bool = False
+) -> tuple[mx.array, mx.array | None, bool, mx.array | None]:
     """The draft proposes up to `gamma` ids. Returns drafted (n,), their rows q (n, V) (None
-    when greedy), and whether the draft read all of them (normally it reads its pending ids
-    and every draft but the last).
+    when greedy), whether the draft read all of them (normally it reads its pending ids and
+    every draft but the last), and, if `confident`, its confidence in each (n,), left on the
+    device to be read with the round's outcome.
 
-    `min_p` > 0 stops early when the draft's confidence (its top probability) for the next
-    id falls below it: those are the proposals most often rejected. Deciding needs the value
-    on the host, one wait per draft step, so it is off by default. The rule stays exact: when
-    to stop depends on the draft alone, never on the target."""
+    Confidence is the draft's top probability for the id it proposes next. `min_p` > 0 stops
+    early when it falls below: those are the proposals most often rejected. Deciding needs
+    the value on the host, one wait per draft step, so it is off by default. The rule stays
+    exact: when to stop depends on the draft alone, never on the target."""
     keys = mx.random.split(key, gamma)
     inputs = mx.array(cursor.pending, dtype=_TOKEN)
     cursor.pending = []
-    ids, rows = [], []
+    ids, rows, confidences = [], [], []
+    stopped = False
     for i in range(gamma):
         logits = cursor.forward(inputs)[-1]
         token, probs = _pick(logits, params, keys[i])
-        if min_p > 0:
+        if min_p > 0 or confident:
             confidence = (probs if probs is not None else mx.softmax(logits.astype(mx.float32))).max()
-            if confidence.item() < min_p:
-                return (*_stack(ids, rows, params), True)
+            if min_p > 0 and confidence.item() < min_p:
+                stopped = True
+                break
+            confidences.append(confidence)
         mx.async_eval(token)
         ids.append(token)
         rows.append(probs)
         inputs = token[None]
-    return (*_stack(ids, rows, params), False)
+    drafted, rows = _stack(ids, rows, params)
+    return drafted, rows, stopped, (mx.stack(confidences) if confident and confidences else None)
 
 
 def _stack(ids: list, rows: list, params: SamplingParams) -> tuple[mx.array, mx.array | None]:
@@ -229,6 +234,7 @@ class RoundOutcome:
     source: str = "model"  # what proposed: "model", "ngram", or "target" (nothing drafted)
     early_stop: bool = False
     verified: int = 1  # ids the target read in its pass
+    confidences: list[float] | None = None  # the draft's, per proposal (when asked for)
 
 
 def speculative_round(
@@ -240,6 +246,7 @@ def speculative_round(
     *,
     proposal: list[int] | None = None,
     min_p: float = 0.0,
+    confident: bool = False,
 ) -> RoundOutcome:
     """One propose-verify-rewind round. The draft model proposes up to `gamma` ids, unless a
     `proposal` (prompt lookup) is given: then those ids are verified as point masses and the
@@ -252,9 +259,9 @@ def speculative_round(
     if use_model:
         draft_mark, draft_pending = drafter.cache.mark(), list(drafter.pending)
     try:
-        read_all = False
+        read_all, confidences = False, None
         if use_model:
-            drafted, draft_probs, read_all = draft(drafter, gamma, params, draft_key, min_p)
+            drafted, draft_probs, read_all, confidences = draft(drafter, gamma, params, draft_key, min_p, confident)
         else:
             drafted = mx.array(proposal or [], dtype=_TOKEN)
             draft_probs = None if params.greedy or not proposal else point_mass_rows(drafted, target.width)
@@ -264,10 +271,11 @@ def speculative_round(
         # MLX signals completion once, for the whole graph).
         accepted, next_id = verify(target, drafted, draft_probs, params, rule_key)
         outcome = mx.concatenate([drafted, accepted.astype(_TOKEN)[None], next_id.astype(_TOKEN)[None]])
-        mx.eval(drafted)
+        mx.eval(drafted, *([confidences] if confidences is not None else []))
         t1 = time.perf_counter()
         values = outcome.tolist()
         t2 = time.perf_counter()
+        confidences = confidences.tolist() if confidences is not None else None
         drafted_ids, accepted, next_id = values[:n], values[n], values[n + 1]
 
         target.tokens += target_pending + drafted_ids
@@ -288,7 +296,7 @@ def speculative_round(
         raise
     source = "model" if use_model and n else "ngram" if n else "target"
     early = use_model and read_all
-    return RoundOutcome(drafted_ids, accepted, next_id, t1 - t0, t2 - t1, source, early, len(target_pending) + n)
+    return RoundOutcome(drafted_ids, accepted, next_id, t1 - t0, t2 - t1, source, early, len(target_pending) + n, confidences)
 
 
 def _emit(emitted: list[int], eos_ids: frozenset[int]) -> tuple[list[int], bool]:
@@ -331,7 +339,8 @@ def decode(
     round's, plain decoding included). Proposals come from the draft model and/or `ngram`
     (prompt lookup over the prompt and output; with a draft model too, only matches of
     `ngram_min_match` ids or more, 3 by default, are used). `min_p`: the draft's early stop
-    (see `draft`).
+    (see `draft`), or "auto": the controller learns the threshold from the draft's
+    confidences and what the target accepted (0, off, while stopping would not pay).
 
     Standard decoding leaves the next step queued when it yields (pipelining); speculative
     rounds end synchronised. A consumer that runs other device work between rounds (race)
@@ -342,7 +351,7 @@ def decode(
         yield prefill(target, None if plain else drafter, prompt)
         if plain:
             return (yield from _standard(target, params, max_tokens, eos_ids, key))
-        if gamma == "auto" and controller is None:
+        if (gamma == "auto" or min_p == "auto") and controller is None:
             controller = Controller()
         return (
             yield from _speculative(
@@ -360,8 +369,8 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
     while produced < max_tokens:
         key, round_key = mx.random.split(key)
         remaining = max_tokens - produced
-        g = min(controller.choose() if controller else gamma, remaining - 1)
-        if controller and g == 0 and remaining > 1:
+        g = min(controller.choose() if gamma == "auto" else gamma, remaining - 1)
+        if gamma == "auto" and g == 0 and remaining > 1:
             # plain decoding wins for now: a pipelined stretch, as fast as standard decoding,
             # until the controller wants to probe again
             stretch = min(controller.plain_stretch(), remaining)
@@ -392,16 +401,27 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
             # the controller times this round's drafting, not the catching up
             drafter.catch_up()
             caught_up = time.perf_counter() - t0
-        outcome = speculative_round(target, drafter, g, params, round_key, proposal=proposal, min_p=min_p)
+        threshold = controller.stop_threshold() if min_p == "auto" else min_p
+        outcome = speculative_round(
+            target, drafter, g, params, round_key, proposal=proposal, min_p=threshold, confident=min_p == "auto"
+        )
         emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
         if ngram is not None:
             ngram.extend(emitted)
         seconds = time.perf_counter() - t0
-        if controller:
+        if controller and not outcome.drafted:
+            controller.observe_empty(outcome.verified, outcome.verify_seconds)
+        elif controller:
+            waited = outcome.source == "model" and threshold > 0
             controller.observe(
                 len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds,
-                outcome.verified, len(emitted), seconds - caught_up,
+                outcome.verified, len(emitted), seconds - caught_up, waited=waited,
             )
+            if outcome.confidences is not None or waited:
+                controller.observe_confidences(
+                    threshold, outcome.confidences or [], outcome.accepted,
+                    len(outcome.drafted) + outcome.early_stop, outcome.draft_seconds,
+                )
         produced += len(emitted)
         yield Round(
             index=index,

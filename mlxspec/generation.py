@@ -87,16 +87,28 @@ def parse_gamma(gamma) -> int | str:
     return gamma
 
 
+def parse_draft_min_p(value) -> float | str:
+    """The draft's early-stop threshold: a number in [0, 1) (0: off), or "auto" (learned)."""
+    if value == "auto":
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = None
+    if isinstance(value, bool) or number is None or not 0 <= number < 1:
+        raise InvalidOption(f"draft min-p must be in [0, 1) or 'auto', got {value!r}")
+    return number
+
+
 def check_options(
-    pair: Pair | None, gamma, max_tokens: int, xtc_probability: float = 0.0, ngram: bool = False, draft_min_p: float = 0.0
+    pair: Pair | None, gamma, max_tokens: int, xtc_probability: float = 0.0, ngram: bool = False, draft_min_p=0.0
 ) -> int | str:
     """Refuse options the engine cannot honour exactly (`pair` None: what can be checked
     before the models are loaded); returns gamma parsed."""
     gamma = parse_gamma(gamma)
     if gamma != 0 and pair is not None and pair.draft is None and not ngram:
         raise InvalidOption("speculative decoding needs a draft model (or n-gram drafting): name one, or use gamma 0")
-    if not 0 <= draft_min_p < 1:
-        raise InvalidOption(f"draft min-p must be in [0, 1), got {draft_min_p}")
+    parse_draft_min_p(draft_min_p)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidOption(f"max tokens must be a whole number >= 1, got {max_tokens}")
     if xtc_probability:
@@ -123,13 +135,14 @@ def stream(
     xtc_probability: float = 0.0,
     session: Session | None = None,
     ngram: bool | None = None,
-    draft_min_p: float = 0.0,
+    draft_min_p: float | str = 0.0,
 ) -> Iterator[Event]:
     """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
     Done. gamma=0 is standard decoding with the same sampler; gamma="auto" chooses each
     round's draft length (plain decoding included) from what the run measures. `ngram=True`
     adds prompt-lookup proposals (alone when the pair has no draft model). `draft_min_p`
-    stops a round's drafting when the draft's top probability falls below it. Ctrl-C ends
+    stops a round's drafting when the draft's top probability falls below it; "auto" learns
+    the threshold (off while stopping would not pay). Ctrl-C ends
     the stream with Done("interrupted"), the session still usable."""
     params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ngram = pair.ngram if ngram is None else ngram
@@ -158,8 +171,8 @@ def stream(
         eos_ids=eos,
         key=mx.random.key(seed),
         ngram=_ngram_index(ids) if ngram else None,
-        min_p=draft_min_p,
-        controller=session.controller if gamma == "auto" else None,
+        min_p=parse_draft_min_p(draft_min_p),
+        controller=session.controller if "auto" in (gamma, draft_min_p) else None,
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):

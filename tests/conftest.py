@@ -151,3 +151,19 @@ def interrupt_after(delay: float, work):
             return result
         except KeyboardInterrupt:
             continue
+
+
+def primed_for_early_stop():
+    """A controller whose evidence says: the draft's second proposal, at confidence 0.75, is
+    always rejected, so stop below 0.8. Its learned threshold is then on from the first round
+    (real models are mostly less sure than that, so their rounds stop early often)."""
+    from mlxspec.controller import Controller
+
+    controller = Controller()
+    pattern = [0.95, 0.75, 0.95, 0.95, 0.95, 0.95]
+    for r in range(32):
+        size = len(pattern) - r % 2
+        controller.observe(size, 1, size * 0.004, 0.01, size + 1, 2)
+        controller.observe_confidences(0.0, pattern[:size], 1, size, size * 0.004)
+    assert controller._threshold == 0.8
+    return controller

@@ -187,3 +187,57 @@ def test_a_fully_accepted_probe_is_followed_by_another():
     assert g == c.probe_gamma
     c.observe(g, g, g * 0.006, 0.021, g + 1, g + 1)  # all accepted
     assert c.choose() > 0  # at once, not after another stretch
+
+
+def feed_confidences(c, rounds, pattern, draft_step=0.004, verify=0.01, waiting=0.0):
+    """Rounds drafting len(pattern) ids with these confidences, the target accepting up to
+    the first one under 0.3; `waiting` > 0: the draft waited for each confidence, at this
+    extra cost per forward, under a threshold of 0.2."""
+    gamma = len(pattern)
+    for r in range(rounds):
+        size = gamma if r % 2 else gamma - 1  # two sizes, so the draft and verify lines are fitted
+        confidences = pattern[:size]
+        accepted = next((i for i, q in enumerate(confidences) if q < 0.3), size)
+        if waiting:
+            cut = next((i for i, q in enumerate(confidences) if q < 0.2), size)
+            forwards = cut + (cut < size)
+            seconds = forwards * (draft_step + waiting)
+            c.observe(cut, min(accepted, cut), seconds, verify, cut + 1, min(accepted, cut) + 1, waited=True)
+            c.observe_confidences(0.2, confidences[:cut], min(accepted, cut), forwards, seconds)
+        else:
+            c.observe(size, accepted, size * draft_step, verify, size + 1, accepted + 1)
+            c.observe_confidences(0.0, confidences, accepted, size, size * draft_step)
+
+
+def test_learned_early_stop_turns_on_when_unsure_drafts_are_rejected():
+    """A costly draft whose unsure proposals the target rejects: stopping at them saves draft
+    steps that could not have paid."""
+    c = Controller(max_gamma=8)
+    feed_confidences(c, 32, [0.9, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9])
+    threshold = c.stop_threshold()
+    assert 0.1 < threshold <= 0.9
+    # every few rounds one drafts without a threshold, so the evidence stays complete
+    assert 0.0 in [c.stop_threshold() for _ in range(8)]
+
+
+def test_learned_early_stop_stays_off_when_unsure_drafts_are_still_accepted():
+    """The bundled tiny draft is unsure (top probability ~0.15) yet right: stopping would
+    throw accepted tokens away."""
+    c = Controller(max_gamma=8)
+    feed_confidences(c, 32, [0.35, 0.32, 0.4, 0.31, 0.36, 0.33])
+    assert c.stop_threshold() == 0.0
+
+
+def test_learned_early_stop_turns_off_when_waiting_costs_more_than_it_saves():
+    c = Controller(max_gamma=8)
+    feed_confidences(c, 32, [0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.9])
+    assert c.stop_threshold() > 0
+    feed_confidences(c, 40, [0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.9], waiting=0.008)  # a slow host round trip
+    feed_confidences(c, 8, [0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.9])  # open rounds: the threshold is chosen again
+    assert c.stop_threshold() == 0.0
+
+
+def test_learned_early_stop_needs_evidence():
+    c = Controller(max_gamma=8)
+    feed_confidences(c, 8, [0.9, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9])
+    assert c.stop_threshold() == 0.0

@@ -28,6 +28,7 @@ from mlxspec.generation import Session
 from mlxspec.sampling import SamplingParams, warp
 from mlxspec.synthetic import ARCHITECTURES
 from tests.chisquare import critical_value, goodness_of_fit
+from tests.conftest import primed_for_early_stop
 
 VOCAB = 6
 PROMPT = [1, 4, 2]
@@ -87,6 +88,7 @@ def sample_joint(pair, params: SamplingParams, gamma: int, runs: int, seed: int)
         ):
             if isinstance(event, Round):
                 emitted += event.emitted
+                counts.early_stops += event.early_stop
         counts[tuple(emitted)] += 1
     return counts
 
@@ -170,13 +172,18 @@ ADAPTIVE = {
     "early-stop": dict(gamma=GAMMA, min_p=0.7),
     "ngram+model": dict(gamma=GAMMA, ngram=True),
     "ngram-only": dict(gamma=GAMMA, ngram=True, no_model=True),
+    "learned-stop": dict(gamma=GAMMA, min_p="auto", primed=True),
 }
 
 
-def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False):
+def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False, primed=False):
+    import copy
+
     from mlxspec.ngram import NGramIndex
 
+    controller = primed_for_early_stop() if primed else None
     counts = Counter()
+    counts.early_stops = 0
     for i in range(runs):
         session = Session(pair)
         index = None
@@ -187,23 +194,27 @@ def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, n
         for event in engine.decode(
             session.target, None if no_model else session.draft, PROMPT, gamma=gamma, params=params,
             max_tokens=LENGTH, eos_ids=frozenset(), key=mx.random.key(seed + i), ngram=index, min_p=min_p,
-            ngram_min_match=2,
+            ngram_min_match=2, controller=copy.deepcopy(controller),
         ):
             if isinstance(event, Round):
                 emitted += event.emitted
+                counts.early_stops += event.early_stop
         counts[tuple(emitted)] += 1
     return counts
 
 
 @pytest.mark.parametrize("mode", list(ADAPTIVE))
 def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode):
-    """Auto draft lengths, early stops and point-mass (prompt lookup) proposals, through the
-    whole engine: the joint law is still the target's (temperature 1)."""
+    """Auto draft lengths, early stops (set, and learned: a threshold chosen from past rounds
+    is a function of the past, like gamma) and point-mass (prompt lookup) proposals, through
+    the whole engine: the joint law is still the target's (temperature 1)."""
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
     counts = sample_joint_with(small_pair, params, RUNS, 9000, **ADAPTIVE[mode])
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"{mode}: chi2 {statistic:.1f} > {threshold:.1f}"
+    if "stop" in mode:
+        assert counts.early_stops > RUNS / 10, counts.early_stops
 
 
 def test_point_mass_proposals_are_exercised(small_pair):

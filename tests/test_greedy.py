@@ -10,7 +10,7 @@ import mlxspec
 from mlxspec import Round
 from mlxspec.controller import Controller
 from mlxspec.generation import Session
-from tests.conftest import ARCHS
+from tests.conftest import ARCHS, primed_for_early_stop
 
 PROMPT = list(range(10, 22))  # 12 ids; with 48 new ones every window-8 cache wraps many times
 MAX_TOKENS = 48
@@ -99,6 +99,7 @@ MODES = {
     "early-stop": dict(gamma=5, draft_min_p=0.6),
     "ngram+model": dict(gamma=4, ngram=True),
     "auto+ngram": dict(gamma="auto", ngram=True),
+    "learned-stop": dict(gamma="auto", draft_min_p="auto"),
 }
 
 
@@ -161,3 +162,16 @@ def test_drafting_after_plain_stretches_stays_exact(load_pair, arch):
             assert list(event.drafted) == fresh_greedy(pair.draft.model, history, len(event.drafted))
         history += event.emitted
     assert drafting >= 3 and any(e.source == "target" for e in events)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next", "baichuan_m1"])
+def test_a_learned_early_stop_stays_exact(load_pair, arch):
+    """With the learned threshold on, rounds stop early (the draft waits for each
+    confidence), and the output is still the target's."""
+    pair = load_pair(arch)
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0)
+    session = Session(pair)
+    session.controller = primed_for_early_stop()
+    result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=4, draft_min_p="auto", session=session)
+    assert result.tokens == standard.tokens
+    assert result.stats.early_stops > 0
