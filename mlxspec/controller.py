@@ -123,18 +123,23 @@ class Controller:
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
 
+    # fitted lines; one draft size seen: proportional to the proposals (the fixed part counted
+    # per token, which errs towards shorter drafts); one verify size: the prior slope
+    _draft: LineFit = field(init=False, repr=False)
+    _verify: LineFit = field(init=False, repr=False)
+    # the learned early stop: rounds drafted without a threshold (every confidence seen), and
+    # the draft's time when it waits for each confidence (by draft forwards)
+    _open_rounds: deque = field(init=False, repr=False)
+    _waiting: LineFit = field(init=False, repr=False)
+    _threshold: float = field(default=0.0, init=False)
+    _since_open: int = field(default=0, init=False, repr=False)
+    _stop_observations: int = field(default=0, init=False, repr=False)
+
     def __post_init__(self) -> None:
-        # one draft size seen: proportional to the proposals (the fixed part counted per token,
-        # which errs towards shorter drafts); one verify size: the prior slope
         self._draft = LineFit(self.decay, _proportional)
         self._verify = LineFit(self.decay, partial(_prior_line, self.prior_slope))
-        # the learned early stop: rounds drafted without a threshold (every confidence seen),
-        # and the draft's time when it waits for each confidence (by draft forwards)
-        self._open_rounds: deque = deque(maxlen=_STOP_EVIDENCE[1])
+        self._open_rounds = deque(maxlen=_STOP_EVIDENCE[1])
         self._waiting = LineFit(self.decay, _proportional)
-        self._threshold = 0.0
-        self._since_open = 0
-        self._stop_observations = 0
 
     # --- observations ---------------------------------------------------------------
     def observe(
@@ -159,6 +164,8 @@ class Controller:
             self._since_probe += emitted
             return
         self._rounds += 1
+        if not self._probing:
+            self._probe_again = False
         keep = 1 - self.probe_weight if self._probing else self.decay
         for i in range(min(accepted + 1, drafted)):
             hit = 1.0 if i < accepted else 0.0
@@ -188,6 +195,10 @@ class Controller:
         match): a verify pass, not a pipelined plain step."""
         if verify_seconds > 0 and verified_tokens > 0:
             self._verify.add(verified_tokens, verify_seconds)
+        if self._probing:  # a probe that proposed nothing changed nothing
+            self._probing = False
+            self.probe_every = min(self.probe_every * 2, _MAX_STRETCH)
+            self._since_probe = 0
 
     def _blend(self, old: float | None, new: float, seen: int) -> float:
         """A running mean over the first observations, then a decaying one."""
@@ -235,8 +246,8 @@ class Controller:
         return max(self.probe_every - self._since_probe, 1)
 
     def _plain_untimed_may_win(self, best: int) -> bool:
-        guess = self.verify_time(1)
-        return self.plain_step is None and guess is not None and self.throughput(best) < _PLAIN_DOUBT / guess
+        guess, drafting = self.verify_time(1), self.throughput(best)
+        return self.plain_step is None and None not in (guess, drafting) and drafting < _PLAIN_DOUBT / guess
 
     # --- the decision -----------------------------------------------------------------
     def best(self) -> int:

@@ -361,11 +361,12 @@ def decode(
         )
 
 
-_CATCH_UP_AFTER = 4  # pending ids; a round's own leftovers are at most 2
+_CATCH_UP_AFTER = 4  # pending ids worth a forward of their own
 
 
 def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram, min_p, controller, min_match) -> Iterator[Round]:
     produced, index = 0, 0
+    behind = False  # the draft heard ids it did not draft (a plain stretch, prompt lookup)
     while produced < max_tokens:
         key, round_key = mx.random.split(key)
         remaining = max_tokens - produced
@@ -383,6 +384,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
                     break
                 controller.observe(0, 0, 0.0, event.seconds, 1, 1)
                 _heard(drafter, ngram, event.emitted)
+                behind = True
                 produced += 1
                 yield dataclasses.replace(event, index=index, source="target")
                 index += 1
@@ -395,29 +397,36 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
             proposal = ngram.propose(g, min_match) or None
         if proposal is None and drafter is None:
             proposal = []  # prompt lookup found nothing: a plain target step
+        drafting = proposal is None and g > 0
         caught_up = 0.0
-        if proposal is None and len(drafter.pending) > _CATCH_UP_AFTER:
-            # after a plain stretch the draft has many ids to read: read them apart, so that
-            # the controller times this round's drafting, not the catching up
+        if drafting and behind and len(drafter.pending) > _CATCH_UP_AFTER:
+            # the draft has many ids to read: read them apart, so that the controller times
+            # this round's drafting, not the catching up
+            t_catch = time.perf_counter()
             drafter.catch_up()
-            caught_up = time.perf_counter() - t0
-        threshold = controller.stop_threshold() if min_p == "auto" else min_p
+            caught_up = time.perf_counter() - t_catch
+        threshold = min_p
+        if min_p == "auto":
+            threshold = controller.stop_threshold() if drafting else 0.0
         outcome = speculative_round(
             target, drafter, g, params, round_key, proposal=proposal, min_p=threshold, confident=min_p == "auto"
         )
+        behind = (behind and not drafting) or outcome.source == "ngram"
         emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
         if ngram is not None:
             ngram.extend(emitted)
         seconds = time.perf_counter() - t0
-        if controller and not outcome.drafted:
-            controller.observe_empty(outcome.verified, outcome.verify_seconds)
-        elif controller:
-            waited = outcome.source == "model" and threshold > 0
-            controller.observe(
-                len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds,
-                outcome.verified, len(emitted), seconds - caught_up, waited=waited,
-            )
-            if outcome.confidences is not None or waited:
+        if controller:
+            # a learned threshold's rounds wait at each draft step: their drafting is timed apart
+            waited = min_p == "auto" and drafting and threshold > 0
+            if outcome.drafted:
+                controller.observe(
+                    len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds,
+                    outcome.verified, len(emitted), seconds - caught_up, waited=waited,
+                )
+            else:
+                controller.observe_empty(outcome.verified, outcome.verify_seconds)
+            if min_p == "auto" and drafting:
                 controller.observe_confidences(
                     threshold, outcome.confidences or [], outcome.accepted,
                     len(outcome.drafted) + outcome.early_stop, outcome.draft_seconds,

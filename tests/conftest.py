@@ -153,17 +153,17 @@ def interrupt_after(delay: float, work):
             continue
 
 
-def primed_for_early_stop():
-    """A controller whose evidence says: the draft's second proposal, at confidence 0.75, is
-    always rejected, so stop below 0.8. Its learned threshold is then on from the first round
-    (real models are mostly less sure than that, so their rounds stop early often)."""
+def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
+    """A controller whose evidence says: the draft's second proposal, at confidence `doubt`,
+    is always rejected, so stop below `threshold` (the smallest candidate above `doubt`). Its
+    learned threshold is then on from the first round."""
     from mlxspec.controller import Controller
 
     controller = Controller()
-    pattern = [0.95, 0.75, 0.95, 0.95, 0.95, 0.95]
+    pattern = [0.95, doubt, 0.95, 0.95, 0.95, 0.95]
     for r in range(32):
         size = len(pattern) - r % 2
         controller.observe(size, 1, size * 0.004, 0.01, size + 1, 2)
         controller.observe_confidences(0.0, pattern[:size], 1, size, size * 0.004)
-    assert controller._threshold == 0.8
+    assert controller._threshold == threshold
     return controller

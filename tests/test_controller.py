@@ -180,13 +180,16 @@ def test_plain_decoding_is_timed_before_it_is_judged():
 
 def test_a_fully_accepted_probe_is_followed_by_another():
     c = Controller(max_gamma=6)
-    feed(c, lambda r: 0, 40, 2, draft_step=0.006, verify=0.02)
+    feed(c, lambda r: 0, 40, 2, draft_step=0.012, verify=0.02)
     for _ in range(40):
         c.observe(0, 0, 0.0, 0.02, 1, 1)
     g = c.choose()
     assert g == c.probe_gamma
-    c.observe(g, g, g * 0.006, 0.021, g + 1, g + 1)  # all accepted
-    assert c.choose() > 0  # at once, not after another stretch
+    c.observe(g, g, g * 0.012, 0.021, g + 1, g + 1)  # all accepted
+    assert c.best() == 0  # one probe does not outweigh the past on its own...
+    assert c.choose() > 0  # ...so another follows at once, not after another stretch
+    c.observe(g, 0, g * 0.012, 0.021, g + 1, 1)  # that one fails: back to plain decoding
+    assert c.choose() == 0
 
 
 def feed_confidences(c, rounds, pattern, draft_step=0.004, verify=0.01, waiting=0.0):
@@ -240,4 +243,28 @@ def test_learned_early_stop_turns_off_when_waiting_costs_more_than_it_saves():
 def test_learned_early_stop_needs_evidence():
     c = Controller(max_gamma=8)
     feed_confidences(c, 8, [0.9, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9])
+    assert c.stop_threshold() == 0.0
+
+
+def test_rounds_that_waited_for_confidences_are_timed_apart():
+    c = Controller(max_gamma=8)
+    feed(c, lambda r: 100, 10, 2, draft_step=0.001, verify=0.01)
+    feed(c, lambda r: 100, 10, 4, draft_step=0.001, verify=0.01)
+    before = c.draft_time(4)
+    for _ in range(20):
+        c.observe(4, 4, 0.05, 0.01, 5, 5, waited=True)  # a slow host wait at every step
+    assert c.draft_time(4) == pytest.approx(before)
+
+
+def test_stopping_before_the_first_proposal_still_costs_a_forward():
+    """The draft computes a forward to learn its confidence in the first proposal: stopping
+    there saves the later proposals, not that forward. With a round's drafting mostly fixed
+    cost, stopping saves almost nothing."""
+    c = Controller(max_gamma=8)
+    pattern = [0.1, 0.9, 0.9, 0.9, 0.9, 0.9]
+    for r in range(32):
+        size = len(pattern) - r % 2
+        seconds = 0.05 + 0.0001 * size
+        c.observe(size, 0, seconds, 0.01, size + 1, 1)
+        c.observe_confidences(0.0, pattern[:size], 0, size, seconds)
     assert c.stop_threshold() == 0.0
