@@ -1,7 +1,7 @@
 """The bars of adaptive drafting, measured on this machine (issue: "never slower").
 
-    LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') \
-        python demos/never_slower.py [--max-tokens 96] [--repeats 3]
+    LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') OPENBLAS_NUM_THREADS=1 \
+        python demos/never_slower.py [--max-tokens 256] [--repeats 5]
 
 1. A useless draft (random weights, sharing the bundled tokenizer): `--gamma auto` against
    standard decoding; it should fall back to plain decoding (bar: >= 0.95x).
@@ -10,8 +10,8 @@
 3. Prompts whose answers repeat their input (edits, copies): `--draft ngram` against
    standard decoding (bar: faster).
 
-Everything runs through `mlxspec.bench` (medians over repeats, prompt processing and warm-up
-excluded), at temperature 0.
+Everything runs through `mlxspec.bench` (medians over repeats taken in turn across settings,
+prompt processing and warm-up excluded), at temperature 0.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def bench(pair, prompts, gammas, args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     results = {}
 

@@ -18,11 +18,12 @@ It picks the gamma that maximises expected emitted tokens per second,
 against 1 / plain_step for gamma = 0 (plain decoding).
 
 Early on: each position's rate starts from the prior as one pseudo-observation, so one lucky
-round does not send gamma to the maximum; the second round tries another size, so both lines
-are fitted; gamma grows at most one position beyond those tried (an untried position borrows
-the last measured rate). A pipelined plain step can be much cheaper than a one-token verify,
-so plain decoding is not judged before it is timed: while no draft length is clearly ahead of
-the verify-based guess, a short plain stretch times it.
+round does not send gamma to the maximum; unless the first round's first proposal was
+rejected, the second round tries another size, so both lines are fitted; gamma grows at most
+one position beyond those tried (an untried position borrows the last measured rate). A
+pipelined plain step can be much cheaper than a one-token verify, so plain decoding is not
+judged before it is timed: while no draft length is clearly ahead of the verify-based guess,
+a short plain stretch times it.
 
 It keeps probing: one position beyond the current choice now and then, and, while plain
 decoding wins, a short draft after a stretch of plain tokens, weighted as fresh evidence. The
@@ -258,8 +259,10 @@ class Controller:
         return max(scores, key=lambda g: (scores[g], -g))
 
     def choose(self) -> int:
-        if self._rounds == 1 and not self._draft.fitted and self.start_gamma > 1:
-            return self.start_gamma // 2  # a second size, so both lines are fitted early
+        if self._rounds == 1 and not self._draft.fitted and self.start_gamma > 1 and self.acceptance[0] > 0.5:
+            # the first round's leading draft was accepted: a second size, so that both lines
+            # are fitted early (after a rejection, plain decoding is timed first)
+            return self.start_gamma // 2
         best = self.best()
         if best > 0 and self._plain_untimed_may_win(best):
             return 0  # a short plain stretch (plain_stretch) times it

@@ -154,6 +154,9 @@ def test_the_second_round_tries_another_size():
     assert c.choose() == 4
     c.observe(4, 4, 0.004, 0.02, 5, 5)
     assert c.choose() == 2
+    rejected = Controller(max_gamma=8, start_gamma=4)
+    rejected.observe(4, 0, 0.004, 0.02, 5, 1)
+    assert rejected.choose() != 2
 
 
 def test_one_lucky_round_does_not_jump_to_the_longest_draft():
