@@ -321,12 +321,16 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
                     per_position.append(a / t if t else None)
                 peer_runs = [r for r in chosen if r.method == MLX_LM and r.gamma == gamma and r.temp == temp]
                 peer_tested = sum(r.tested for r in peer_runs)
-                mean_gamma = sum(r.drafted for r in spec_runs) / rounds if rounds else None
+                drafted, plain = sum(r.drafted for r in spec_runs), sum(r.plain_rounds for r in spec_runs)
+                mean_gamma = drafted / rounds if rounds else None
                 predicted = None
-                if alpha is not None and costs.target_step > 0 and mean_gamma:
-                    # auto: the controller's mean draft length stands in for gamma
-                    g = gamma if isinstance(gamma, int) else mean_gamma
-                    predicted = predicted_speedup_mean(alpha, g, costs.c, costs.verify_cost(round(g) + 1))
+                if alpha is not None and costs.target_step > 0 and drafted:
+                    # auto: the mean over its drafting rounds stands in for gamma, its plain
+                    # steps count as standard decoding
+                    g = gamma if isinstance(gamma, int) else drafted / (rounds - plain)
+                    predicted = predicted_speedup_mean(
+                        alpha, g, costs.c, costs.verify_cost(round(g) + 1), plain_share=plain / rounds
+                    )
                 settings.append(
                     Setting(
                         temp=temp,

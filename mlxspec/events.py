@@ -144,6 +144,10 @@ class StatsCollector:
     def tokens_per_second(self) -> float | None:
         return self.tokens / self.decode_seconds if self.decode_seconds > 0 else None
 
+    @property
+    def plain_rounds(self) -> int:
+        return self.sources.get("target", 0)
+
     def stats(self, finish_reason: str | None = None) -> Stats:
         return Stats(
             prompt_tokens=self.prompt_tokens,
@@ -166,7 +170,7 @@ class StatsCollector:
             mean_gamma=self.drafted / self.rounds if self.rounds else None,
             model_rounds=self.sources.get("model", 0),
             ngram_rounds=self.sources.get("ngram", 0),
-            plain_rounds=self.sources.get("target", 0),
+            plain_rounds=self.plain_rounds,
             early_stops=self.early_stops,
             seed=self.seed,
             finish_reason=finish_reason,

@@ -96,7 +96,12 @@ def predicted_speedup(standard: Side, speculative: Side) -> float | None:
     alpha, gamma = speculative.stats.acceptance_rate, speculative.effective_gamma
     if alpha is None or not standard.tokens_per_second or speculative.draft_step is None:
         return None
-    return predicted_speedup_mean(alpha, gamma, speculative.draft_step * standard.tokens_per_second)
+    stats = speculative.stats
+    drafting = stats.rounds - stats.plain_rounds
+    plain_share = stats.plain_rounds / stats.rounds if stats.rounds else 0.0
+    if isinstance(speculative.gamma, str) and drafting:
+        gamma = stats.drafted / drafting  # auto: the mean over its drafting rounds
+    return predicted_speedup_mean(alpha, gamma, speculative.draft_step * standard.tokens_per_second, plain_share=plain_share)
 
 
 def identical_so_far(standard: Side, speculative: Side) -> int | None:

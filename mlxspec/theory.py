@@ -36,7 +36,12 @@ def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> flo
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
 
 
-def predicted_speedup_mean(alpha: float, mean_gamma: float, c: float, v: float = 1.0) -> float:
-    """The same for a run whose rounds drafted `mean_gamma` on average (auto, cut rounds):
-    E[tau] at the nearest whole length (at least 1), the drafting cost at the mean."""
-    return expected_tokens_per_round(alpha, max(round(mean_gamma), 1)) / (mean_gamma * c + v)
+def predicted_speedup_mean(alpha: float, mean_gamma: float, c: float, v: float = 1.0, plain_share: float = 0.0) -> float:
+    """The same for a run whose drafting rounds drafted `mean_gamma` on average (auto, cut
+    rounds): E[tau] at the nearest whole length (at least 1), the drafting cost at the mean.
+    `plain_share` of the run's rounds were plain steps (auto's fallback): one token for one
+    target step each."""
+    drafting = 1.0 - plain_share
+    tokens = drafting * expected_tokens_per_round(alpha, max(round(mean_gamma), 1)) + plain_share
+    cost = drafting * (mean_gamma * c + v) + plain_share
+    return tokens / cost

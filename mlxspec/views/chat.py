@@ -51,8 +51,11 @@ def estimated_speedup(stats) -> float | None:
     if not stats.gamma or not stats.drafted or not stats.rounds or stats.acceptance_rate is None:
         return None
     c = (stats.draft_seconds / stats.drafted) / (stats.verify_seconds / stats.rounds)
-    # the mean: gamma may be auto, rounds cut short
-    return predicted_speedup_mean(stats.acceptance_rate, stats.drafted / stats.rounds, c)
+    # the mean over drafting rounds (gamma may be auto, rounds cut short); plain steps as such
+    drafting = stats.rounds - stats.plain_rounds
+    return predicted_speedup_mean(
+        stats.acceptance_rate, stats.drafted / drafting, c, plain_share=stats.plain_rounds / stats.rounds
+    )
 
 
 def stat_line(stats, reused: int) -> Text:
