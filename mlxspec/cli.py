@@ -52,9 +52,9 @@ def _app(
 Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: Hugging Face repo id or local folder. Default: the bundled tiny pair.", show_default=False)]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Draft model sharing the target's tokenizer: repo id or folder; 'ngram' drafts by prompt lookup, no model.", show_default=False)]
 PairName = Annotated[Optional[str], typer.Option("--pair", "-p", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)]
-Gamma = Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from what the run measures, plain decoding included.", show_default=False)]
+Gamma = Annotated[Optional[str], typer.Option("--gamma", "-g", metavar="N|auto", help="Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from what the run measures, plain decoding included.", show_default=False)]
 NGram = Annotated[bool, typer.Option("--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise.")]
-DraftMinP = Annotated[str, typer.Option("--draft-min-p", help="Stop a round's drafting when the draft's top probability falls below this (0: off); 'auto' learns it from what the target accepts.")]
+DraftMinP = Annotated[str, typer.Option("--draft-min-p", metavar="P|auto", help="Stop a round's drafting when the draft's top probability falls below this (0: off); 'auto' learns it from what the target accepts.")]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy (argmax).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")]
@@ -339,7 +339,7 @@ def bench(
     target: Target = None,
     draft: Draft = None,
     pair: PairName = None,
-    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.", show_default="auto,2,4,6")] = None,
+    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", metavar="LIST", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.", show_default="auto,2,4,6")] = None,
     temp: Annotated[Optional[str], typer.Option("--temp", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1")] = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="Your own prompts: a JSON-lines file of {\"prompt\": ..., \"category\": ...}.", show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-m", help="Tokens per generation.", show_default="128")] = None,
