@@ -40,6 +40,11 @@ class BenchConfig:
     seed: int = 0
     raw: bool = False
 
+    def __post_init__(self) -> None:
+        # a value named twice ("--gamma 2,2") is one setting, run and reported once
+        self.gammas = list(dict.fromkeys(self.gammas))
+        self.temps = list(dict.fromkeys(self.temps))
+
 
 @dataclass
 class Run:

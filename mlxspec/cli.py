@@ -331,7 +331,7 @@ def _number_list(text: str, kind, name: str) -> list:
         raise InvalidOption(f"{name} takes a comma-separated list, e.g. 2,4,6; got {text!r}") from None
     if not values:
         raise InvalidOption(f"{name} is empty")
-    return list(dict.fromkeys(values))  # "2,2" is one setting
+    return values
 
 
 @app.command()

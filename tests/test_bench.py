@@ -116,3 +116,12 @@ def test_bench_auto_and_prompt_lookup(factory, capsys, tmp_path):
     settings = {s["gamma"]: s for s in report["settings"] if s["category"] == "all"}
     assert set(settings) == {"auto", 3}
     assert settings[3]["ngram_rounds"] > 0 and settings["auto"]["mean_gamma"] is not None
+
+
+def test_a_setting_named_twice_runs_once():
+    from mlxspec.bench import BenchConfig, plan_size
+    from mlxspec.prompts import suite
+
+    config = BenchConfig(prompts=suite(quick=True)[:1], gammas=[2, "auto", 2], temps=[0.0, 0.0], repeats=1, peers=False)
+    assert config.gammas == [2, "auto"] and config.temps == [0.0]
+    assert plan_size(config) == 3  # standard, gamma 2, auto
