@@ -23,7 +23,7 @@ from . import costs as cost_model
 from .generation import encode_prompt, generate
 from .pairs import Pair
 from .prompts import BenchPrompt
-from .theory import predicted_speedup_mean
+from .theory import predicted_speedup_mean, run_shape
 
 STANDARD, SPECULATIVE = "standard", "speculative"
 MLXSPEC, MLX_LM = "mlxspec", "mlx-lm"
@@ -330,11 +330,9 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
                 mean_gamma = drafted / rounds if rounds else None
                 predicted = None
                 if alpha is not None and costs.target_step > 0 and drafted:
-                    # auto: the mean over its drafting rounds stands in for gamma, its plain
-                    # steps count as standard decoding
-                    g = gamma if isinstance(gamma, int) else drafted / (rounds - plain)
+                    g, plain_share = run_shape(drafted, rounds, plain, gamma if isinstance(gamma, int) else None)
                     predicted = predicted_speedup_mean(
-                        alpha, g, costs.c, costs.verify_cost(round(g) + 1), plain_share=plain / rounds
+                        alpha, g, costs.c, costs.verify_cost(round(g) + 1), plain_share=plain_share
                     )
                 settings.append(
                     Setting(

@@ -20,7 +20,7 @@ import mlx.core as mx
 from .events import Done, Prefill, Round, StatsCollector
 from .generation import stream
 from .pairs import Pair
-from .theory import predicted_speedup_mean
+from .theory import predicted_speedup_mean, run_shape
 
 REJECTED = "rejected"
 
@@ -93,15 +93,13 @@ def speedup(standard: Side, speculative: Side) -> float | None:
 def predicted_speedup(standard: Side, speculative: Side) -> float | None:
     """E[tau] / (gamma c + 1) from the measured acceptance and the measured cost ratio c
     (the draft's seconds per drafted token over the target's per standard token)."""
-    alpha, gamma = speculative.stats.acceptance_rate, speculative.effective_gamma
-    if alpha is None or not standard.tokens_per_second or speculative.draft_step is None:
-        return None
     stats = speculative.stats
-    drafting = stats.rounds - stats.plain_rounds
-    plain_share = stats.plain_rounds / stats.rounds if stats.rounds else 0.0
-    if isinstance(speculative.gamma, str) and drafting:
-        gamma = stats.drafted / drafting  # auto: the mean over its drafting rounds
-    return predicted_speedup_mean(alpha, gamma, speculative.draft_step * standard.tokens_per_second, plain_share=plain_share)
+    if stats.acceptance_rate is None or not standard.tokens_per_second or speculative.draft_step is None:
+        return None
+    fixed = speculative.gamma if isinstance(speculative.gamma, int) else None
+    gamma, plain_share = run_shape(stats.drafted, stats.rounds, stats.plain_rounds, fixed)
+    c = speculative.draft_step * standard.tokens_per_second
+    return predicted_speedup_mean(stats.acceptance_rate, gamma, c, plain_share=plain_share)
 
 
 def identical_so_far(standard: Side, speculative: Side) -> int | None:

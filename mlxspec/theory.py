@@ -45,3 +45,13 @@ def predicted_speedup_mean(alpha: float, mean_gamma: float, c: float, v: float =
     tokens = drafting * expected_tokens_per_round(alpha, max(round(mean_gamma), 1)) + plain_share
     cost = drafting * (mean_gamma * c + v) + plain_share
     return tokens / cost
+
+
+def run_shape(drafted: int, rounds: int, plain_rounds: int, gamma: int | None = None) -> tuple[float, float]:
+    """What to predict a measured run with: its draft length (`gamma` when fixed, else the
+    mean over the rounds that drafted: auto, rounds cut short) and the share of its rounds
+    that were plain steps (counted as standard decoding)."""
+    drafting = rounds - plain_rounds
+    mean = gamma if gamma is not None else (drafted / drafting if drafting else 0.0)
+    return mean, (plain_rounds / rounds if rounds else 0.0)
+

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_speedup, predicted_speedup_mean
+from mlxspec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_speedup, predicted_speedup_mean, run_shape
 
 
 def test_expected_tokens_hand_computed():
@@ -40,3 +40,10 @@ def test_mean_gamma_takes_tau_at_the_nearest_length_and_cost_at_the_mean():
 def test_alpha_out_of_range():
     with pytest.raises(ValueError):
         expected_tokens_per_round(1.2, 3)
+
+
+def test_run_shape_takes_the_mean_over_drafting_rounds_and_the_plain_share():
+    # 10 rounds, 6 of them plain: 12 drafts over 4 drafting rounds
+    assert run_shape(drafted=12, rounds=10, plain_rounds=6) == (3.0, 0.6)
+    assert run_shape(drafted=12, rounds=10, plain_rounds=6, gamma=4) == (4, 0.6)
+    assert run_shape(drafted=0, rounds=0, plain_rounds=0) == (0.0, 0.0)

@@ -13,7 +13,7 @@ from rich.text import Text
 from ..chat import ContextTrimmed, Conversation
 from ..errors import MlxspecError
 from ..events import Done, Prefill, Round
-from ..theory import predicted_speedup_mean
+from ..theory import predicted_speedup_mean, run_shape
 from .summary import stats_line
 from .tokens import STYLES, legend
 
@@ -51,11 +51,9 @@ def estimated_speedup(stats) -> float | None:
     if not stats.gamma or not stats.drafted or not stats.rounds or stats.acceptance_rate is None:
         return None
     c = (stats.draft_seconds / stats.drafted) / (stats.verify_seconds / stats.rounds)
-    # the mean over drafting rounds (gamma may be auto, rounds cut short); plain steps as such
-    drafting = stats.rounds - stats.plain_rounds
-    return predicted_speedup_mean(
-        stats.acceptance_rate, stats.drafted / drafting, c, plain_share=stats.plain_rounds / stats.rounds
-    )
+    # the mean over drafting rounds: gamma may be auto, rounds cut short
+    gamma, plain_share = run_shape(stats.drafted, stats.rounds, stats.plain_rounds)
+    return predicted_speedup_mean(stats.acceptance_rate, gamma, c, plain_share=plain_share)
 
 
 def stat_line(stats, reused: int) -> Text:
