@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
 from mlxspec import race as racing  # noqa: E402
+from mlxspec.cli import DEFAULT_CODE_PROMPT  # noqa: E402
 
-PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items, or -1.\"\"\"\n"
+PROMPT = DEFAULT_CODE_PROMPT  # what `mlxspec race` shows a code model by default
 
 
 def main() -> None:

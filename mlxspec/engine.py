@@ -367,6 +367,7 @@ _CATCH_UP_AFTER = 4  # pending ids worth a forward of their own
 def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram, min_p, controller, min_match) -> Iterator[Round]:
     produced, index = 0, 0
     behind = False  # the draft heard ids it did not draft (a plain stretch, prompt lookup)
+    learning = min_p == "auto"  # the early-stop threshold is the controller's
     while produced < max_tokens:
         key, round_key = mx.random.split(key)
         remaining = max_tokens - produced
@@ -406,10 +407,10 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
             drafter.catch_up()
             caught_up = time.perf_counter() - t_catch
         threshold = min_p
-        if min_p == "auto":
+        if learning:
             threshold = controller.stop_threshold() if drafting else 0.0
         outcome = speculative_round(
-            target, drafter, g, params, round_key, proposal=proposal, min_p=threshold, confident=min_p == "auto"
+            target, drafter, g, params, round_key, proposal=proposal, min_p=threshold, confident=learning
         )
         behind = (behind and not drafting) or outcome.source == "ngram"
         emitted, ended = _emit(outcome.drafted[: outcome.accepted] + [outcome.next_id], eos_ids)
@@ -418,7 +419,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
         seconds = time.perf_counter() - t0
         if controller:
             # a learned threshold's rounds wait at each draft step: their drafting is timed apart
-            waited = min_p == "auto" and drafting and threshold > 0
+            waited = learning and drafting and threshold > 0
             if outcome.drafted:
                 controller.observe(
                     len(outcome.drafted), outcome.accepted, outcome.draft_seconds, outcome.verify_seconds,
@@ -426,7 +427,7 @@ def _speculative(target, drafter, gamma, params, max_tokens, eos_ids, key, ngram
                 )
             else:
                 controller.observe_empty(outcome.verified, outcome.verify_seconds)
-            if min_p == "auto" and drafting:
+            if learning and drafting:
                 controller.observe_confidences(
                     threshold, outcome.confidences or [], outcome.accepted,
                     len(outcome.drafted) + outcome.early_stop, outcome.draft_seconds,
