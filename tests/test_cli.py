@@ -146,4 +146,4 @@ def test_the_installed_command_runs_as_a_process(folders):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stats"]["tokens"] == 8
     bad = subprocess.run([sys.executable, "-m", "mlxspec", "generate", "x", "-t", "/no/such"], capture_output=True, text=True, env=env, timeout=120)
-    assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder at /no/such"
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder or .gguf file at /no/such"

