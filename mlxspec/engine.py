@@ -25,7 +25,7 @@ from typing import Iterator
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
-from .caches import ModelCache, make_cache
+from .caches import CacheOptions, ModelCache
 from .controller import Controller
 from .events import Prefill, Round
 from .ngram import NGramIndex
@@ -45,15 +45,16 @@ class Cursor:
     text is slightly wrong, which costs acceptance but never exactness.
     """
 
-    def __init__(self, model, name: str, table: int, width: int):
+    def __init__(self, model, name: str, table: int, width: int, *, cache_options: CacheOptions = CacheOptions()):
         self.model = model
         self.name = name
         self.table = table
         self.width = width
+        self.cache_options = cache_options
         self.reset()
 
     def reset(self) -> None:
-        self.cache: ModelCache = make_cache(self.model, self.name)
+        self.cache: ModelCache = self.cache_options.make(self.model, self.name)
         self.tokens: list[int] = []
         self.pending: list[int] = []
         # Where the last prefill ended, for caches that cannot trim back (wrapped windows,

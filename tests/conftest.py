@@ -36,6 +36,8 @@ ARCH_SETTINGS = {
     "falcon_h1": (4.0, 0.1),
 }
 ARCHS = list(ARCH_SETTINGS)
+# Beyond ARCHS (whose caches these share): a llama with 32-wide heads, for quantized KV caches.
+ARCH_SETTINGS["llama_kv32"] = (4.0, 0.1)
 
 
 def stdlib_texts(limit: int = 30) -> list[str]:
