@@ -47,7 +47,11 @@ class GenerationResult:
 class Session:
     """Both models' caches, kept across generations, and (for gamma="auto") what the draft
     length controller has learnt of this pair. One session per conversation.
-    `cache_options` (a sliding `max_kv_size`, quantized KV) apply to both models."""
+
+    Each call brings both caches back to the longest prefix they share with its prompt (a
+    trim, a checkpoint whose ids start the prompt, or a fresh cache) and reads the rest: what
+    a call emits is what a fresh session would emit for the same ids (engine.Cursor says
+    why). `cache_options` (a sliding `max_kv_size`, quantized KV) apply to both models."""
 
     def __init__(self, pair: Pair, *, cache_options: CacheOptions = CacheOptions()):
         from .controller import Controller
