@@ -4,8 +4,10 @@ source. Built once per test session (a few seconds)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sysconfig
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -153,6 +155,40 @@ def interrupt_after(delay: float, work):
             return result
         except KeyboardInterrupt:
             continue
+
+
+@contextmanager
+def ctrl_c_at(call: int | None):
+    """A KeyboardInterrupt raised at the start of the `call`-th Python function called inside
+    mlxspec or mlx-lm (None: never): a Ctrl-C at a chosen, repeatable point, mid-forward or
+    mid-rollback included. Generator frames resuming are not counted: a real signal is not
+    raised where one resumes either. Yields a list that gets the module it landed in."""
+    import sys
+
+    import mlx_lm
+
+    import mlxspec
+
+    roots = tuple(str(Path(package.__file__).parent) for package in (mlxspec, mlx_lm))
+    count, landed = 0, []
+
+    def trace(frame, event, arg):
+        nonlocal count
+        code = frame.f_code
+        if event == "call" and not code.co_flags & inspect.CO_GENERATOR and code.co_filename.startswith(roots):
+            count += 1
+            if count == call:
+                sys.settrace(None)
+                landed.append(frame.f_globals.get("__name__"))
+                raise KeyboardInterrupt
+
+    before = sys.gettrace()
+    if call is not None:
+        sys.settrace(trace)
+    try:
+        yield landed
+    finally:
+        sys.settrace(before)
 
 
 def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
