@@ -191,6 +191,22 @@ def ctrl_c_at(call: int | None):
         sys.settrace(before)
 
 
+def emitted_ids(pair, prompt, session, **options) -> tuple[list, list]:
+    """The ids a call emits (end-of-sequence included) and its rounds."""
+    import mlxspec
+
+    rounds = [e for e in mlxspec.stream(pair, prompt, session=session, **options) if isinstance(e, mlxspec.Round)]
+    return [t for r in rounds for t in r.emitted], rounds
+
+
+def fresh_standard(pair, prompt, max_tokens: int, options=None) -> list[int]:
+    """What standard decoding emits for `prompt` from empty caches (built with `options`)."""
+    import mlxspec
+
+    session = mlxspec.Session(pair, cache_options=options or mlxspec.CacheOptions())
+    return emitted_ids(pair, prompt, session, gamma=0, max_tokens=max_tokens)[0]
+
+
 def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
     """A controller whose evidence says: the draft's second proposal, at confidence `doubt`,
     is always rejected, so stop below `threshold` (the smallest candidate above `doubt`). Its

@@ -22,17 +22,7 @@ import mlxspec
 from mlxspec import Done, Prefill, Round
 from mlxspec.caches import CacheOptions
 from mlxspec.generation import Session
-from tests.conftest import ctrl_c_at
-
-
-def emitted_ids(pair, prompt, session, **options) -> tuple[list[int], list[Round]]:
-    """The ids a call emits (end-of-sequence included) and its rounds."""
-    rounds = [e for e in mlxspec.stream(pair, prompt, session=session, **options) if isinstance(e, Round)]
-    return [t for r in rounds for t in r.emitted], rounds
-
-
-def fresh_standard(pair, prompt, max_tokens, options=CacheOptions()) -> list[int]:
-    return emitted_ids(pair, prompt, Session(pair, cache_options=options), gamma=0, max_tokens=max_tokens)[0]
+from tests.conftest import ctrl_c_at, emitted_ids, fresh_standard
 
 
 def fresh_draft(pair, history, n, options=CacheOptions()) -> list[int]:
