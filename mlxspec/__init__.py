@@ -15,6 +15,7 @@ _EXPORTS = {
     "generate": "generation",
     "stream": "generation",
     "Session": "generation",
+    "CacheOptions": "caches",
     "GenerationResult": "generation",
     "SamplingParams": "sampling",
     "Prefill": "events",

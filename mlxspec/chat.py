@@ -139,6 +139,16 @@ class Conversation:
             self.turns.append(Turn(user, "".join(pieces), stats, len(ids), reused, "interrupted"))
             yield Done("interrupted", stats)
 
+    def undo(self) -> Turn | None:
+        """Forget the last turn (None if there is none). The caches keep what they hold: the
+        next reply brings them back to the turns before it (a trim, or the checkpoint the
+        undone turn's prompt started from), as for any prompt."""
+        if not self.turns:
+            return None
+        turn = self.turns.pop()
+        self._dropped = min(self._dropped, len(self.turns))
+        return turn
+
     def reset(self) -> None:
         self.turns.clear()
         self._dropped = 0

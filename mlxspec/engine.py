@@ -25,7 +25,7 @@ from typing import Iterator
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
-from .caches import ModelCache, make_cache
+from .caches import CacheOptions, Mark, ModelCache
 from .controller import Controller
 from .events import Prefill, Round
 from .ngram import NGramIndex
@@ -33,7 +33,18 @@ from .sampling import SamplingParams, sample, warp
 from .verify import greedy_sample, speculative_sample
 
 PREFILL_STEP = 512
+# Prompt ends remembered per cursor, for caches that cannot trim back: the last one serves
+# the next turn of a chat and a retried prompt, the one before it an undone turn.
+CHECKPOINTS = 2
 _TOKEN = mx.uint32
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A state to come back to and the ids the cache held when it was taken."""
+
+    ids: tuple[int, ...]
+    mark: Mark
 
 
 class Cursor:
@@ -43,22 +54,29 @@ class Cursor:
     ids this model can embed. A draft with a narrower table than the ids it is shown (Qwen
     pads large models' embeddings wider) reads a placeholder for those ids: its view of the
     text is slightly wrong, which costs acceptance but never exactness.
+
+    Invariant: the cache holds exactly `tokens`, and restoring a checkpoint gives a cache
+    holding exactly its `ids`. So a checkpoint is restored only when its ids are a prefix of
+    both the ids the cache holds and the new history (the layers it has no snapshot of are
+    trimmed back, so they must hold those ids too): one the cache was trimmed below and then
+    refilled with other ids describes another text, and is passed over, never restored.
     """
 
-    def __init__(self, model, name: str, table: int, width: int):
+    def __init__(self, model, name: str, table: int, width: int, *, cache_options: CacheOptions = CacheOptions()):
         self.model = model
         self.name = name
         self.table = table
         self.width = width
+        self.cache_options = cache_options
         self.reset()
 
     def reset(self) -> None:
-        self.cache: ModelCache = make_cache(self.model, self.name)
+        self.cache: ModelCache = self.cache_options.make(self.model, self.name)
         self.tokens: list[int] = []
         self.pending: list[int] = []
-        # Where the last prefill ended, for caches that cannot trim back (wrapped windows,
-        # recurrent state): the next prompt usually extends the last one (chat).
-        self.checkpoint = None
+        # Where recent prefills ended, newest last, for caches that cannot trim back
+        # (wrapped windows, recurrent state): the next prompt usually extends one (chat).
+        self.checkpoints: list[Checkpoint] = []
 
     @property
     def history(self) -> list[int]:
@@ -83,19 +101,26 @@ class Cursor:
             if common < len(self.tokens):
                 if self.cache.trim_to(common):
                     del self.tokens[common:]
-                elif self.checkpoint is not None and self.checkpoint.length <= common:
-                    self.cache.restore(self.checkpoint)
-                    del self.tokens[self.checkpoint.length :]
+                elif (checkpoint := self._checkpoint_within(ids[:common])) is not None:
+                    self.cache.restore(checkpoint.mark)
+                    del self.tokens[len(checkpoint.ids) :]
                 else:  # a state that cannot be trimmed: read everything again
                     self.reset()
             self.pending = list(ids[len(self.tokens) :])
         return len(self.tokens)
 
+    def _checkpoint_within(self, prefix: list[int]) -> Checkpoint | None:
+        """The longest checkpoint whose ids start `prefix` (ids the cache holds)."""
+        fits = [c for c in self.checkpoints if len(c.ids) <= len(prefix) and tuple(prefix[: len(c.ids)]) == c.ids]
+        return max(fits, key=lambda c: len(c.ids), default=None)
+
     def prefill(self, step: int = PREFILL_STEP) -> None:
         """Read all pending ids but the last, in chunks, and remember where a prompt ended."""
         self.catch_up(step)
-        if self.cache.needs_snapshots and (self.checkpoint is None or self.checkpoint.length < self.cache.length):
-            self.checkpoint = self.cache.mark()
+        if self.cache.needs_snapshots:
+            ids = tuple(self.tokens)
+            others = [c for c in self.checkpoints if c.ids != ids]
+            self.checkpoints = (others + [Checkpoint(ids, self.cache.mark())])[-CHECKPOINTS:]
 
     def catch_up(self, step: int = PREFILL_STEP) -> None:
         """Read all pending ids but the last, in chunks."""

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream, wired_limit
 
 from . import engine
+from .caches import CacheOptions
 from .errors import InvalidOption, PromptTooLong
 from .events import Done, Prefill, Round, Stats, StatsCollector
 from .pairs import Pair
@@ -45,17 +46,26 @@ class GenerationResult:
 
 class Session:
     """Both models' caches, kept across generations, and (for gamma="auto") what the draft
-    length controller has learnt of this pair. One session per conversation."""
+    length controller has learnt of this pair. One session per conversation.
 
-    def __init__(self, pair: Pair):
+    Each call brings both caches back to the longest prefix they share with its prompt (a
+    trim, a checkpoint whose ids start the prompt, or a fresh cache) and reads the rest: what
+    a call emits is what a fresh session would emit for the same ids (engine.Cursor says
+    why). `cache_options` (a sliding `max_kv_size`, quantized KV) apply to both models."""
+
+    def __init__(self, pair: Pair, *, cache_options: CacheOptions = CacheOptions()):
         from .controller import Controller
 
         self.pair = pair
         self.controller = Controller(start_gamma=pair.gamma_hint)
         width = pair.target.width
-        self.target = engine.Cursor(pair.target.model, f"target {pair.target.name}", pair.target.width, width)
+        self.target = engine.Cursor(
+            pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options
+        )
         self.draft = (
-            engine.Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width) if pair.draft else None
+            engine.Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width, cache_options=cache_options)
+            if pair.draft
+            else None
         )
 
     def reset(self) -> None:

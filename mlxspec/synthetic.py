@@ -39,6 +39,8 @@ _COMMON = {
 }
 ARCHITECTURES: dict[str, dict] = {
     "llama": {**_COMMON, "model_type": "llama", "tie_word_embeddings": False},
+    # heads 32 wide, the smallest group mx.quantize takes: for quantized KV caches
+    "llama_kv32": {**_COMMON, "model_type": "llama", "head_dim": 32, "tie_word_embeddings": False},
     "qwen2": {**_COMMON, "model_type": "qwen2", "tie_word_embeddings": False},
     "qwen3": {**_COMMON, "model_type": "qwen3", "head_dim": 16, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "gemma2": {

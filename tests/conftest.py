@@ -4,8 +4,10 @@ source. Built once per test session (a few seconds)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sysconfig
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,8 @@ ARCH_SETTINGS = {
     "falcon_h1": (4.0, 0.1),
 }
 ARCHS = list(ARCH_SETTINGS)
+# Beyond ARCHS (whose caches these share): a llama with 32-wide heads, for quantized KV caches.
+ARCH_SETTINGS["llama_kv32"] = (4.0, 0.1)
 
 
 def stdlib_texts(limit: int = 30) -> list[str]:
@@ -151,6 +155,56 @@ def interrupt_after(delay: float, work):
             return result
         except KeyboardInterrupt:
             continue
+
+
+@contextmanager
+def ctrl_c_at(call: int | None):
+    """A KeyboardInterrupt raised at the start of the `call`-th Python function called inside
+    mlxspec or mlx-lm (None: never): a Ctrl-C at a chosen, repeatable point, mid-forward or
+    mid-rollback included. Generator frames resuming are not counted: a real signal is not
+    raised where one resumes either. Yields a list that gets the module it landed in."""
+    import sys
+
+    import mlx_lm
+
+    import mlxspec
+
+    roots = tuple(str(Path(package.__file__).parent) for package in (mlxspec, mlx_lm))
+    count, landed = 0, []
+
+    def trace(frame, event, arg):
+        nonlocal count
+        code = frame.f_code
+        if event == "call" and not code.co_flags & inspect.CO_GENERATOR and code.co_filename.startswith(roots):
+            count += 1
+            if count == call:
+                sys.settrace(None)
+                landed.append(frame.f_globals.get("__name__"))
+                raise KeyboardInterrupt
+
+    before = sys.gettrace()
+    if call is not None:
+        sys.settrace(trace)
+    try:
+        yield landed
+    finally:
+        sys.settrace(before)
+
+
+def emitted_ids(pair, prompt, session, **options) -> tuple[list, list]:
+    """The ids a call emits (end-of-sequence included) and its rounds."""
+    import mlxspec
+
+    rounds = [e for e in mlxspec.stream(pair, prompt, session=session, **options) if isinstance(e, mlxspec.Round)]
+    return [t for r in rounds for t in r.emitted], rounds
+
+
+def fresh_standard(pair, prompt, max_tokens: int, options=None) -> list[int]:
+    """What standard decoding emits for `prompt` from empty caches (built with `options`)."""
+    import mlxspec
+
+    session = mlxspec.Session(pair, cache_options=options or mlxspec.CacheOptions())
+    return emitted_ids(pair, prompt, session, gamma=0, max_tokens=max_tokens)[0]
 
 
 def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):

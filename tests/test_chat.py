@@ -9,10 +9,10 @@ import pytest
 from rich.console import Console
 
 import mlxspec
-from mlxspec.chat import ChatSettings, Conversation
-from mlxspec.events import Round
+from mlxspec.chat import ChatSettings, Conversation, ContextTrimmed
+from mlxspec.events import Done, Round
 from mlxspec.views.chat import ChatApp
-from tests.conftest import interrupt_after
+from tests.conftest import ctrl_c_at, fresh_standard, interrupt_after
 
 GREEDY = dict(temp=0.0, top_p=1.0, max_tokens=12)
 
@@ -127,3 +127,75 @@ def test_message_too_long_for_the_context(factory):
     pair = mlxspec.load_pair(str(short))
     _, out, conversation = drive(pair, ["word " * 100, "ok"], gamma=0, max_tokens=8)
     assert "error: this message alone has" in out and len(conversation.turns) == 1
+
+
+EXACT = dict(temp=0.0, top_p=1.0, max_tokens=12)
+MESSAGES = ["hello there", "and again", "tell me more", "why", "ok then", "last one"]
+
+
+def exact_reply(conversation, user, **interrupt):
+    """Reply to `user`; check the reply's ids against a fresh standard decode of the ids it
+    was given (its turn's rendering). Returns the reply's events."""
+    events, emitted = [], []
+    with ctrl_c_at(interrupt.get("ctrl_c")):
+        try:
+            for event in conversation.reply(user):
+                events.append(event)
+                if isinstance(event, Round):
+                    emitted += event.emitted
+        except KeyboardInterrupt:  # before the reply's stream began: no turn was added
+            return events
+    turn = conversation.turns.pop()  # render the history as this turn saw it
+    ids = conversation.encode(user)
+    conversation.turns.append(turn)
+    expected = fresh_standard(conversation.pair, ids, conversation.settings.max_tokens)
+    interrupted = turn.finish_reason == "interrupted"
+    assert emitted == (expected[: len(emitted)] if interrupted else expected), (user, turn.finish_reason)
+    return events
+
+
+@pytest.mark.parametrize("gamma", [0, 3, "auto"])
+def test_every_turn_on_a_sliding_window_is_exact(load_pair, gamma):
+    """gemma3_text (window 8): each turn's reply is a fresh standard decode of its ids, while
+    the window wraps and each turn reads only its new ids, from a trim or a checkpoint."""
+    conversation = Conversation(load_pair("gemma3_text"), settings=ChatSettings(**EXACT, gamma=gamma))
+    for user in MESSAGES[:4]:
+        exact_reply(conversation, user)
+    assert all(t.reused_tokens >= 8 for t in conversation.turns[1:])
+
+
+def test_dropped_turns_reset_and_interrupts_stay_exact(factory):
+    """A short context drops the oldest turns (the prompt's start changes: read again); /reset;
+    replies cut short by Ctrl-C at chosen points, mid-forward included: every reply after them
+    is exact."""
+    short = dict(arch="gemma3_text", overrides={"max_position_embeddings": 96})
+    target = factory.model("short-gemma", seed=1, head_scale=4.0, **short)
+    draft = factory.model("short-gemma-draft", seed=2, like=target, noise=0.04, **short)
+    pair = mlxspec.load_pair(str(target), str(draft))
+    conversation = Conversation(pair, settings=ChatSettings(**EXACT, gamma=3))
+    trimmed = 0
+    for i, user in enumerate(MESSAGES * 2):
+        events = exact_reply(conversation, user, ctrl_c=(None, 40, 400, 1500)[i % 4])
+        trimmed += any(isinstance(e, ContextTrimmed) for e in events)
+        if i == 5:
+            conversation.reset()
+    assert trimmed >= 2
+    assert any(t.finish_reason == "interrupted" for t in conversation.turns)
+
+
+def test_undo_comes_back_to_the_turn_before(load_pair):
+    """Undo the last turn: the next reply is exact and starts from the checkpoint the undone
+    turn's prompt left (the window has wrapped: no trim), not from an empty cache."""
+    conversation = Conversation(load_pair("gemma3_text"), settings=ChatSettings(**EXACT, gamma=0))
+    for user in MESSAGES[:3]:
+        exact_reply(conversation, user)
+    before = conversation.turns[-1].prompt_tokens
+    undone = conversation.undo()
+    assert undone.user == MESSAGES[2] and len(conversation.turns) == 2
+    exact_reply(conversation, "something else")
+    assert conversation.turns[-1].reused_tokens >= conversation.turns[-2].prompt_tokens - 1
+    assert conversation.turns[-1].reused_tokens < before
+    while conversation.undo():
+        pass
+    events = exact_reply(conversation, "from the top")
+    assert isinstance(events[-1], Done) and len(conversation.turns) == 1

@@ -8,6 +8,7 @@ import pytest
 
 import mlxspec
 from mlxspec import Round
+from mlxspec.caches import CacheOptions
 from mlxspec.controller import Controller
 from mlxspec.generation import Session
 from tests.conftest import ARCHS, primed_for_early_stop
@@ -35,6 +36,26 @@ def test_speculative_equals_standard(load_pair, arch, bits):
         # the draft is a noisy copy of the target: it must be right often, wrong sometimes,
         # or this test would not exercise both rewind paths
         assert 0.05 < stats.acceptance_rate < 1.0, f"gamma={gamma}: acceptance {stats.acceptance_rate}"
+
+
+@pytest.mark.parametrize(
+    "arch, options",
+    [("qwen3", CacheOptions(max_kv_size=12)), ("llama_kv32", CacheOptions(kv_bits=4, kv_group_size=32))],
+    ids=["kept-tokens", "quantized-kv"],
+)
+def test_cache_options_keep_speculative_exact(load_pair, arch, options):
+    """A rotating cache with kept tokens (max_kv_size: before this, speculative output left
+    standard's at token 6 for gamma 3 and 8) and a quantized KV cache."""
+    pair = load_pair(arch)
+
+    def emitted(gamma):
+        session = Session(pair, cache_options=options)
+        return mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma, session=session).tokens
+
+    standard = emitted(0)
+    assert len(standard) > 8  # past the window of 12, however early the model ends
+    for gamma in (1, 3, 8, "auto"):
+        assert emitted(gamma) == standard, f"gamma={gamma}"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])

@@ -1,0 +1,89 @@
+"""Sessions walked through many random sequences of calls, on every cache family: the
+longer run of tests/test_sessions.py (needs the test extra: pip install -e ".[test]").
+
+    python demos/session_fuzz.py [--examples 500] [--steps 8] [--family NAME ...] [--fixed]
+    python demos/session_fuzz.py --sabotage --family RotatingKVCache
+
+Each sequence starts a session and makes up to `--steps` calls: extend the history, cut it
+(around earlier prompts' ends, window edges, or anywhere) and go on, retry the last prompt,
+undo the last call; in every decoding mode (gamma 0, 1-6, auto, prompt lookup), some cut
+short (the stream closed or Ctrl-C thrown in after k rounds, or a Ctrl-C at the n-th call
+inside mlxspec or mlx-lm). Every call's ids must equal a fresh standard decode's of the same
+prompt, every drafted round a fresh draft's proposals, and both cursors must be truthful.
+
+`--examples` is per family; random seeds each run (`--fixed`: the CI test's). `--sabotage`
+restores checkpoints by length alone, as before issue 12: the walk should then fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlxspec  # noqa: E402
+from hypothesis import Phase, settings  # noqa: E402
+from mlxspec import synthetic  # noqa: E402
+from mlxspec.engine import Cursor  # noqa: E402
+from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
+from tests.test_sessions import FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=500, help="random sequences per cache family")
+    parser.add_argument("--steps", type=int, default=8, help="calls per sequence, at most")
+    parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these (repeatable)")
+    parser.add_argument("--fixed", action="store_true", help="the CI test's seeds instead of random ones")
+    parser.add_argument("--sabotage", action="store_true", help="restore checkpoints by length alone")
+    parser.add_argument("--models", type=Path, help="build the tiny models here (default: a temporary folder)")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.models or Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        tokenizer = root / "tokenizer"
+        if not (tokenizer / "tokenizer.json").exists():
+            synthetic.train_tokenizer(stdlib_texts(), 512, tokenizer)
+        factory = ModelFactory(root, tokenizer)
+
+        def load_pair(arch, bits=None):
+            return mlxspec.load_pair(*map(str, factory.pair(arch, bits)))
+
+        if args.sabotage:
+            Cursor._checkpoint_within = by_length_alone
+        walks = settings(
+            WALKS,
+            max_examples=args.examples,
+            stateful_step_count=args.steps,
+            derandomize=args.fixed,
+            phases=[Phase.generate] if args.sabotage else WALKS.phases,
+        )
+        totals, failures = Counter(), []
+        for name in args.family or FAMILIES:
+            family = load_family(load_pair, name)
+            t0 = time.perf_counter()
+            try:
+                walk(family, walks)
+                verdict = "ok"
+            except Exception as e:  # noqa: BLE001 - a failure is the report
+                verdict = f"FAILED ({type(e).__name__})"
+                failures.append((name, e))
+            tally = family.tally
+            totals.update(tally)
+            others = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()) if k not in ("sequences", "calls"))
+            print(f"{name:24} {verdict:20} {tally['sequences']:5} sequences {tally['calls']:6} calls "
+                  f"{time.perf_counter() - t0:7.1f} s  ({others})", flush=True)
+        print(f"{'all':24} {len(failures)} failed        {totals['sequences']:5} sequences {totals['calls']:6} calls")
+        for name, error in failures:  # hypothesis adds the failing steps as notes
+            print(f"\n--- {name} ---\n{error}\n" + "\n".join(getattr(error, "__notes__", [])))
+        return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
