@@ -17,11 +17,12 @@ _EXPORTS = {
     "Session": "generation",
     "CacheOptions": "caches",
     "GenerationResult": "generation",
-    "SamplingParams": "sampling",
+    "Options": "options",
+    "SamplingParams": "options",
     "Prefill": "events",
     "Round": "events",
     "Done": "events",
-    "Stats": "events",
+    "Stats": "stats",
     "MlxspecError": "errors",
 }
 

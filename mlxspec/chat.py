@@ -10,40 +10,21 @@ oldest turns are dropped and the rest is read again.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .caches import CacheOptions
 from .errors import InvalidOption, PromptTooLong
-from .events import Done, Prefill, Round, Stats, StatsCollector
-from .generation import Session, stream
+from .events import ContextTrimmed, Done, Prefill, Round
+from .generation import Session, check_drafting, stream
+from .options import Options
 from .pairs import Pair
-from .sampling import SamplingParams
+from .stats import Stats
 
-
-@dataclass
-class ChatSettings:
-    gamma: int | str = "auto"  # or a fixed draft length
-    temp: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 512
-    draft_min_p: float | str = 0.0
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
-
-
-@dataclass(frozen=True)
-class ContextTrimmed:
-    """Emitted before a reply when the oldest turns were dropped to fit the context."""
-
-    dropped_turns: int
-    context_length: int
+# A conversation samples by default, as chat front ends do.
+CHAT_OPTIONS = Options.build(temp=0.7, top_p=0.95, max_tokens=512)
 
 
 @dataclass
@@ -60,12 +41,13 @@ class Turn:
 class Conversation:
     pair: Pair
     system: str | None = None
-    settings: ChatSettings = field(default_factory=ChatSettings)
+    settings: Options = CHAT_OPTIONS
+    cache_options: CacheOptions = CacheOptions()
 
     def __post_init__(self):
-        self.session = Session(self.pair)
+        self.session = Session(self.pair, cache_options=self.cache_options)
         self.turns: list[Turn] = []
-        self.totals = StatsCollector()
+        self.totals = Stats()
         self._dropped = 0  # leading turns no longer in the model's view
 
     def messages(self, user: str | None = None) -> list[dict]:
@@ -109,14 +91,11 @@ class Conversation:
         ids, dropped = self._fit(user)
         if dropped:
             yield ContextTrimmed(dropped, self.pair.target.context_length)
-        s = self.settings
-        gamma = s.gamma if self.pair.draft is not None or self.pair.ngram else 0
-        pieces, reused = [], 0
-        turn = StatsCollector(gamma=gamma, seed=s.seed)
-        events = stream(
-            self.pair, ids, max_tokens=s.max_tokens, gamma=gamma, temp=s.temp, top_p=s.top_p, top_k=s.top_k,
-            min_p=s.min_p, seed=s.seed, session=self.session, draft_min_p=s.draft_min_p,
-        )
+        options = self.settings
+        if self.pair.draft is None and not self.pair.ngram:
+            options = options.replace(gamma=0)
+        pieces, reused, turn = [], 0, Stats()
+        events = stream(self.pair, ids, options, session=self.session)
         try:
             for event in events:
                 if isinstance(event, Prefill):
@@ -124,20 +103,20 @@ class Conversation:
                     turn.add_prefill(event)
                 elif isinstance(event, Round):
                     pieces.append(event.text)
-                    kept = sum(t not in self.pair.eos_ids for t in event.emitted)
-                    turn.add_round(event, tokens=kept)
-                    self.totals.add_round(event, tokens=kept)
+                    turn.add_round(event, tokens=sum(t not in self.pair.eos_ids for t in event.emitted))
                 elif isinstance(event, Done):
                     pieces.append(event.text)
-                    self.totals.prefill_seconds += event.stats.prefill_seconds
-                    self.turns.append(Turn(user, "".join(pieces), event.stats, len(ids), reused, event.finish_reason))
+                    self._end_turn(Turn(user, "".join(pieces), event.stats, len(ids), reused, event.finish_reason))
                 yield event
         except KeyboardInterrupt:
             events.close()
-            self.totals.prefill_seconds += turn.prefill_seconds
-            stats = turn.stats("interrupted")
-            self.turns.append(Turn(user, "".join(pieces), stats, len(ids), reused, "interrupted"))
+            stats = turn.frozen("interrupted")
+            self._end_turn(Turn(user, "".join(pieces), stats, len(ids), reused, "interrupted"))
             yield Done("interrupted", stats)
+
+    def _end_turn(self, turn: Turn) -> None:
+        self.turns.append(turn)
+        self.totals = self.totals.merge(turn.stats)
 
     def undo(self) -> Turn | None:
         """Forget the last turn (None if there is none). The caches keep what they hold: the
@@ -153,15 +132,13 @@ class Conversation:
         self.turns.clear()
         self._dropped = 0
         self.session.reset()
-        self.totals = StatsCollector()
+        self.totals = Stats()
 
     def update(self, **changes) -> None:
-        """Change settings; refused values leave the settings as they were."""
-        from .generation import check_options
-
-        candidate = dataclasses.replace(self.settings, **changes)
-        candidate.sampling()  # raises InvalidOption on a bad value
-        check_options(self.pair, candidate.gamma, candidate.max_tokens, ngram=self.pair.ngram, draft_min_p=candidate.draft_min_p)
+        """Change settings (as `Options.build` takes them); refused values leave the
+        settings as they were."""
+        candidate = self.settings.replace(**changes)
+        check_drafting(self.pair, candidate)
         self.settings = candidate
 
     def transcript(self) -> dict:
@@ -169,7 +146,7 @@ class Conversation:
             "target": self.pair.target.name,
             "draft": self.pair.draft.name if self.pair.draft else None,
             "system": self.system,
-            "settings": dataclasses.asdict(self.settings),
+            "settings": self.settings.to_dict(),
             "turns": [
                 {
                     "user": t.user,

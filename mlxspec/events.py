@@ -10,7 +10,9 @@ Standard decoding is a round with nothing drafted: its one id is a plain *target
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .stats import Stats
 
 ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
 
@@ -29,8 +31,8 @@ class Round:
     drafted: tuple[int, ...]
     accepted: int  # leading drafted ids the rule accepted
     emitted: tuple[int, ...]  # ids appended to the output (cut at end-of-sequence or a stop)
-    draft_seconds: float
-    verify_seconds: float
+    draft_seconds: float | None  # None when the round was not timed apart (one host wait)
+    verify_seconds: float | None
     seconds: float  # the whole round, bookkeeping included
     pieces: tuple[str, ...] = ()  # text of each emitted id, once detokenized
     discarded: str = ""  # text of the drafts thrown away (the first rejected one and after)
@@ -58,123 +60,11 @@ class Round:
 
 
 @dataclass(frozen=True)
-class Stats:
-    prompt_tokens: int
-    tokens: int  # generated tokens (end-of-sequence excluded)
-    rounds: int
-    drafted: int
-    tested: int
-    accepted: int
-    acceptance_rate: float | None  # accepted / tested; None without drafts
-    tokens_per_round: float | None
-    per_position_acceptance: list[float | None]  # position i: accepted / tested there
-    position_accepted: list[int]
-    position_tested: list[int]
-    prefill_seconds: float
-    decode_seconds: float
-    draft_seconds: float
-    verify_seconds: float
-    tokens_per_second: float | None
-    gamma: int | str  # "auto" when the controller chose per round
-    mean_gamma: float | None = None  # drafts proposed per round
-    model_rounds: int = 0  # rounds drafted by the draft model
-    ngram_rounds: int = 0  # rounds proposed by prompt lookup
-    plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
-    early_stops: int = 0  # rounds the draft cut short (draft min-p)
-    seed: int | None = None
-    finish_reason: str | None = None
+class ContextTrimmed:
+    """Before a chat reply: the oldest turns were dropped to fit the target's context."""
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class StatsCollector:
-    """Accumulates rounds into Stats; views use it for live figures."""
-
-    prompt_tokens: int = 0
-    gamma: int | str = 0
-    seed: int | None = None
-    prefill_seconds: float = 0.0
-    tokens: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    tested: int = 0
-    accepted: int = 0
-    decode_seconds: float = 0.0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    position_tested: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
-    sources: dict[str, int] = field(default_factory=dict)
-    early_stops: int = 0
-
-    def add_prefill(self, event: Prefill) -> None:
-        self.prompt_tokens = event.prompt_tokens
-        self.prefill_seconds += event.seconds
-
-    def add_round(self, event: Round, tokens: int | None = None) -> None:
-        """`tokens`: how many of the round's ids count as output (end-of-sequence excluded)."""
-        self.rounds += 1
-        self.tokens += len(event.emitted) if tokens is None else tokens
-        self.drafted += len(event.drafted)
-        self.tested += event.tested
-        self.accepted += event.accepted
-        self.decode_seconds += event.seconds
-        self.draft_seconds += event.draft_seconds
-        self.verify_seconds += event.verify_seconds
-        self.sources[event.source] = self.sources.get(event.source, 0) + 1
-        self.early_stops += event.early_stop
-        for i in range(event.tested):
-            if i >= len(self.position_tested):
-                self.position_tested.append(0)
-                self.position_accepted.append(0)
-            self.position_tested[i] += 1
-            self.position_accepted[i] += i < event.accepted
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.tested if self.tested else None
-
-    @property
-    def tokens_per_round(self) -> float | None:
-        return self.tokens / self.rounds if self.rounds else None
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else None
-
-    @property
-    def plain_rounds(self) -> int:
-        return self.sources.get("target", 0)
-
-    def stats(self, finish_reason: str | None = None) -> Stats:
-        return Stats(
-            prompt_tokens=self.prompt_tokens,
-            tokens=self.tokens,
-            rounds=self.rounds,
-            drafted=self.drafted,
-            tested=self.tested,
-            accepted=self.accepted,
-            acceptance_rate=self.acceptance_rate,
-            tokens_per_round=self.tokens_per_round,
-            per_position_acceptance=[a / t if t else None for a, t in zip(self.position_accepted, self.position_tested)],
-            position_accepted=list(self.position_accepted),
-            position_tested=list(self.position_tested),
-            prefill_seconds=self.prefill_seconds,
-            decode_seconds=self.decode_seconds,
-            draft_seconds=self.draft_seconds,
-            verify_seconds=self.verify_seconds,
-            tokens_per_second=self.tokens_per_second,
-            gamma=self.gamma,
-            mean_gamma=self.drafted / self.rounds if self.rounds else None,
-            model_rounds=self.sources.get("model", 0),
-            ngram_rounds=self.sources.get("ngram", 0),
-            plain_rounds=self.plain_rounds,
-            early_stops=self.early_stops,
-            seed=self.seed,
-            finish_reason=finish_reason,
-        )
+    dropped_turns: int
+    context_length: int
 
 
 @dataclass(frozen=True)

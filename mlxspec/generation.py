@@ -17,10 +17,13 @@ from mlx_lm.generate import generation_stream, wired_limit
 
 from . import engine
 from .caches import CacheOptions
+from .cursor import Cursor
+from .drafting import Controller, ControllerConfig, Policy, PromptLookup
 from .errors import InvalidOption, PromptTooLong
-from .events import Done, Prefill, Round, Stats, StatsCollector
+from .events import Done, Prefill, Round
+from .options import Options
 from .pairs import Pair
-from .sampling import SamplingParams
+from .stats import Stats
 from .text import StopFilter, TextStream
 
 Event = Prefill | Round | Done
@@ -50,20 +53,16 @@ class Session:
 
     Each call brings both caches back to the longest prefix they share with its prompt (a
     trim, a checkpoint whose ids start the prompt, or a fresh cache) and reads the rest: what
-    a call emits is what a fresh session would emit for the same ids (engine.Cursor says
+    a call emits is what a fresh session would emit for the same ids (cursor.Cursor says
     why). `cache_options` (a sliding `max_kv_size`, quantized KV) apply to both models."""
 
     def __init__(self, pair: Pair, *, cache_options: CacheOptions = CacheOptions()):
-        from .controller import Controller
-
         self.pair = pair
-        self.controller = Controller(start_gamma=pair.gamma_hint)
+        self.controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
         width = pair.target.width
-        self.target = engine.Cursor(
-            pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options
-        )
+        self.target = Cursor(pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options)
         self.draft = (
-            engine.Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width, cache_options=cache_options)
+            Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width, cache_options=cache_options)
             if pair.draft
             else None
         )
@@ -74,115 +73,78 @@ class Session:
             self.draft.reset()
 
 
-def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False, system: str | None = None) -> list[int]:
+def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False, system: str | None = None, think: bool | None = None) -> list[int]:
     """Token ids for a prompt: ids pass through; text goes through the chat template unless
     `raw` or the tokenizer has none."""
     if not isinstance(prompt, str):
         return [int(t) for t in prompt]
-    tokenizer = pair.tokenizer
-    if not raw and tokenizer.has_chat_template:
+    if not raw and pair.tokenizer.has_chat_template:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-    return list(tokenizer.encode(prompt))
+        return apply_template(pair.tokenizer, messages, think=think)
+    return list(pair.tokenizer.encode(prompt))
 
 
-def parse_gamma(gamma) -> int | str:
-    """A draft length: a whole number >= 0, or "auto"."""
-    if gamma == "auto":
-        return gamma
-    if isinstance(gamma, str) and gamma.strip().isdigit():
-        return int(gamma)
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-        raise InvalidOption(f"gamma (draft length) must be a whole number >= 0 or 'auto', got {gamma!r}")
-    return gamma
+def apply_template(tokenizer, messages: list[dict], *, think: bool | None = None, tools: list | None = None) -> list[int]:
+    """The chat template's ids for `messages`, ready for the assistant's reply. `think`:
+    enable_thinking for templates that read it (Qwen3's think unless told not to)."""
+    extra = {} if think is None else {"enable_thinking": think}
+    if tools:
+        extra["tools"] = tools
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
 
 
-def parse_draft_min_p(value) -> float | str:
-    """The draft's early-stop threshold: a number in [0, 1) (0: off), or "auto" (learned)."""
-    if value == "auto":
-        return value
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = None
-    if isinstance(value, bool) or number is None or not 0 <= number < 1:
-        raise InvalidOption(f"draft min-p must be in [0, 1) or 'auto', got {value!r}")
-    return number
+def options_of(options: Options | None, overrides: dict) -> Options:
+    """`options` with keyword overrides (as `Options.build` takes them), or built from those."""
+    if options is None:
+        return Options.build(**overrides)
+    return options.replace(**overrides) if overrides else options
 
 
-def check_options(
-    pair: Pair | None, gamma, max_tokens: int, xtc_probability: float = 0.0, ngram: bool = False, draft_min_p=0.0
-) -> int | str:
-    """Refuse options the engine cannot honour exactly (`pair` None: what can be checked
-    before the models are loaded); returns gamma parsed."""
-    gamma = parse_gamma(gamma)
-    if gamma != 0 and pair is not None and pair.draft is None and not ngram:
-        raise InvalidOption("speculative decoding needs a draft model (or n-gram drafting): name one, or use gamma 0")
-    parse_draft_min_p(draft_min_p)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidOption(f"max tokens must be a whole number >= 1, got {max_tokens}")
-    if xtc_probability:
-        raise InvalidOption(
-            "XTC sampling cannot be kept exact: it removes top tokens at random per step, so the "
-            "target's distribution is not a fixed function of its logits"
-        )
-    return gamma
+def check_drafting(pair: Pair, options: Options) -> None:
+    """Refuse speculative options for a pair with nothing to draft with."""
+    ngram = pair.ngram if options.ngram is None else options.ngram
+    if options.speculative and pair.draft is None and not ngram:
+        raise InvalidOption("speculative decoding needs a draft model or prompt lookup: name a --draft, use --draft ngram, or --no-draft")
 
 
-def stream(
-    pair: Pair,
-    prompt: str | Sequence[int],
-    *,
-    max_tokens: int = 256,
-    gamma: int | str = "auto",
-    temp: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    min_p: float = 0.0,
-    seed: int | None = None,
-    raw: bool = False,
-    stop: Sequence[str] = (),
-    xtc_probability: float = 0.0,
-    session: Session | None = None,
-    ngram: bool | None = None,
-    draft_min_p: float | str = 0.0,
-) -> Iterator[Event]:
+def drafting_policy(pair: Pair, session: Session, options: Options, ids: list[int]) -> Policy | None:
+    """How this generation drafts, or None for standard decoding."""
+    if not options.speculative:
+        return None
+    check_drafting(pair, options)
+    ngram = pair.ngram if options.ngram is None else options.ngram
+    # beside a draft model only long matches are worth proposing: shorter ones are guesses the model makes better
+    lookup = PromptLookup(ids, min_match=3 if session.draft is not None else None) if ngram else None
+    return Policy(gamma=options.gamma, stop=options.draft_min_p, controller=session.controller, lookup=lookup, draft_model=session.draft is not None)
+
+
+def stream(pair: Pair, prompt: str | Sequence[int], options: Options | None = None, *, session: Session | None = None, **overrides) -> Iterator[Event]:
     """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
-    Done. gamma=0 is standard decoding with the same sampler; gamma="auto" chooses each
-    round's draft length (plain decoding included) from what the run measures. `ngram=True`
-    adds prompt-lookup proposals (alone when the pair has no draft model). `draft_min_p`
-    stops a round's drafting when the draft's top probability falls below it; "auto" learns
-    the threshold (off while stopping would not pay). Ctrl-C ends
+    Done. Options (an `Options`, or its values as keywords: max_tokens=256, gamma="auto",
+    temp, top_p, top_k, min_p, seed, stop, ngram, draft_min_p, raw, system): gamma=0 is
+    standard decoding with the same sampler; gamma="auto" chooses each round's draft length
+    (plain decoding included) from what the run measures; `ngram=True` adds prompt-lookup
+    proposals (alone when the pair has no draft model); `draft_min_p` stops a round's
+    drafting when the draft's top probability falls below it ("auto": learned). Ctrl-C ends
     the stream with Done("interrupted"), the session still usable."""
-    params = SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    ngram = pair.ngram if ngram is None else ngram
-    gamma = check_options(pair, gamma, max_tokens, xtc_probability, ngram, draft_min_p)
+    options = options_of(options, overrides)
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")
-    ids = encode_prompt(pair, prompt, raw=raw)
+    ids = encode_prompt(pair, prompt, raw=options.raw, system=options.system, think=options.think)
     if not ids:
         raise InvalidOption("the prompt is empty")
     _check_ids(pair, ids)
-    max_tokens, limit_reason = _fit_context(pair, len(ids), max_tokens)
-    seed = secrets.randbits(31) if seed is None else seed
+    max_tokens, limit_reason = _fit_context(pair, len(ids), options.max_tokens)
+    seed = secrets.randbits(31) if options.seed is None else options.seed
     session = session or Session(pair)
+    policy = drafting_policy(pair, session, options, ids)
 
-    collector = StatsCollector(gamma=gamma, seed=seed)
+    stats = Stats(gamma=_gamma_label(options.gamma), seed=seed)
     text = TextStream(pair.tokenizer, ids[-4:])
-    stops = StopFilter(tuple(stop))
+    stops = StopFilter(options.stop)
     eos = pair.eos_ids
     tokens = engine.decode(
-        session.target,
-        session.draft,
-        ids,
-        gamma=gamma,
-        params=params,
-        max_tokens=max_tokens,
-        eos_ids=eos,
-        key=mx.random.key(seed),
-        ngram=_ngram_index(ids) if ngram else None,
-        min_p=parse_draft_min_p(draft_min_p),
-        controller=session.controller if "auto" in (gamma, draft_min_p) else None,
+        session.target, session.draft, ids, policy=policy, params=options.sampling, max_tokens=max_tokens, eos_ids=eos, key=mx.random.key(seed),
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):
@@ -194,18 +156,22 @@ def stream(
                     reason = limit_reason if finished.value == "length" else finished.value
                     break
                 if isinstance(event, Prefill):
-                    collector.add_prefill(event)
+                    stats.add_prefill(event)
                     yield event
                     continue
                 event, reason = _with_text(event, text, eos, stops)
-                collector.add_round(event, tokens=sum(t not in eos for t in event.emitted))
+                stats.add_round(event, tokens=sum(t not in eos for t in event.emitted))
                 yield event
         except KeyboardInterrupt:
             reason = "interrupted"
         finally:
             tokens.close()
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
-    yield Done(reason, collector.stats(reason), tail)
+    yield Done(reason, stats.frozen(reason), tail)
+
+
+def _gamma_label(gamma) -> int | str:
+    return gamma if isinstance(gamma, int) else "auto"
 
 
 def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopFilter) -> tuple[Round, str | None]:
@@ -226,14 +192,6 @@ def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopF
     return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), None
 
 
-def _ngram_index(ids: list[int]):
-    from .ngram import NGramIndex
-
-    index = NGramIndex()
-    index.extend(ids)
-    return index
-
-
 def _check_ids(pair: Pair, ids: list[int]) -> None:
     bad = [t for t in ids if not 0 <= t < pair.target.width]
     if bad:
@@ -250,12 +208,12 @@ def _fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str
     return (max_tokens, "length") if max_tokens <= room else (room, "context")
 
 
-def generate(pair: Pair, prompt: str | Sequence[int], **options) -> GenerationResult:
+def generate(pair: Pair, prompt: str | Sequence[int], options: Options | None = None, *, session: Session | None = None, **overrides) -> GenerationResult:
     """Generate to the end; options as for `stream`."""
     pieces, tokens = [], []
     eos = pair.eos_ids
     prompt_tokens = 0
-    for event in stream(pair, prompt, **options):
+    for event in stream(pair, prompt, options, session=session, **overrides):
         if isinstance(event, Prefill):
             prompt_tokens = event.prompt_tokens
         elif isinstance(event, Round):

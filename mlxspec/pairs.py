@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import caches, loading
+from . import loading
 from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, ModelNotFound
 from .loading import LoadedModel
 
@@ -47,6 +47,11 @@ class Pair:
         return frozenset(self.target.tokenizer.eos_token_ids)
 
     @property
+    def bundled(self) -> bool:
+        """The tiny pair shipped in the package: a toy that completes Python code."""
+        return self.target.path.resolve() == BUNDLED_TARGET.resolve()
+
+    @property
     def description(self) -> str:
         drafts = [self.draft.label] if self.draft else []
         drafts += ["n-gram"] if self.ngram else []
@@ -76,12 +81,14 @@ def load_pair(
     if no_draft or ngram:
         draft_name = None
 
-    target_name, target_path = _resolve_first(targets, offline, reporter)
+    target_name, target_path = resolve_first(targets, offline, reporter)
     draft_path = None
     if draft_name:
         reporter.status(f"Finding {draft_name}")
         draft_path = _resolve_checked(draft_name, offline, reporter)
     check_memory(loading.weight_bytes(target_path) + (loading.weight_bytes(draft_path) if draft_path else 0), _names(target_name, draft_name))
+
+    from . import caches
 
     reporter.status(f"Loading target {target_name}")
     target_model = loading.load(str(target_path))
@@ -115,7 +122,7 @@ def choose_names(target: str | None, draft: str | None, pair: str | None) -> tup
     return [target], draft
 
 
-def _resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:
+def resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:
     """The first of `names` that can be had; when none can, the first one's reason."""
     first = None
     for name in names:

@@ -16,23 +16,17 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .pairs import Pair
+from .stats import Stats
+
+
+class PeerUnavailable(RuntimeError):
+    """mlx-lm cannot run this pair (its speculative decoding refuses caches it cannot trim)."""
 
 
 @dataclass
-class PeerResult:
-    tokens: list[int]
-    seconds: float  # decoding, the prompt already in the caches
-    rounds: int
-    accepted: int
-    tested: int
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.tested if self.tested else None
+class PeerRun:
+    tokens: list[int]  # the ids mlx-lm generated, end-of-sequence excluded
+    stats: Stats  # decode seconds (the prompt already in the caches), rounds, acceptance
 
 
 def mlx_lm_generate(
@@ -46,7 +40,7 @@ def mlx_lm_generate(
     top_k: int = 0,
     min_p: float = 0.0,
     seed: int = 0,
-) -> PeerResult:
+) -> PeerRun:
     """mlx_lm.stream_generate with `draft_model` and `num_draft_tokens` (gamma > 0) or the
     target alone (gamma = 0). The caches are filled with the prompt beforehand, so `seconds`
     is decoding alone, as mlxspec's decode time is. mlx-lm reads the global random state:
@@ -70,22 +64,25 @@ def mlx_lm_generate(
         options.update(draft_model=pair.draft.model, num_draft_tokens=gamma)
     mx.random.seed(seed)
     tokens, flags = [], []
-    t0 = time.perf_counter()
-    for response in stream_generate(pair.target.model, pair.tokenizer, mx.array(prompt[-1:]), **options):
-        if response.finish_reason == "stop" and response.token in pair.eos_ids:
-            break
-        tokens.append(response.token)
-        flags.append(response.from_draft)
-    seconds = time.perf_counter() - t0
-    rounds = accepted = tested = 0
+    start = time.perf_counter()
+    try:
+        for response in stream_generate(pair.target.model, pair.tokenizer, mx.array(prompt[-1:]), **options):
+            if response.finish_reason == "stop" and response.token in pair.eos_ids:
+                break
+            tokens.append(response.token)
+            flags.append(response.from_draft)
+    except ValueError as e:  # e.g. "Speculative decoding requires a trimmable prompt cache"
+        raise PeerUnavailable(str(e).splitlines()[0]) from None
+    seconds = time.perf_counter() - start
+    stats = Stats(prompt_tokens=len(prompt), tokens=len(tokens), emitted=len(tokens), decode_seconds=seconds, gamma=gamma, seed=seed)
     run = 0
     for from_draft in flags:
         if from_draft:
             run += 1
             continue
-        rounds += 1
-        accepted += run
+        stats.rounds += 1
+        stats.accepted += run
         if gamma:
-            tested += min(run + 1, gamma)
+            stats.tested += min(run + 1, gamma)
         run = 0
-    return PeerResult(tokens, seconds, rounds, accepted, tested)
+    return PeerRun(tokens, stats)

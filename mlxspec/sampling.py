@@ -1,5 +1,5 @@
-"""Sampling settings, and the one warp function that turns logits into the distribution
-a token is drawn from.
+"""The one warp function that turns logits into the distribution a token is drawn from
+(settings: options.SamplingParams).
 
 Draft, target and plain decoding all go through `warp`, so the probabilities the acceptance
 rule compares are exactly the ones the tokens were sampled from. The filters follow
@@ -11,33 +11,12 @@ weights' precision.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .errors import InvalidOption
+from .options import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temp: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-
-    def __post_init__(self):
-        if not math.isfinite(self.temp) or self.temp < 0:
-            raise InvalidOption(f"temperature must be >= 0, got {self.temp}")
-        if not (0 < self.top_p <= 1):
-            raise InvalidOption(f"top-p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidOption(f"top-k must be a whole number >= 0, got {self.top_k}")
-        if not (0 <= self.min_p < 1):
-            raise InvalidOption(f"min-p must be in [0, 1), got {self.min_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temp == 0
+__all__ = ["SamplingParams", "sample", "warp"]
 
 
 def warp(logits: mx.array, params: SamplingParams) -> mx.array:

@@ -47,11 +47,22 @@ def predicted_speedup_mean(alpha: float, mean_gamma: float, c: float, v: float =
     return tokens / cost
 
 
-def run_shape(drafted: int, rounds: int, plain_rounds: int, gamma: int | None = None) -> tuple[float, float]:
-    """What to predict a measured run with: its draft length (`gamma` when fixed, else the
-    mean over the rounds that drafted: auto, rounds cut short) and the share of its rounds
-    that were plain steps (counted as standard decoding)."""
-    drafting = rounds - plain_rounds
-    mean = gamma if gamma is not None else (drafted / drafting if drafting else 0.0)
-    return mean, (plain_rounds / rounds if rounds else 0.0)
+def cost_ratio(draft_step: float | None, target_step: float | None) -> float | None:
+    """c: the draft's seconds per proposal over the target's per step of standard decoding
+    (or, where no standard run was timed, per verify pass: about one step when decoding is
+    memory-bound). None without a draft model."""
+    if not draft_step or not target_step:
+        return None
+    return draft_step / target_step
 
+
+def predicted_speedup_of(stats, *, c: float, v: float = 1.0) -> float | None:
+    """What the theory predicts for a measured run (a `Stats`): its alpha, its draft length
+    (the fixed gamma, else the mean over the rounds that drafted: auto, rounds cut short),
+    its plain steps counted as standard decoding. None before anything was tested."""
+    if stats.acceptance_rate is None:
+        return None
+    gamma = stats.gamma if isinstance(stats.gamma, int) and stats.gamma > 0 else stats.mean_gamma
+    if not gamma:
+        return None
+    return predicted_speedup_mean(stats.acceptance_rate, gamma, c, v, plain_share=stats.plain_share)

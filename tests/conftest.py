@@ -211,13 +211,17 @@ def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
     """A controller whose evidence says: the draft's second proposal, at confidence `doubt`,
     is always rejected, so stop below `threshold` (the smallest candidate above `doubt`). Its
     learned threshold is then on from the first round."""
-    from mlxspec.controller import Controller
+    from mlxspec.drafting import Controller, Outcome, Plan
 
     controller = Controller()
     pattern = [0.95, doubt, 0.95, 0.95, 0.95, 0.95]
     for r in range(32):
         size = len(pattern) - r % 2
-        controller.observe(size, 1, size * 0.004, 0.01, size + 1, 2)
-        controller.observe_confidences(0.0, pattern[:size], 1, size, size * 0.004)
-    assert controller._threshold == threshold
+        ids = tuple(range(size))
+        controller.observe_round(Outcome(
+            plan=Plan(draft=size), drafted=ids, accepted=1, next_id=0, emitted=(0, 0), verified=size + 1,
+            seconds=size * 0.004 + 0.01, draft_seconds=size * 0.004, verify_seconds=0.01,
+        ))
+        controller.stop.observe(threshold=0.0, confidences=tuple(pattern[:size]), accepted=1, forwards=size, draft_seconds=size * 0.004)
+    assert controller.stop.threshold == threshold
     return controller

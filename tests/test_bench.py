@@ -69,7 +69,7 @@ def test_the_peer_is_the_same_computation_at_temperature_zero(load_pair):
         peer = mlx_lm_generate(pair, ids, max_tokens=24, gamma=gamma)
         assert peer.tokens == ours.tokens
     # the same drafts are accepted (the last round differs: mlx-lm drafts even for the last token)
-    assert abs(peer.accepted - ours.stats.accepted) <= 1 and peer.rounds == ours.stats.rounds
+    assert abs(peer.stats.accepted - ours.stats.accepted) <= 1 and peer.stats.rounds == ours.stats.rounds
 
 
 def test_csv_and_plot_are_written(quick_report):

@@ -58,4 +58,4 @@ def test_generate_with_no_model_arguments_offline():
 
 def test_race_on_the_bundled_pair(capsys):
     code, out, _ = run(capsys, "race", "-m", "32")
-    assert code == 0 and "speculative:" in out and "Outputs identical." in out
+    assert code == 0 and "speculative (" in out and "Outputs identical." in out

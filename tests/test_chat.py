@@ -9,7 +9,9 @@ import pytest
 from rich.console import Console
 
 import mlxspec
-from mlxspec.chat import ChatSettings, Conversation, ContextTrimmed
+from mlxspec.chat import Conversation
+from mlxspec.events import ContextTrimmed
+from mlxspec.options import Options
 from mlxspec.events import Done, Round
 from mlxspec.views.chat import ChatApp
 from tests.conftest import ctrl_c_at, fresh_standard, interrupt_after
@@ -31,7 +33,7 @@ def script(lines):
 
 def drive(pair, lines, **settings):
     out = io.StringIO()
-    conversation = Conversation(pair, settings=ChatSettings(**{**GREEDY, **settings}))
+    conversation = Conversation(pair, settings=Options.build(**{**GREEDY, **settings}))
     app = ChatApp(conversation, read=script(lines), console=Console(file=out, width=120, color_system=None))
     code = app.run()
     return code, out.getvalue(), conversation
@@ -65,11 +67,11 @@ def test_interrupted_reply_leaves_consistent_caches(load_pair):
     """Ctrl-C (a real SIGINT) during a long reply; the next turn gives what a fresh
     generation over the same history gives."""
     pair = load_pair("llama")
-    conversation = Conversation(pair, settings=ChatSettings(temp=0.0, top_p=1.0, max_tokens=100000, gamma=3))
+    conversation = Conversation(pair, settings=Options.build(temp=0.0, top_p=1.0, max_tokens=100000, gamma=3))
     events = interrupt_after(0.2, lambda: list(conversation.reply("talk for a long time")))
     assert events[-1].finish_reason == "interrupted"
     assert conversation.turns[-1].finish_reason == "interrupted" and conversation.turns[-1].assistant
-    conversation.settings.max_tokens = 10
+    conversation.settings = conversation.settings.replace(max_tokens=10)
     ids = conversation.encode("shorter now")
     emitted = [t for e in conversation.reply("shorter now") if isinstance(e, Round) for t in e.emitted]
     assert [t for t in emitted if t not in pair.eos_ids] == mlxspec.generate(pair, ids, max_tokens=10, gamma=3).tokens
@@ -109,7 +111,7 @@ def test_multiline_input(load_pair):
 
 def test_gamma_zero_and_show_drafts(load_pair):
     out = io.StringIO()
-    conversation = Conversation(load_pair("llama"), settings=ChatSettings(**GREEDY, gamma=0))
+    conversation = Conversation(load_pair("llama"), settings=Options.build(**GREEDY, gamma=0))
     ChatApp(conversation, read=script(["hi"]), console=Console(file=out, width=120), show_drafts=True).run()
     assert "no draft" in out.getvalue() and "draft token accepted" in out.getvalue()
 
@@ -158,7 +160,7 @@ def exact_reply(conversation, user, **interrupt):
 def test_every_turn_on_a_sliding_window_is_exact(load_pair, gamma):
     """gemma3_text (window 8): each turn's reply is a fresh standard decode of its ids, while
     the window wraps and each turn reads only its new ids, from a trim or a checkpoint."""
-    conversation = Conversation(load_pair("gemma3_text"), settings=ChatSettings(**EXACT, gamma=gamma))
+    conversation = Conversation(load_pair("gemma3_text"), settings=Options.build(**EXACT, gamma=gamma))
     for user in MESSAGES[:4]:
         exact_reply(conversation, user)
     assert all(t.reused_tokens >= 8 for t in conversation.turns[1:])
@@ -172,7 +174,7 @@ def test_dropped_turns_reset_and_interrupts_stay_exact(factory):
     target = factory.model("short-gemma", seed=1, head_scale=4.0, **short)
     draft = factory.model("short-gemma-draft", seed=2, like=target, noise=0.04, **short)
     pair = mlxspec.load_pair(str(target), str(draft))
-    conversation = Conversation(pair, settings=ChatSettings(**EXACT, gamma=3))
+    conversation = Conversation(pair, settings=Options.build(**EXACT, gamma=3))
     trimmed = 0
     for i, user in enumerate(MESSAGES * 2):
         events = exact_reply(conversation, user, ctrl_c=(None, 40, 400, 1500)[i % 4])
@@ -186,7 +188,7 @@ def test_dropped_turns_reset_and_interrupts_stay_exact(factory):
 def test_undo_comes_back_to_the_turn_before(load_pair):
     """Undo the last turn: the next reply is exact and starts from the checkpoint the undone
     turn's prompt left (the window has wrapped: no trim), not from an empty cache."""
-    conversation = Conversation(load_pair("gemma3_text"), settings=ChatSettings(**EXACT, gamma=0))
+    conversation = Conversation(load_pair("gemma3_text"), settings=Options.build(**EXACT, gamma=0))
     for user in MESSAGES[:3]:
         exact_reply(conversation, user)
     before = conversation.turns[-1].prompt_tokens

@@ -5,50 +5,67 @@ from __future__ import annotations
 
 import pytest
 
-from mlxspec.controller import Controller
-from mlxspec.ngram import NGramIndex
+from mlxspec.drafting import Controller, ControllerConfig, NGramIndex, Outcome, Plan
 from mlxspec.theory import expected_tokens_per_round
 
 
-def feed(controller, alpha_hits, rounds, gamma, draft_step, verify, slope=0.0):
+def controller(**config) -> Controller:
+    return Controller(ControllerConfig(**config))
+
+
+def drafted(c, *, drafted: int, accepted: int, draft: float | None, verify: float | None, verified: int | None = None, waited: bool = False):
+    """One drafting round, as the loop reports it (draft and verify seconds None: not timed apart)."""
+    ids = tuple(range(drafted))
+    c.observe_round(Outcome(
+        plan=Plan(draft=drafted), drafted=ids, accepted=accepted, next_id=0, emitted=ids[:accepted] + (0,),
+        verified=verified or drafted + 1, seconds=(draft or 0.0) + (verify or 0.0), draft_seconds=draft, verify_seconds=verify,
+    ), waited=waited)
+
+
+def plain(c, seconds: float) -> None:
+    c.observe_plain(seconds)
+
+
+def feed(c, alpha_hits, rounds, gamma, draft_step, verify, slope=0.0):
     """Rounds where position i is accepted while i < hits (a deterministic trace)."""
     for r in range(rounds):
         accepted = min(alpha_hits(r), gamma)
         k = gamma + 1
-        controller.observe(gamma, accepted, gamma * draft_step, verify * (1 + slope * (k - 1)), k, accepted + 1)
+        drafted(c, drafted=gamma, accepted=accepted, draft=gamma * draft_step, verify=verify * (1 + slope * (k - 1)), verified=k)
 
 
 def test_high_acceptance_and_cheap_draft_pick_a_long_draft():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     for g in (3, 5, 7):  # rounds of several sizes, so the verify curve is fitted
         feed(c, lambda r: 100, 30, g, draft_step=0.001, verify=0.02)
     assert c.best() >= 7
 
 
 def test_collapsing_acceptance_falls_back_to_plain_decoding():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed(c, lambda r: 0, 80, 2, draft_step=0.008, verify=0.02)
     for _ in range(10):
-        c.observe(0, 0, 0.0, 0.02, 1, 1)
+        plain(c, 0.02)
     assert c.best() == 0
 
 
 def test_it_probes_again_and_recovers():
-    c = Controller(max_gamma=6, probe_every=8)  # a short first stretch: the test is 200 steps
+    c = controller(max_gamma=6)
+    c.probes.every = 8  # a short first stretch: the test is 200 steps
     feed(c, lambda r: 0, 60, 2, draft_step=0.006, verify=0.02)
     choices = []
     for step in range(200):
         g = c.choose()
         choices.append(g)
         if g == 0:
-            c.observe(0, 0, 0.0, 0.02, 1, 1)
+            plain(c, 0.02)
         else:  # the text became predictable: every draft is accepted now
-            c.observe(g, g, g * 0.006, 0.02 * (1 + 0.02 * g), g + 1, g + 1)
+            drafted(c, drafted=g, accepted=g, draft=g * 0.006, verify=0.02 * (1 + 0.02 * g), verified=g + 1)
     assert 0 in choices[:20] and choices[-1] >= 3
 
 
 def test_costly_draft_never_pays():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed(c, lambda r: 100, 40, 3, draft_step=0.05, verify=0.02)
     feed(c, lambda r: 100, 40, 1, draft_step=0.05, verify=0.02)
     # a draft step 2.5x the target's: even perfect acceptance gives (g+1)/(2.5g+1) < 1
@@ -58,26 +75,26 @@ def test_costly_draft_never_pays():
 def test_linear_verify_cost_is_learned():
     """A verify that grows linearly with tokens (4-bit matmul on some Macs) makes long drafts
     expensive: the chosen gamma matches the cost model's own optimum."""
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     for g in (1, 3, 6):
         feed(c, lambda r: 100 if r % 2 else 2, 40, g, draft_step=0.002, verify=0.02, slope=0.5)
-    t1 = c.verify_time(1)
-    assert t1 == pytest.approx(0.02, rel=0.05) and c.verify_time(5) == pytest.approx(0.02 * 3, rel=0.05)
-    best_by_model = max(range(9), key=lambda g: c.expected_tokens(g) / (c.draft_time(g) + c.verify_time(g + 1)) if g else 1 / c.verify_time(1))
+    t1 = c.times.verify_time(1)
+    assert t1 == pytest.approx(0.02, rel=0.05) and c.times.verify_time(5) == pytest.approx(0.02 * 3, rel=0.05)
+    best_by_model = max(range(9), key=lambda g: c.expected_tokens(g) / (c.times.draft_time(g) + c.times.verify_time(g + 1)) if g else 1 / c.times.verify_time(1))
     assert c.best() == best_by_model and c.best() < 6
 
 
 def test_flat_verify_curve_and_the_closed_form():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed(c, lambda r: 3 if r % 10 else 0, 200, 6, draft_step=0.002, verify=0.02)
     # equal per-position rates reproduce (1 - a^(g+1)) / (1 - a)
-    c.acceptance = [0.7] * 8
+    c.acceptance.rates = [0.7] * 8
     assert c.expected_tokens(5) == pytest.approx(expected_tokens_per_round(0.7, 5))
 
 
 def test_first_choice_before_any_timing():
-    assert Controller(max_gamma=8).choose() == 4
-    assert Controller(max_gamma=2).choose() == 2
+    assert controller(max_gamma=8).choose() == 4
+    assert controller(max_gamma=2).choose() == 2
 
 
 def test_ngram_longest_match_and_followers():
@@ -107,63 +124,63 @@ def test_ngram_prefers_the_latest_occurrence():
 
 
 def test_failed_probes_back_off_and_a_paying_probe_resets():
-    c = Controller(max_gamma=6)
+    c = controller(max_gamma=6)
     feed(c, lambda r: 0, 40, 2, draft_step=0.006, verify=0.02)
     stretches = []
     for _ in range(1100):
         g = c.choose()
         if g == 0:
-            c.observe(0, 0, 0.0, 0.02, 1, 1)
+            plain(c, 0.02)
         else:
-            stretches.append(c.probe_every)
-            c.observe(g, 0, g * 0.006, 0.021, g + 1, 1)  # the probe is rejected
-    assert stretches[:4] == [32, 64, 128, 256] and c.probe_every == 512
+            stretches.append(c.probes.every)
+            drafted(c, drafted=g, accepted=0, draft=g * 0.006, verify=0.021, verified=g + 1)  # the probe is rejected
+    assert stretches[:4] == [32, 64, 128, 256] and c.probes.every == 512
     while c.choose() == 0:
-        c.observe(0, 0, 0.0, 0.02, 1, 1)
-    c.observe(2, 2, 0.012, 0.021, 3, 3)  # this probe is accepted: the text turned predictable
-    assert c.probe_every == 32 and c.choose() > 0
+        plain(c, 0.02)
+    drafted(c, drafted=2, accepted=2, draft=0.012, verify=0.021, verified=3)  # this probe is accepted: the text turned predictable
+    assert c.probes.every == 32 and c.choose() > 0
 
 
 def test_plain_decoding_is_judged_by_its_own_step_time():
     """A pipelined plain step can be cheaper than a one-token verify: gamma 0 is scored on it."""
-    c = Controller(max_gamma=4)
+    c = controller(max_gamma=4)
     feed(c, lambda r: 1, 30, 2, draft_step=0.004, verify=0.02)
     feed(c, lambda r: 1, 30, 3, draft_step=0.004, verify=0.02)
-    c.observe(0, 0, 0.0, 0.03, 1, 1)
+    plain(c, 0.03)
     slow_plain = c.best()
     for _ in range(60):
-        c.observe(0, 0, 0.0, 0.008, 1, 1)
+        plain(c, 0.008)
     assert slow_plain > 0 and c.best() == 0
 
 
 def test_draft_time_separates_the_fixed_cost_from_the_step():
     """D(gamma) = d0 + c gamma: a draft round's fixed cost (the wait, reading the last round's
     ids) must not be charged per proposal, or long drafts look too dear."""
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     for g in (2, 5, 3, 6):
         for _ in range(10):
-            c.observe(g, g, 0.004 + 0.001 * g, 0.02, g + 1, g + 1)
-    assert c.draft_time(1) == pytest.approx(0.005) and c.draft_time(8) == pytest.approx(0.012)
-    one_size = Controller()
-    one_size.observe(4, 4, 0.008, 0.02, 5, 5)
-    assert one_size.draft_time(2) == pytest.approx(0.004)  # proportional until a second size
+            drafted(c, drafted=g, accepted=g, draft=0.004 + 0.001 * g, verify=0.02, verified=g + 1)
+    assert c.times.draft_time(1) == pytest.approx(0.005) and c.times.draft_time(8) == pytest.approx(0.012)
+    one_size = controller()
+    drafted(one_size, drafted=4, accepted=4, draft=0.008, verify=0.02, verified=5)
+    assert one_size.times.draft_time(2) == pytest.approx(0.004)  # proportional until a second size
 
 
 def test_the_second_round_tries_another_size():
-    c = Controller(max_gamma=8, start_gamma=4)
+    c = controller(max_gamma=8, start_gamma=4)
     assert c.choose() == 4
-    c.observe(4, 4, 0.004, 0.02, 5, 5)
+    drafted(c, drafted=4, accepted=4, draft=0.004, verify=0.02, verified=5)
     assert c.choose() == 2
-    rejected = Controller(max_gamma=8, start_gamma=4)
-    rejected.observe(4, 0, 0.004, 0.02, 5, 1)
+    rejected = controller(max_gamma=8, start_gamma=4)
+    drafted(rejected, drafted=4, accepted=0, draft=0.004, verify=0.02, verified=5)
     assert rejected.choose() != 2
 
 
 def test_one_lucky_round_does_not_jump_to_the_longest_draft():
-    c = Controller(max_gamma=8)
-    c.observe(4, 4, 0.004, 0.010, 5, 5)
-    c.observe(2, 2, 0.002, 0.009, 3, 3)
-    assert c.acceptance[0] < 1  # the prior counts as one observation
+    c = controller(max_gamma=8)
+    drafted(c, drafted=4, accepted=4, draft=0.004, verify=0.010, verified=5)
+    drafted(c, drafted=2, accepted=2, draft=0.002, verify=0.009, verified=3)
+    assert c.acceptance.rates[0] < 1  # the prior counts as one observation
     assert c.best() <= 5  # at most one position beyond those tried
 
 
@@ -171,27 +188,27 @@ def test_plain_decoding_is_timed_before_it_is_judged():
     """A pipelined plain step can be much cheaper than a one-token verify, so while a draft is
     not clearly ahead of the verify-based guess, a short plain stretch times it; a clearly
     better draft is not interrupted."""
-    close = Controller(max_gamma=6)
+    close = controller(max_gamma=6)
     feed(close, lambda r: r % 2, 6, 2, draft_step=0.004, verify=0.02)
     feed(close, lambda r: r % 2, 6, 3, draft_step=0.004, verify=0.02)
     assert close.best() > 0 and close.choose() == 0 and close.plain_stretch() < 10
-    clear = Controller(max_gamma=6)
+    clear = controller(max_gamma=6)
     feed(clear, lambda r: 100, 6, 2, draft_step=0.0005, verify=0.02)
     feed(clear, lambda r: 100, 6, 3, draft_step=0.0005, verify=0.02)
     assert clear.choose() > 0
 
 
 def test_a_fully_accepted_probe_is_followed_by_another():
-    c = Controller(max_gamma=6)
+    c = controller(max_gamma=6)
     feed(c, lambda r: 0, 40, 2, draft_step=0.012, verify=0.02)
     for _ in range(40):
-        c.observe(0, 0, 0.0, 0.02, 1, 1)
+        plain(c, 0.02)
     g = c.choose()
-    assert g == c.probe_gamma
-    c.observe(g, g, g * 0.012, 0.021, g + 1, g + 1)  # all accepted
+    assert g == c.config.probe_gamma
+    drafted(c, drafted=g, accepted=g, draft=g * 0.012, verify=0.021, verified=g + 1)  # all accepted
     assert c.best() == 0  # one probe does not outweigh the past on its own...
     assert c.choose() > 0  # ...so another follows at once, not after another stretch
-    c.observe(g, 0, g * 0.012, 0.021, g + 1, 1)  # that one fails: back to plain decoding
+    drafted(c, drafted=g, accepted=0, draft=g * 0.012, verify=0.021, verified=g + 1)  # that one fails: back to plain decoding
     assert c.choose() == 0
 
 
@@ -208,66 +225,66 @@ def feed_confidences(c, rounds, pattern, draft_step=0.004, verify=0.01, waiting=
             cut = next((i for i, q in enumerate(confidences) if q < 0.2), size)
             forwards = cut + (cut < size)
             seconds = forwards * (draft_step + waiting)
-            c.observe(cut, min(accepted, cut), seconds, verify, cut + 1, min(accepted, cut) + 1, waited=True)
-            c.observe_confidences(0.2, confidences[:cut], min(accepted, cut), forwards, seconds)
+            drafted(c, drafted=cut, accepted=min(accepted, cut), draft=seconds, verify=verify, verified=cut + 1, waited=True)
+            c.stop.observe(threshold=0.2, confidences=tuple(confidences[:cut]), accepted=min(accepted, cut), forwards=forwards, draft_seconds=seconds)
         else:
-            c.observe(size, accepted, size * draft_step, verify, size + 1, accepted + 1)
-            c.observe_confidences(0.0, confidences, accepted, size, size * draft_step)
+            drafted(c, drafted=size, accepted=accepted, draft=size * draft_step, verify=verify, verified=size + 1)
+            c.stop.observe(threshold=0.0, confidences=tuple(confidences), accepted=accepted, forwards=size, draft_seconds=size * draft_step)
 
 
 def test_learned_early_stop_turns_on_when_unsure_drafts_are_rejected():
     """A costly draft whose unsure proposals the target rejects: stopping at them saves draft
     steps that could not have paid."""
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed_confidences(c, 32, [0.9, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9])
-    threshold = c.stop_threshold()
+    threshold = c.stop.next_threshold()
     assert 0.1 < threshold <= 0.9
     # every few rounds one drafts without a threshold, so the evidence stays complete
-    assert 0.0 in [c.stop_threshold() for _ in range(8)]
+    assert 0.0 in [c.stop.next_threshold() for _ in range(8)]
 
 
 def test_learned_early_stop_stays_off_when_unsure_drafts_are_still_accepted():
     """The bundled tiny draft is unsure (top probability ~0.15) yet right: stopping would
     throw accepted tokens away."""
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed_confidences(c, 32, [0.35, 0.32, 0.4, 0.31, 0.36, 0.33])
-    assert c.stop_threshold() == 0.0
+    assert c.stop.next_threshold() == 0.0
 
 
 def test_learned_early_stop_turns_off_when_waiting_costs_more_than_it_saves():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed_confidences(c, 32, [0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.9])
-    assert c.stop_threshold() > 0
+    assert c.stop.next_threshold() > 0
     feed_confidences(c, 40, [0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.9], waiting=0.008)  # a slow host round trip
     feed_confidences(c, 8, [0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.9])  # open rounds: the threshold is chosen again
-    assert c.stop_threshold() == 0.0
+    assert c.stop.next_threshold() == 0.0
 
 
 def test_learned_early_stop_needs_evidence():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed_confidences(c, 8, [0.9, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9])
-    assert c.stop_threshold() == 0.0
+    assert c.stop.next_threshold() == 0.0
 
 
 def test_rounds_that_waited_for_confidences_are_timed_apart():
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     feed(c, lambda r: 100, 10, 2, draft_step=0.001, verify=0.01)
     feed(c, lambda r: 100, 10, 4, draft_step=0.001, verify=0.01)
-    before = c.draft_time(4)
+    before = c.times.draft_time(4)
     for _ in range(20):
-        c.observe(4, 4, 0.05, 0.01, 5, 5, waited=True)  # a slow host wait at every step
-    assert c.draft_time(4) == pytest.approx(before)
+        drafted(c, drafted=4, accepted=4, draft=0.05, verify=0.01, verified=5, waited=True)  # a slow host wait at every step
+    assert c.times.draft_time(4) == pytest.approx(before)
 
 
 def test_stopping_before_the_first_proposal_still_costs_a_forward():
     """The draft computes a forward to learn its confidence in the first proposal: stopping
     there saves the later proposals, not that forward. With a round's drafting mostly fixed
     cost, stopping saves almost nothing."""
-    c = Controller(max_gamma=8)
+    c = controller(max_gamma=8)
     pattern = [0.1, 0.9, 0.9, 0.9, 0.9, 0.9]
     for r in range(32):
         size = len(pattern) - r % 2
         seconds = 0.05 + 0.0001 * size
-        c.observe(size, 0, seconds, 0.01, size + 1, 1)
-        c.observe_confidences(0.0, pattern[:size], 0, size, seconds)
-    assert c.stop_threshold() == 0.0
+        drafted(c, drafted=size, accepted=0, draft=seconds, verify=0.01, verified=size + 1)
+        c.stop.observe(threshold=0.0, confidences=tuple(pattern[:size]), accepted=0, forwards=size, draft_seconds=seconds)
+    assert c.stop.next_threshold() == 0.0

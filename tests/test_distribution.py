@@ -23,6 +23,8 @@ import pytest
 
 import mlxspec
 from mlxspec import engine, verify
+from mlxspec.caches import ModelCache
+from mlxspec.drafting import AUTO, NGramIndex, Policy, PromptLookup
 from mlxspec.events import Round
 from mlxspec.generation import Session
 from mlxspec.sampling import SamplingParams, warp
@@ -54,6 +56,11 @@ def small_pair(factory):
     return mlxspec.load_pair(str(target), str(draft))
 
 
+def policy(session, gamma: int) -> Policy | None:
+    """A fixed draft length from the draft model (None: standard decoding)."""
+    return Policy(gamma=gamma, stop=0.0, controller=session.controller) if gamma else None
+
+
 def exact_law(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
     """P(first LENGTH ids) under standard decoding, from the target's warped rows."""
     law = {}
@@ -80,7 +87,7 @@ def sample_joint(pair, params: SamplingParams, gamma: int, runs: int, seed: int)
             session.target,
             session.draft,
             PROMPT,
-            gamma=gamma,
+            policy=policy(session, gamma),
             params=params,
             max_tokens=LENGTH,
             eos_ids=frozenset(),
@@ -123,7 +130,7 @@ def test_the_pair_exercises_every_path(small_pair):
     for i in range(200):
         session.reset()
         for event in engine.decode(
-            session.target, session.draft, PROMPT, gamma=GAMMA, params=params, max_tokens=LENGTH,
+            session.target, session.draft, PROMPT, policy=policy(session, GAMMA), params=params, max_tokens=LENGTH,
             eos_ids=frozenset(), key=mx.random.key(i),
         ):
             if isinstance(event, Round) and event.drafted:
@@ -148,7 +155,7 @@ def test_harness_rejects_missing_rewind(small_pair, monkeypatch):
         self.length = length  # the bookkeeping moves, the layers keep the rejected tokens
         return 0
 
-    monkeypatch.setattr(engine.ModelCache, "rewind", no_rewind)
+    monkeypatch.setattr(ModelCache, "rewind", no_rewind)
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
@@ -178,22 +185,20 @@ ADAPTIVE = {
 def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False, primed=False):
     import copy
 
-    from mlxspec.ngram import NGramIndex
-
     controller = primed_for_early_stop() if primed else None
     counts = Counter()
     counts.early_stops = 0
     for i in range(runs):
         session = Session(pair)
-        index = None
-        if ngram:
-            index = NGramIndex(max_n=2, min_n=1)
-            index.extend(PROMPT)
+        lookup = PromptLookup(PROMPT, min_match=2, index=NGramIndex(max_n=2, min_n=1)) if ngram else None
+        drafting = Policy(
+            gamma=AUTO if gamma == "auto" else gamma, stop=AUTO if min_p == "auto" else min_p,
+            controller=copy.deepcopy(controller) if controller else session.controller, lookup=lookup, draft_model=not no_model,
+        )
         emitted = []
         for event in engine.decode(
-            session.target, None if no_model else session.draft, PROMPT, gamma=gamma, params=params,
-            max_tokens=LENGTH, eos_ids=frozenset(), key=mx.random.key(seed + i), ngram=index, min_p=min_p,
-            ngram_min_match=2, controller=copy.deepcopy(controller),
+            session.target, None if no_model else session.draft, PROMPT, policy=drafting, params=params,
+            max_tokens=LENGTH, eos_ids=frozenset(), key=mx.random.key(seed + i),
         ):
             if isinstance(event, Round):
                 emitted += event.emitted
@@ -221,15 +226,13 @@ def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode):
 def test_point_mass_proposals_are_exercised(small_pair):
     """With a 6-id vocabulary, prompt lookup finds a match in most runs, and its proposals are
     both accepted (bonus) and rejected (recovered from p with the proposal removed)."""
-    from mlxspec.ngram import NGramIndex
-
     sources = Counter()
     for i in range(100):
         session = Session(small_pair)
-        index = NGramIndex(max_n=2, min_n=1)
-        index.extend(PROMPT)
-        for event in engine.decode(session.target, None, PROMPT, gamma=GAMMA, params=SETTINGS["temp1"], max_tokens=LENGTH,
-                                   eos_ids=frozenset(), key=mx.random.key(i), ngram=index):
+        lookup = PromptLookup(PROMPT, index=NGramIndex(max_n=2, min_n=1))
+        drafting = Policy(gamma=GAMMA, stop=0.0, controller=session.controller, lookup=lookup, draft_model=False)
+        for event in engine.decode(session.target, None, PROMPT, policy=drafting, params=SETTINGS["temp1"], max_tokens=LENGTH,
+                                   eos_ids=frozenset(), key=mx.random.key(i)):
             if isinstance(event, Round):
                 sources[event.source] += 1
                 sources[event.fates[-1]] += 1

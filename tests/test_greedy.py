@@ -9,7 +9,7 @@ import pytest
 import mlxspec
 from mlxspec import Round
 from mlxspec.caches import CacheOptions
-from mlxspec.controller import Controller
+from mlxspec.drafting import Controller
 from mlxspec.generation import Session
 from tests.conftest import ARCHS, primed_for_early_stop
 

@@ -9,7 +9,10 @@ import pytest
 from rich.console import Console
 
 from mlxspec import race as racing
-from mlxspec.events import Done, Prefill, Round, StatsCollector
+from mlxspec import sides
+from mlxspec.options import Options
+from mlxspec.events import Done, Prefill, Round
+from mlxspec.stats import Stats
 from mlxspec.views import race as view
 from mlxspec.views.tokens import STYLES
 from tests.test_cli import run
@@ -84,13 +87,13 @@ def test_live_height_keeps_the_newest_lines():
 
 def test_divergence_is_flagged_at_temperature_zero():
     standard, speculative = recorded_sides(diverge=True)
-    assert racing.identical_so_far(standard, speculative) == 5
+    assert sides.identical_so_far(standard, speculative) == 5
     assert "outputs differ at token 5 ✗" in screen(standard, speculative, 160).export_text()
 
 
 def test_summary_says_speedup_and_slowdown_plainly():
     standard, speculative = recorded_sides()
-    speculative.apply(Done("length", speculative.stats.stats("length")))
+    speculative.apply(Done("length", speculative.stats.frozen("length")))
     assert "2.40x faster" in view.summary(standard, speculative, temp=0).plain
     slow = racing.Side("speculative", "Big + Small", 3)
     slow.apply(round_event(0, [10, 11, 12], 0, [10], ["The"], 0.5, discarded=" x"))
@@ -102,13 +105,13 @@ def test_scheduler_keeps_the_clocks_within_a_slice(load_pair):
     """A side keeps its turn until it is a slice of its own time ahead; then the one behind
     goes. So neither clock leads by more than a slice plus the round that crossed it."""
     pair = load_pair("llama")
-    for standard, speculative in racing.race(pair, list(range(10, 22)), gamma=3, max_tokens=120, slice_seconds=0.01):
+    for standard, speculative in racing.race(pair, list(range(10, 22)), Options.build(gamma=3, max_tokens=120), slice_seconds=0.01):
         if standard.done or speculative.done:
             break
         # the longest a single round took on either side so far
         longest = max(standard.stats.decode_seconds, speculative.stats.decode_seconds) / max(min(standard.stats.rounds, speculative.stats.rounds), 1)
         assert abs(standard.clock - speculative.clock) <= 0.01 + 4 * longest + 0.005
-    for standard, speculative in racing.race(pair, list(range(10, 22)), gamma=3, max_tokens=40):
+    for standard, speculative in racing.race(pair, list(range(10, 22)), Options.build(gamma=3, max_tokens=40)):
         pass
     assert standard.done and speculative.done
     assert standard.tokens == speculative.tokens  # temperature 0
@@ -130,7 +133,7 @@ def test_race_command_plain_summary_and_svg(capsys, factory, tmp_path):
     svg, html = tmp_path / "race.svg", tmp_path / "race.html"
     code, out, err = run(capsys, "race", "hello", "-t", str(target), "-d", str(draft), "-m", "20", "--svg", str(svg), "--html", str(html))
     assert code == 0, err
-    assert out.startswith("standard:") and "speculative:" in out and "Outputs identical." in out
+    assert out.startswith("standard (") and "speculative (" in out and "Outputs identical." in out
     assert svg.read_text().startswith("<svg") and "Speculative" in svg.read_text()
     assert "<html" in html.read_text().lower()
 
@@ -138,4 +141,4 @@ def test_race_command_plain_summary_and_svg(capsys, factory, tmp_path):
 def test_race_refuses_gamma_zero(capsys, factory):
     target, draft = factory.pair("llama")
     code, _, err = run(capsys, "race", "-t", str(target), "-d", str(draft), "-g", "0")
-    assert code == 2 and "--gamma must be >= 1" in err
+    assert code == 2 and "--gamma >= 1 or auto" in err

@@ -310,7 +310,7 @@ def by_length_alone(cursor, prefix):
 @pytest.mark.parametrize("name", ["RotatingKVCache", "RotatingKVCache kept"])
 def test_the_walk_finds_a_stale_checkpoint(load_pair, monkeypatch, name):
     """The negative control: with checkpoints restored by length alone, the walk fails."""
-    from mlxspec.engine import Cursor
+    from mlxspec.cursor import Cursor
 
     monkeypatch.setattr(Cursor, "_checkpoint_within", by_length_alone)
     family = load_family(load_pair, name)

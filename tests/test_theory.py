@@ -2,7 +2,8 @@
 
 import pytest
 
-from mlxspec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_speedup, predicted_speedup_mean, run_shape
+from mlxspec.stats import Stats
+from mlxspec.theory import cost_ratio, expected_tokens_by_position, expected_tokens_per_round, predicted_speedup, predicted_speedup_mean, predicted_speedup_of
 
 
 def test_expected_tokens_hand_computed():
@@ -42,8 +43,11 @@ def test_alpha_out_of_range():
         expected_tokens_per_round(1.2, 3)
 
 
-def test_run_shape_takes_the_mean_over_drafting_rounds_and_the_plain_share():
-    # 10 rounds, 6 of them plain: 12 drafts over 4 drafting rounds
-    assert run_shape(drafted=12, rounds=10, plain_rounds=6) == (3.0, 0.6)
-    assert run_shape(drafted=12, rounds=10, plain_rounds=6, gamma=4) == (4, 0.6)
-    assert run_shape(drafted=0, rounds=0, plain_rounds=0) == (0.0, 0.0)
+def test_a_runs_prediction_takes_the_mean_over_drafting_rounds_and_the_plain_share():
+    auto = Stats(rounds=10, plain_rounds=6, drafted=12, tested=10, accepted=7, gamma="auto")
+    assert auto.mean_gamma == 3.0 and auto.plain_share == 0.6
+    assert predicted_speedup_of(auto, c=0.1) == pytest.approx(predicted_speedup_mean(0.7, 3.0, 0.1, plain_share=0.6))
+    fixed = Stats(rounds=10, plain_rounds=6, drafted=12, tested=10, accepted=7, gamma=4)
+    assert predicted_speedup_of(fixed, c=0.1) == pytest.approx(predicted_speedup_mean(0.7, 4, 0.1, plain_share=0.6))
+    assert predicted_speedup_of(Stats(), c=0.1) is None
+    assert cost_ratio(0.002, 0.02) == pytest.approx(0.1) and cost_ratio(None, 0.02) is None

@@ -33,7 +33,7 @@ def settings_table(report, *, wide: bool = True) -> Table:
     """One row per temperature and γ. Narrow (`wide=False`): mlxspec's own figures only,
     the peer and drafting columns go to `peer_table`."""
     peers = wide and any(s.peer_speculative_tps for s in report.settings)
-    extras = wide and any(s.ngram_rounds or s.early_stops or s.gamma == "auto" for s in report.settings)
+    extras = wide and any(s.stats.ngram_rounds or s.stats.early_stops or s.gamma == "auto" for s in report.settings)
     table = Table(title="All prompts", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     names = ("T", "γ", "std tok/s", "spec tok/s", "speedup", "α", "τ", "predicted", "meas/pred")
     if not wide:
@@ -47,8 +47,8 @@ def settings_table(report, *, wide: bool = True) -> Table:
             table.add_column(name, justify="right", no_wrap=True)
     for s in (s for s in report.settings if s.category == "all"):
         row = [
-            f"{s.temp:g}", str(s.gamma), f"{s.standard_tps:.1f}", f"{s.speculative_tps:.1f}", _speedup(s.speedup),
-            _num(s.acceptance_rate, ".2f"), _num(s.tokens_per_round, ".2f"), _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
+            f"{s.temp:g}", str(s.gamma), _num(s.standard_tps, ".1f"), _num(s.speculative_tps, ".1f"), _speedup(s.speedup),
+            _num(s.stats.acceptance_rate, ".2f"), _num(s.stats.tokens_per_round, ".2f"), _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
             _num(s.vs_predicted, ".2f"),
         ]
         if extras:
@@ -75,14 +75,14 @@ def _peer_cells(s) -> list[str]:
 
 def _drafting(s) -> str:
     parts = []
-    if s.mean_gamma is not None and s.gamma == "auto":
-        parts.append(f"mean γ {s.mean_gamma:.1f}")
-    if s.plain_rounds:
-        parts.append(f"{s.plain_rounds} plain")
-    if s.ngram_rounds:
-        parts.append(f"{s.ngram_rounds} n-gram")
-    if s.early_stops:
-        parts.append(f"{s.early_stops} early stops")
+    if s.stats.mean_gamma is not None and s.gamma == "auto":
+        parts.append(f"mean γ {s.stats.mean_gamma:.1f}")
+    if s.stats.plain_rounds:
+        parts.append(f"{s.stats.plain_rounds} plain")
+    if s.stats.ngram_rounds:
+        parts.append(f"{s.stats.ngram_rounds} n-gram")
+    if s.stats.early_stops:
+        parts.append(f"{s.stats.early_stops} early stops")
     return ", ".join(parts)
 
 
@@ -98,8 +98,8 @@ def category_table(report) -> Table:
         for key in keys:
             s = by_key.get(key)
             cell = _speedup(s.speedup if s else None)
-            if s and s.acceptance_rate is not None:
-                cell.append(f" ({s.acceptance_rate:.2f})", style="dim")
+            if s and s.stats.acceptance_rate is not None:
+                cell.append(f" ({s.stats.acceptance_rate:.2f})", style="dim")
             cells.append(cell)
         table.add_row(category, *cells)
     return table
@@ -110,7 +110,7 @@ def standard_line(report) -> Text:
     parts = []
     for s in report.settings:
         if s.category == "all" and s.gamma == report.settings[0].gamma and s.peer_standard_tps is not None:
-            parts.append(f"T{s.temp:g}: mlxspec {s.standard_tps:.1f} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s")
+            parts.append(f"T{s.temp:g}: mlxspec {_num(s.standard_tps, '.1f')} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s")
     return Text("standard decoding  " + "; ".join(parts), style="dim") if parts else Text("")
 
 
@@ -141,13 +141,16 @@ def render(report, width: int = 160) -> Group:
 
 
 def csv_rows(report) -> list[dict]:
-    return [
-        {
+    def rounded(value, digits):
+        return None if value is None else round(value, digits)
+
+    rows = []
+    for r in report.runs:
+        stats = r.stats
+        rows.append({
             "prompt": r.prompt, "category": r.category, "method": r.method, "mode": r.mode, "gamma": r.gamma,
-            "temp": r.temp, "tokens": r.tokens, "tokens_per_second": round(r.tokens_per_second, 3),
-            "acceptance_rate": None if r.acceptance_rate is None else round(r.acceptance_rate, 4),
-            "tokens_per_round": None if r.tokens_per_round is None else round(r.tokens_per_round, 3),
-            "peak_memory_gb": None if r.peak_memory_gb is None else round(r.peak_memory_gb, 3),
-        }
-        for r in report.runs
-    ]
+            "temp": r.temp, "tokens": r.tokens, "tokens_per_second": rounded(r.tokens_per_second, 3),
+            "acceptance_rate": rounded(stats.acceptance_rate, 4), "tokens_per_round": rounded(stats.tokens_per_round, 3),
+            "peak_memory_gb": rounded(r.peak_memory_gb, 3),
+        })
+    return rows

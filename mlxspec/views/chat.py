@@ -4,17 +4,20 @@ loop with scripted lines."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..chat import ContextTrimmed, Conversation
 from ..errors import MlxspecError
-from ..events import Done, Prefill, Round
-from ..theory import predicted_speedup_mean, run_shape
+from ..events import ContextTrimmed, Done, Prefill, Round
+from ..options import parse_gamma
+from ..theory import cost_ratio, predicted_speedup_of
 from .summary import stats_line
+
+if TYPE_CHECKING:
+    from ..chat import Conversation
 from .tokens import STYLES, legend
 
 HELP = """\
@@ -29,8 +32,6 @@ HELP = """\
 End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
 
 def _gamma(text: str):
-    from ..generation import parse_gamma
-
     return parse_gamma(text.strip().lower())
 
 
@@ -47,17 +48,35 @@ _SETTINGS = {
 
 def estimated_speedup(stats) -> float | None:
     """E[tau] / (gamma c + 1), c from this reply's own timings: a draft step over a verify
-    pass (which costs about one target step when decoding is memory-bound)."""
-    if not stats.gamma or not stats.drafted or not stats.rounds or stats.acceptance_rate is None:
+    pass (which costs about one target step when decoding is memory-bound); prompt lookup
+    drafts for nothing."""
+    if not stats.gamma or not stats.drafted:
         return None
-    c = (stats.draft_seconds / stats.drafted) / (stats.verify_seconds / stats.rounds)
-    # the mean over drafting rounds: gamma may be auto, rounds cut short
-    gamma, plain_share = run_shape(stats.drafted, stats.rounds, stats.plain_rounds)
-    return predicted_speedup_mean(stats.acceptance_rate, gamma, c, plain_share=plain_share)
+    c = cost_ratio(stats.draft_step, stats.verify_step)
+    if c is None and stats.ngram_rounds and not stats.model_rounds:
+        c = 0.0
+    return predicted_speedup_of(stats, c=c) if c is not None else None
 
 
 def stat_line(stats, reused: int) -> Text:
     return stats_line(stats, estimate=estimated_speedup(stats), reused=reused)
+
+
+def banner(pair, options) -> Text:
+    """The first lines: the models and the draft length; for the bundled toy pair, what it is."""
+    gamma = options.gamma
+    label = "no draft" if gamma == 0 else f"γ {gamma}" if isinstance(gamma, int) else "γ auto"
+    if pair.draft is None and pair.ngram and gamma != 0:
+        label += ", drafting by prompt lookup"
+    text = Text(f"{pair.description} · {label}", style="bold")
+    if pair.bundled:
+        text.append(
+            "\nThe bundled pair is a 4M-parameter toy trained on Python's standard library: it completes code and "
+            "has no idea what a conversation is. For a real assistant: --pair smollm2 (fetched where the Hugging "
+            "Face hub cannot be reached), or a Qwen3 pair on a Mac (mlxspec models).",
+            style="yellow",
+        )
+    return text
 
 
 class ChatApp:

@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .. import race as model
+from .. import sides as model
 from .tokens import fate_text, legend
 
 NARROW = 100  # columns below which the panels stack
@@ -63,8 +63,9 @@ def footer(standard: model.Side, speculative: model.Side, *, temp: float, show_r
     predicted = model.predicted_speedup(standard, speculative)
     parts = [Text.assemble(("speedup ", "bold"), (f"{now:.2f}x" if now else "–", "bold green" if now and now >= 1 else "bold red"))]
     if predicted:
-        c = speculative.draft_step * standard.tokens_per_second
-        parts.append(Text(f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}, c {c:.2f}, γ {speculative.effective_gamma:.3g})", style="dim"))
+        c = model.draft_cost(standard, speculative)
+        cost = f", c {c:.2f}" if c is not None else ", prompt lookup: c 0"
+        parts.append(Text(f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}{cost}, γ {speculative.effective_gamma:.3g})", style="dim"))
     if temp == 0:
         differs = model.identical_so_far(standard, speculative)
         parts.append(Text("identical so far ✓", style="green") if differs is None else Text(f"outputs differ at token {differs} ✗", style="bold red"))
@@ -84,7 +85,7 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
     if now >= 1:
         text = Text.assemble(("Speculative decoding was ", ""), (f"{now:.2f}x faster", "bold green"), f" ({detail}): {saved:.2f} s saved over {tokens} tokens.")
     else:
-        c = speculative.draft_step * standard.tokens_per_second if speculative.draft_step else None
+        c = model.draft_cost(standard, speculative)
         why = f" The draft costs {c:.2f} of a target step per token; speculation pays when that is small and α high (see `mlxspec bench`)." if c else ""
         text = Text.assemble(("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({detail}).{why}")
     if temp == 0:
@@ -125,10 +126,21 @@ def _lines(renderable, width: int) -> int:
 
 
 def plain_summary(standard: model.Side, speculative: model.Side, *, temp: float) -> str:
-    """For a pipe: the two outputs' figures and the summary, no colours."""
-    lines = [
-        f"standard:    {_figures(standard)}",
-        f"speculative: {_figures(speculative)}",
-        summary(standard, speculative, temp=temp).plain,
-    ]
+    """For a pipe: each side's figures and text, then the summary; no colours."""
+    lines = []
+    for side in (standard, speculative):
+        lines += [f"{side.method} ({side.models}): {_figures(side)}", side.text, ""]
+    lines.append(summary(standard, speculative, temp=temp).plain)
     return "\n".join(lines)
+
+
+def as_dict(standard: model.Side, speculative: model.Side, *, temp: float) -> dict:
+    """The race's outcome, for --json."""
+    return {
+        "standard": {"models": standard.models, "text": standard.text, "tokens": standard.tokens, "seconds": standard.elapsed, "stats": standard.stats.to_dict()},
+        "speculative": {"models": speculative.models, "text": speculative.text, "tokens": speculative.tokens, "seconds": speculative.elapsed, "stats": speculative.stats.to_dict()},
+        "speedup": model.speedup(standard, speculative),
+        "predicted_speedup": model.predicted_speedup(standard, speculative),
+        "draft_cost": model.draft_cost(standard, speculative),
+        "identical": model.identical_so_far(standard, speculative) is None if temp == 0 else None,
+    }

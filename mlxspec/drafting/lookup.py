@@ -44,3 +44,20 @@ class NGramIndex:
             return []
         _, end = found
         return self.tokens[end + 1 : end + 1 + gamma]
+
+
+class PromptLookup:
+    """Prompt-lookup proposals for one generation: an index over the prompt and output so far.
+    Beside a draft model only matches of `min_match` ids or more are used (shorter ones are
+    guesses the model makes better)."""
+
+    def __init__(self, prompt: list[int], *, min_match: int | None = None, index: NGramIndex | None = None):
+        self.index = index or NGramIndex()
+        self.index.extend(prompt)
+        self.min_match = min_match
+
+    def propose(self, gamma: int) -> tuple[int, ...]:
+        return tuple(self.index.propose(gamma, self.min_match)) if gamma > 0 else ()
+
+    def extend(self, ids) -> None:
+        self.index.extend(ids)

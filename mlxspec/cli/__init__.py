@@ -1,0 +1,77 @@
+"""The `mlxspec` command: one module per command, options declared once (options.py).
+
+Every failure the user can fix arrives as an MlxspecError and leaves as one line on stderr
+with a non-zero exit code (2 for bad options, 1 for models and machine, 130 for Ctrl-C); MLX
+and mlx-lm are imported inside commands so `--help` is fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from ..errors import MlxspecError
+from .bench import bench
+from .chat import chat
+from .common import error
+from .generate import generate
+from .models import models_app
+from .race import race
+
+app = typer.Typer(
+    help="Speculative decoding on MLX: a small draft model proposes, the big target verifies. "
+    "Faster generation with exactly the target's output.",
+    add_completion=False,
+    no_args_is_help=True,
+    invoke_without_command=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _app(version: Annotated[bool, typer.Option("--version", help="Show the version and exit.")] = False):
+    """Speculative decoding on MLX: a small draft model proposes, the big target verifies.
+    Faster generation with exactly the target's output."""
+    if version:
+        from .. import __version__
+
+        print(f"mlxspec {__version__}")
+        raise typer.Exit()
+
+
+app.command()(generate)
+app.command()(chat)
+app.command()(race)
+app.command()(bench)
+app.add_typer(models_app, name="models")
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """Typer's parse errors (click's ClickException, vendored in recent typer): they carry a
+    message and an exit code."""
+    return hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app and turn every expected failure into one line."""
+    try:
+        code = app(args=argv, prog_name="mlxspec", standalone_mode=False)
+    except MlxspecError as e:
+        error(str(e))
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as e:
+        if _is_usage_error(e):
+            error(e.format_message())
+            sys.exit(e.exit_code)
+        # a bug: say so in one line, the traceback on request
+        if os.environ.get("MLXSPEC_DEBUG"):
+            raise
+        error(f"{type(e).__name__}: {e} (MLXSPEC_DEBUG=1 shows the traceback)", "internal error")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,131 @@
+"""`mlxspec bench`: measured speedups on this machine, against the theory and mlx-lm."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidOption
+from .common import err, load, wide_console, writable, write_text
+from .options import Models, model_options
+
+
+def _gamma_value(text: str):
+    text = text.strip().lower()
+    return text if text == "auto" else int(text)
+
+
+def _number_list(text: str, kind, name: str) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidOption(f"{name} takes a comma-separated list, e.g. 2,4,6; got {text!r}") from None
+    if not values:
+        raise InvalidOption(f"{name} is empty")
+    return values
+
+
+DEFAULT_GAMMAS = "auto,2,4,6"
+
+
+@model_options(exclude=("no_draft", "max_kv_size", "kv_bits"))
+def bench(
+    *,
+    models: Models,
+    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", metavar="LIST", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.", show_default=DEFAULT_GAMMAS)] = None,
+    temp: Annotated[Optional[str], typer.Option("--temp", metavar="LIST", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1")] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", metavar="FILE", help="Your own prompts: a JSON-lines file of {\"prompt\": ..., \"category\": ...}.", show_default=False)] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-m", metavar="N", help="Tokens per generation.", show_default="128")] = None,
+    repeats: Annotated[Optional[int], typer.Option("--repeats", metavar="N", help="Runs per setting; the median speed is reported.", show_default="3")] = None,
+    no_peers: Annotated[bool, typer.Option("--no-peers", help="Skip mlx-lm's own generation.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A short run: one prompt per category, γ auto,2,4, T 0,1, 64 tokens, one repeat.")] = False,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the first repeat (the next ones add 1).")] = 0,
+    raw: Annotated[bool, typer.Option("--raw", help="Use the prompts as they are, without the chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every measurement as one JSON object.")] = False,
+    csv_file: Annotated[Optional[str], typer.Option("--csv", metavar="FILE", help="Also write one row per run to this CSV file.", show_default=False)] = None,
+    plot_file: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Also plot speedup against γ (measured and predicted) to this PNG (needs matplotlib).", show_default=False)] = None,
+):
+    """Measure speedup, acceptance and costs on this machine, against the theory and mlx-lm.
+
+    Example: mlxspec bench --pair smollm2 --temp 0,0.7 --plot speedup.png
+    """
+    from .. import prompts as suites
+    from ..bench import BenchConfig, plan_size, run_bench
+    from ..options import SamplingParams
+    from ..views import bench as view
+
+    config = BenchConfig(
+        prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
+        gammas=_number_list(gamma or ("auto,2,4" if quick else DEFAULT_GAMMAS), _gamma_value, "--gamma"),
+        temps=_number_list(temp or "0,1", float, "--temp"),
+        max_tokens=max_tokens or (64 if quick else 128),
+        repeats=repeats or (1 if quick else 3),
+        peers=not no_peers,
+        seed=seed,
+        raw=raw,
+    )
+    if any(g != "auto" and g < 1 for g in config.gammas):
+        raise InvalidOption("--gamma values must be >= 1 or auto (standard decoding is always measured)")
+    if config.repeats < 1 or config.max_tokens < 1:
+        raise InvalidOption("--repeats and --max-tokens must be >= 1")
+    for t in config.temps:
+        SamplingParams(temp=t)
+    csv_path, plot_path = writable(csv_file, "CSV"), writable(plot_file, "plot")
+    if plot_path:
+        _require_matplotlib()
+    pair = load(models)
+    if pair.draft is None and not pair.ngram:
+        raise InvalidOption("bench needs a draft model (or --draft ngram)")
+    if pair.draft is None:
+        config.peers = False  # mlx-lm has no prompt-lookup drafting to compare with
+    report = _with_progress(lambda step: run_bench(pair, config, step), plan_size(config) + 2, "Benchmarking")
+    if csv_path:
+        write_text(csv_path, _csv(view.csv_rows(report)), "CSV")
+    if plot_path:
+        from ..views.plot import plot_speedup
+
+        plot_speedup(report, str(plot_path))
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        console = wide_console()
+        console.print(view.render(report, console.width))
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InvalidOption("--plot needs matplotlib: pip install 'mlxspec[plot]'") from None
+
+
+def _csv(rows: list[dict]) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["prompt"])
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _with_progress(work, total: int, label: str):
+    """Run work(step) with a progress bar on stderr; `step(description)` advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task(label, total=total)
+        started = False
+
+        def step(description: str) -> None:
+            nonlocal started
+            if started:
+                progress.advance(task)
+            started = True
+            progress.update(task, description=description)
+
+        return work(step)

@@ -1,0 +1,41 @@
+"""`mlxspec chat`: a conversation, both models' caches kept between turns."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from ..options import Options
+from .common import load
+from .options import Models, decoding_options, model_options
+
+
+@decoding_options(temp=0.7, top_p=0.95, max_tokens=512)
+@model_options
+def chat(
+    *,
+    models: Models,
+    options: Options,
+    show_drafts: Annotated[bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")] = False,
+):
+    """Chat with a model, speculative decoding on, caches kept between turns.
+
+    Example: mlxspec chat --pair qwen3-8b --system "Answer briefly."
+    """
+    from ..chat import Conversation
+    from ..views.chat import ChatApp, banner
+
+    try:  # line editing and history for input()
+        import readline  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
+    if models.no_draft:
+        options = options.replace(gamma=0)
+    pair = load(models, speculative=options.speculative)
+    console = Console(highlight=False)
+    console.print(banner(pair, options))
+    conversation = Conversation(pair, options.system, options, cache_options=models.cache_options())
+    raise typer.Exit(ChatApp(conversation, read=input, console=console, show_drafts=show_drafts).run())

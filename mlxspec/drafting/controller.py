@@ -1,0 +1,158 @@
+"""`--gamma auto`: each round's draft length from what the run has measured.
+
+The controller picks the gamma that maximises expected emitted tokens per second,
+
+    E[tau](gamma) / (D(gamma) + T(gamma + 1) + overhead),   E[tau] = 1 + sum_k prod_{i<=k} a_i,
+
+against 1 / plain_step for gamma = 0 (plain decoding), with the costs of `timing` and the
+per-position acceptance rates a_i below (recent rounds weighted more).
+
+Early on: each position's rate starts from the prior as one pseudo-observation, so one
+lucky round does not send gamma to the maximum; unless the first round's first proposal was
+rejected, the second round tries another size, so both cost lines are fitted; gamma grows at
+most one position beyond those tried (an untried position borrows the last measured rate).
+A pipelined plain step can be much cheaper than a one-token verify, so plain decoding is not
+judged before it is timed: while no draft length is clearly ahead of the verify-based
+guess, a short plain stretch times it. While plain decoding wins, `probes` says when to
+draft again; now and then a length one beyond the best is tried, to learn that position.
+
+Everything here is learnt across a session's generations (chat's turns); a pure function of
+its observations: no clocks, no MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..theory import expected_tokens_by_position
+from .early_stop import StopLearner
+from .plan import Outcome
+from .probes import ProbeSchedule
+from .timing import RoundTimes
+
+PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
+LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    max_gamma: int = 8
+    start_gamma: int = 4  # before anything is timed (a preset's recommendation)
+    decay: float = 0.92  # weight of the past per observation
+    prior_acceptance: float = 0.6
+    prior_slope: float = 0.05  # verify cost growth per extra token, until two sizes are seen
+    probe_gamma: int = 2
+    probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
+
+
+@dataclass
+class AcceptanceModel:
+    """Per draft position, the rate at which it is accepted given the earlier ones were."""
+
+    prior: float
+    decay: float
+    rates: list[float] = field(default_factory=list)
+    _seen: list[int] = field(default_factory=list)
+
+    def observe(self, *, drafted: int, accepted: int, fresh_weight: float | None = None) -> None:
+        """`fresh_weight`: how much this round counts at least (a probe after a stretch)."""
+        keep = self.decay if fresh_weight is None else 1 - fresh_weight
+        for i in range(min(accepted + 1, drafted)):  # positions tested: up to the first rejection
+            while len(self.rates) <= i:
+                self.rates.append(self.prior)
+                self._seen.append(0)
+            # a running mean (the prior counting once) until the decay takes over
+            self._seen[i] += 1
+            weight = max(1 / (self._seen[i] + 1), 1 - keep)
+            self.rates[i] += weight * ((i < accepted) - self.rates[i])
+
+    def at(self, gamma: int) -> list[float]:
+        """The first `gamma` positions' rates; an untried position borrows the last one's."""
+        rates, last = [], self.prior
+        for i in range(gamma):
+            last = self.rates[i] if i < len(self.rates) else last
+            rates.append(last)
+        return rates
+
+
+class Controller:
+    """What a session has learnt of its pair (costs, acceptance, probes, the early stop),
+    and the draft length it implies."""
+
+    def __init__(self, config: ControllerConfig | None = None):
+        self.config = config or ControllerConfig()
+        self.times = RoundTimes(decay=self.config.decay, prior_slope=self.config.prior_slope)
+        self.acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
+        self.probes = ProbeSchedule()
+        self.stop = StopLearner(self.times)
+        self.rounds = 0  # drafting rounds observed
+
+    # --- observations ---------------------------------------------------------------
+    def observe_plain(self, seconds: float) -> None:
+        """One plain, pipelined decoding step."""
+        self.times.observe_plain(seconds)
+        self.probes.observe_plain(1)
+
+    def observe_round(self, outcome: Outcome, *, waited: bool = False) -> None:
+        """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
+        its confidence at every step (a learned threshold was on), so its drafting time is
+        kept out of the draft line."""
+        if outcome.verify_seconds is not None:
+            self.times.observe_verify(outcome.verified, outcome.verify_seconds)
+        if not outcome.drafted:
+            self.probes.observe_empty()
+            return
+        self.rounds += 1
+        drafted, probing = len(outcome.drafted), self.probes.probing
+        self.acceptance.observe(drafted=drafted, accepted=outcome.accepted, fresh_weight=self.config.probe_weight if probing else None)
+        if outcome.draft_seconds is not None:
+            if not waited:
+                self.times.observe_draft(drafted, outcome.draft_seconds)
+            self.times.observe_overhead(outcome.seconds - outcome.draft_seconds - outcome.verify_seconds)
+        self.probes.observe_round(all_accepted=outcome.accepted == drafted, drafting_wins=probing and self.best() > 0)
+
+    # --- the model ------------------------------------------------------------------
+    def expected_tokens(self, gamma: int) -> float:
+        return expected_tokens_by_position(self.acceptance.at(gamma))
+
+    def throughput(self, gamma: int) -> float | None:
+        """Expected emitted tokens per second at this gamma; None before it can be told."""
+        if gamma == 0:
+            step = self.times.plain_time()
+            return 1.0 / step if step else None
+        time = self.times.round_time(gamma)
+        return self.expected_tokens(gamma) / time if time else None
+
+    def best(self) -> int:
+        reach = min(len(self.acceptance.rates) + 1, self.config.max_gamma)
+        scores = {g: self.throughput(g) for g in range(reach + 1)}
+        if any(v is None for v in scores.values()):
+            return min(self.config.start_gamma, self.config.max_gamma)  # nothing timed yet
+        return max(scores, key=lambda g: (scores[g], -g))
+
+    def _plain_untimed_may_win(self, best: int) -> bool:
+        guess, drafting = self.times.verify_time(1), self.throughput(best)
+        return self.times.plain_step is None and None not in (guess, drafting) and drafting < PLAIN_DOUBT / guess
+
+    # --- the decision -----------------------------------------------------------------
+    def choose(self) -> int:
+        """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
+        config = self.config
+        if self.rounds == 1 and not self.times.draft_fitted and config.start_gamma > 1 and self.acceptance.rates[0] > 0.5:
+            # the first round's leading draft was accepted: a second size, so that both lines
+            # are fitted early (after a rejection, plain decoding is timed first)
+            return config.start_gamma // 2
+        best = self.best()
+        if best > 0 and self._plain_untimed_may_win(best):
+            return 0  # a short plain stretch times it
+        if best == 0:
+            if self.probes.due():
+                self.probes.start()
+                return min(config.probe_gamma, config.max_gamma)
+            return 0
+        if best < config.max_gamma and self.rounds % LEARN_NEXT_EVERY == LEARN_NEXT_EVERY - 1:
+            return best + 1  # learn the next position's rate
+        return best
+
+    def plain_stretch(self) -> int:
+        return self.probes.stretch(plain_timed=self.times.plain_step is not None)

@@ -1,0 +1,56 @@
+"""What the round loop and a drafting policy say to each other: a policy hands the loop a
+`Plan` for the next round, the loop runs it and hands back an `Outcome`. Plain values only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL, NGRAM, TARGET = "model", "ngram", "target"  # who proposed a round's ids ("target": nobody)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One of: the draft model proposes `draft` ids; or `proposal` (prompt lookup) is
+    verified as it is; or `plain` steps of standard decoding; or, with all empty, the target
+    reads its pending ids and emits one id (a round that proposes nothing)."""
+
+    draft: int = 0  # ids the draft model proposes, at most
+    proposal: tuple[int, ...] = ()  # ids found by prompt lookup
+    plain: int = 0  # pipelined plain decoding steps instead of a round
+    stop_below: float = 0.0  # the draft stops when its confidence in its next id is lower
+    read_confidences: bool = False  # bring the draft's confidences back with the outcome
+    timed: bool = True  # wait for the drafts apart, to time drafting and verifying apart
+
+    @property
+    def gamma(self) -> int:
+        """The round's draft length."""
+        return self.draft or len(self.proposal)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A round, as it happened."""
+
+    plan: Plan
+    drafted: tuple[int, ...]  # ids proposed (by the draft model or prompt lookup)
+    accepted: int  # leading drafted ids the rule accepted
+    next_id: int  # the recovered or bonus id (the target's own id if nothing was drafted)
+    emitted: tuple[int, ...]  # accepted ids and the next id, cut after an end-of-sequence id
+    verified: int  # ids the target read in its pass (its pending ids and the drafts)
+    seconds: float  # the whole round, the draft's catching up excluded
+    draft_seconds: float | None  # None when the round was not timed apart
+    verify_seconds: float | None
+    early_stop: bool = False  # the draft stopped short of the plan, unsure of its next id
+    confidences: tuple[float, ...] | None = None  # the draft's, per proposal (when asked for)
+    catch_up_seconds: float = 0.0  # the draft reading heard ids before the round (not in `seconds`)
+
+    @property
+    def source(self) -> str:
+        if not self.drafted:
+            return TARGET
+        return MODEL if self.plan.draft else NGRAM
+
+    @property
+    def forwards(self) -> int:
+        """The draft model's forward passes: one per proposal, one more when it stopped early."""
+        return len(self.drafted) + self.early_stop if self.plan.draft else 0

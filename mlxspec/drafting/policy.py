@@ -1,0 +1,83 @@
+"""A generation's drafting policy: plans each round (how many ids to draft, from the draft
+model or prompt lookup, where to stop) and observes how it went. The draft length is fixed
+or the controller's (`--gamma auto`); the early stop never, below a set confidence, or
+learned (`--draft-min-p auto`). Every choice is a function of the past only, so the output
+stays exactly the target's whatever is chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .controller import Controller
+from .lookup import PromptLookup
+from .plan import Outcome, Plan
+
+TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
+
+
+@dataclass(frozen=True)
+class Auto:
+    """A setting chosen as the run goes (the controller's draft length, the learned stop)."""
+
+    def __repr__(self) -> str:
+        return "auto"
+
+
+AUTO = Auto()
+
+
+class Policy:
+    def __init__(
+        self,
+        *,
+        gamma: int | Auto,
+        stop: float | Auto,
+        controller: Controller,
+        lookup: PromptLookup | None = None,
+        draft_model: bool = True,
+    ):
+        self.gamma, self.stop = gamma, stop
+        self.controller = controller
+        self.lookup = lookup
+        self.draft_model = draft_model
+        self._last_gamma, self._untimed = None, 0
+        self._learning = stop is AUTO and draft_model
+
+    def plan(self, *, remaining: int) -> Plan:
+        """The next round, `remaining` ids before max tokens."""
+        gamma = min(self.controller.choose() if self.gamma is AUTO else self.gamma, remaining - 1)
+        if self.gamma is AUTO and gamma == 0 and remaining > 1:
+            # plain decoding wins for now: a pipelined stretch, as fast as standard decoding,
+            # until the controller wants to probe again (timed: its length has changed)
+            self._last_gamma = 0
+            return Plan(plain=min(self.controller.plain_stretch(), remaining))
+        timed = self._timed(gamma)
+        proposal = self.lookup.propose(gamma) if self.lookup else ()
+        if proposal or not self.draft_model or gamma == 0:
+            return Plan(proposal=proposal, timed=timed)  # empty: the target reads and emits one id
+        stop_below = self.stop if not isinstance(self.stop, Auto) else (self.controller.stop.next_threshold() if self._learning else 0.0)
+        return Plan(draft=gamma, stop_below=stop_below, read_confidences=self._learning, timed=timed or stop_below > 0)
+
+    def _timed(self, gamma: int) -> bool:
+        """Time a round apart when the length changes, and every few rounds of one length:
+        the split of a round into drafting and verifying costs a second host wait."""
+        changed = gamma != self._last_gamma
+        self._last_gamma = gamma
+        self._untimed = 0 if changed or self._untimed + 1 >= TIME_EVERY else self._untimed + 1
+        return self._untimed == 0
+
+    def observe_round(self, outcome: Outcome) -> None:
+        if self.lookup:
+            self.lookup.extend(outcome.emitted)
+        plan = outcome.plan
+        self.controller.observe_round(outcome, waited=self._learning and plan.stop_below > 0)
+        if self._learning and plan.draft:
+            self.controller.stop.observe(
+                threshold=plan.stop_below, confidences=outcome.confidences or (), accepted=outcome.accepted,
+                forwards=outcome.forwards, draft_seconds=outcome.draft_seconds,
+            )
+
+    def observe_plain(self, token: int, seconds: float) -> None:
+        if self.lookup:
+            self.lookup.extend([token])
+        self.controller.observe_plain(seconds)

@@ -1,0 +1,123 @@
+"""What a round costs on this machine, measured as the run goes: the draft's time for a
+round of gamma proposals, D(gamma) = d0 + c gamma (c the draft step; d0 the round's fixed
+cost: the wait for the drafts, reading the ids the last round emitted); the target's verify
+time as a function of the ids it reads, T(k) = a + b k; the rest of a round (bookkeeping,
+rewinds); and the seconds of a plain, pipelined decoding step. Both lines are fitted by
+least squares with older rounds weighted down, as the rounds vary in length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+
+def proportional(mean_x: float, mean_y: float, x: float) -> float:
+    """Through the origin and the one size seen: charges the fixed part per token, which
+    errs towards shorter drafts."""
+    return mean_y * x / mean_x
+
+
+def relative_slope(slope: float, mean_x: float, mean_y: float, x: float) -> float:
+    """T(x) through the one size seen, growing by `slope` of itself per extra token."""
+    return mean_y / (1 + slope * (mean_x - 1)) * (1 + slope * (x - 1))
+
+
+@dataclass
+class LineFit:
+    """y = a + b x by least squares, each older observation weighted down by `decay`. Until
+    two sizes are seen (or when the fit says something unphysical: a negative intercept),
+    `at` extends the mean observation with `fallback(mean_x, mean_y, x)`."""
+
+    decay: float
+    fallback: Callable[[float, float, float], float]
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wx, wy, wxx, wxy
+
+    def add(self, x: float, y: float) -> None:
+        self._sums = [self.decay * s for s in self._sums]
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            self._sums[i] += v
+
+    @property
+    def fitted(self) -> bool:
+        """Two sizes or more seen: the line is measured, not guessed."""
+        w, wx, _, wxx, _ = self._sums
+        return w > 0 and wxx / w - (wx / w) ** 2 > 1e-6
+
+    def mean(self) -> tuple[float, float] | None:
+        w, wx, wy = self._sums[:3]
+        return (wx / w, wy / w) if w > 0 else None
+
+    def at(self, x: float) -> float | None:
+        w, wx, wy, wxx, wxy = self._sums
+        if w <= 0:
+            return None
+        mean_x, mean_y = wx / w, wy / w
+        spread = wxx / w - mean_x**2
+        if spread > 1e-6:
+            slope = max((wxy / w - mean_x * mean_y) / spread, 0.0)
+            intercept = mean_y - slope * mean_x
+            if intercept >= 0:
+                return intercept + slope * x
+        return self.fallback(mean_x, mean_y, x)
+
+
+def running_mean(old: float | None, new: float, seen: int, decay: float) -> float:
+    """A plain mean over the first observations, then a decaying one."""
+    if old is None:
+        return new
+    return old + max(1 / seen, 1 - decay) * (new - old)
+
+
+@dataclass
+class RoundTimes:
+    """The measured cost model of this run's rounds."""
+
+    decay: float = 0.92
+    prior_slope: float = 0.05  # T(k) = a (1 + prior_slope (k - 1)) until two sizes are seen
+    plain_step: float | None = None
+    overhead: float = 0.0
+    _plains: int = 0
+    _rounds: int = 0
+    _draft: LineFit = field(init=False, repr=False)
+    _verify: LineFit = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._draft = LineFit(self.decay, proportional)
+        self._verify = LineFit(self.decay, partial(relative_slope, self.prior_slope))
+
+    def observe_plain(self, seconds: float) -> None:
+        self._plains += 1
+        self.plain_step = running_mean(self.plain_step, seconds, self._plains, self.decay)
+
+    def observe_draft(self, proposals: int, seconds: float) -> None:
+        self._draft.add(proposals, seconds)
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self._verify.add(tokens, seconds)
+
+    def observe_overhead(self, seconds: float) -> None:
+        self._rounds += 1
+        self.overhead = running_mean(self.overhead, max(seconds, 0.0), self._rounds, self.decay)
+
+    @property
+    def draft_fitted(self) -> bool:
+        return self._draft.fitted
+
+    def draft_time(self, gamma: float) -> float | None:
+        return self._draft.at(gamma)
+
+    def verify_time(self, tokens: float) -> float | None:
+        return self._verify.at(tokens)
+
+    def round_time(self, gamma: int) -> float | None:
+        verify, draft = self.verify_time(gamma + 1), self.draft_time(gamma)
+        if verify is None or draft is None:
+            return None
+        return draft + verify + self.overhead
+
+    def plain_time(self) -> float | None:
+        """A plain step's seconds: measured, or guessed from a one-token verify."""
+        return self.plain_step if self.plain_step is not None else self.verify_time(1)

@@ -1,0 +1,149 @@
+"""The statistics of a generation, or of many merged (a chat session, a bench setting), and
+the figures derived from them, each defined once. Plain Python: views read them freely.
+
+- acceptance rate alpha = accepted / tested, a draft being tested when every earlier one of
+  its round was accepted (vLLM's and Leviathan et al.'s alpha), not accepted / drafted;
+- tokens per round tau = ids emitted / rounds, end-of-sequence ids included (>= 1 always);
+- mean gamma = proposals per drafting round (plain steps excluded);
+- the draft step and the verify pass, in seconds, from the rounds timed apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+# who proposed a round's ids, as events name it
+_SOURCES = {"model": "model_rounds", "ngram": "ngram_rounds", "target": "plain_rounds"}
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0  # tokens in the prompt(s)
+    prefill_tokens: int = 0  # of which read now (the rest were in the session's caches)
+    tokens: int = 0  # generated tokens, end-of-sequence excluded
+    emitted: int = 0  # ids the rounds emitted, end-of-sequence included
+    rounds: int = 0
+    drafted: int = 0
+    tested: int = 0
+    accepted: int = 0
+    position_tested: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    timed_rounds: int = 0  # rounds whose drafting and verifying were timed apart
+    timed_drafted: int = 0  # proposals of the draft model in them
+    draft_seconds: float = 0.0  # of the timed rounds, drafting by the draft model
+    verify_seconds: float = 0.0  # of the timed rounds
+    model_rounds: int = 0  # rounds drafted by the draft model
+    ngram_rounds: int = 0  # rounds proposed by prompt lookup
+    plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
+    early_stops: int = 0  # rounds the draft cut short (draft min-p)
+    generations: int = 0
+    gamma: int | str = 0  # the setting: a draft length, or "auto"
+    seed: int | None = None
+    finish_reason: str | None = None
+
+    # --- accumulating ---------------------------------------------------------------
+    def add_prefill(self, event) -> None:
+        self.generations += 1
+        self.prompt_tokens += event.prompt_tokens
+        self.prefill_tokens += event.processed_tokens
+        self.prefill_seconds += event.seconds
+
+    def add_round(self, event, *, tokens: int | None = None) -> None:
+        """`tokens`: how many of the round's ids count as output (end-of-sequence excluded)."""
+        self.rounds += 1
+        self.emitted += len(event.emitted)
+        self.tokens += len(event.emitted) if tokens is None else tokens
+        self.drafted += len(event.drafted)
+        self.tested += event.tested
+        self.accepted += event.accepted
+        self.decode_seconds += event.seconds
+        if event.draft_seconds is not None:
+            self.timed_rounds += 1
+            self.verify_seconds += event.verify_seconds
+            if event.source == "model":  # prompt lookup drafts at no cost worth a figure
+                self.timed_drafted += len(event.drafted)
+                self.draft_seconds += event.draft_seconds
+        setattr(self, _SOURCES[event.source], getattr(self, _SOURCES[event.source]) + 1)
+        self.early_stops += event.early_stop
+        for i in range(event.tested):
+            if i >= len(self.position_tested):
+                self.position_tested.append(0)
+                self.position_accepted.append(0)
+            self.position_tested[i] += 1
+            self.position_accepted[i] += i < event.accepted
+
+    def merge(self, other: Stats) -> Stats:
+        """Both together: counts and seconds added; the labels kept where they agree."""
+        merged = Stats()
+        for f in dataclasses.fields(Stats):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name in ("position_tested", "position_accepted"):
+                value = [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)))]
+            elif f.name in ("gamma", "seed", "finish_reason"):
+                value = a if a == b else None if f.name != "gamma" else "mixed"
+            else:
+                value = a + b
+            setattr(merged, f.name, value)
+        return merged
+
+    @classmethod
+    def combine(cls, items) -> Stats:
+        items = list(items)
+        total = items[0] if items else Stats()
+        for item in items[1:]:
+            total = total.merge(item)
+        return total
+
+    def frozen(self, finish_reason: str | None = None) -> Stats:
+        """A copy that later rounds do not change."""
+        return dataclasses.replace(
+            self, position_tested=list(self.position_tested), position_accepted=list(self.position_accepted),
+            finish_reason=finish_reason if finish_reason is not None else self.finish_reason,
+        )
+
+    # --- derived figures --------------------------------------------------------------
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.tested if self.tested else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return self.emitted / self.rounds if self.rounds else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.tokens / self.decode_seconds if self.decode_seconds > 0 and self.tokens else None
+
+    @property
+    def drafting_rounds(self) -> int:
+        return self.rounds - self.plain_rounds
+
+    @property
+    def mean_gamma(self) -> float | None:
+        return self.drafted / self.drafting_rounds if self.drafting_rounds else None
+
+    @property
+    def plain_share(self) -> float:
+        """The share of rounds that were plain steps (auto's fallback)."""
+        return self.plain_rounds / self.rounds if self.rounds else 0.0
+
+    @property
+    def draft_step(self) -> float | None:
+        """Seconds per proposal of the draft model, over the rounds timed apart."""
+        return self.draft_seconds / self.timed_drafted if self.timed_drafted else None
+
+    @property
+    def verify_step(self) -> float | None:
+        """Seconds per verify pass, over the rounds timed apart."""
+        return self.verify_seconds / self.timed_rounds if self.timed_rounds else None
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [a / t if t else None for a, t in zip(self.position_accepted, self.position_tested)]
+
+    def to_dict(self) -> dict:
+        derived = ("acceptance_rate", "tokens_per_round", "tokens_per_second", "mean_gamma", "draft_step", "verify_step", "per_position_acceptance")
+        return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in derived}}
