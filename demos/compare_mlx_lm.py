@@ -35,21 +35,33 @@ def main() -> None:
     args = parser.parse_args()
 
     pair = mlxspec.load_pair(args.target, args.draft)
-    config = BenchConfig(prompts=suite(quick=True), gammas=[args.gamma], temps=[0.0, 1.0],
-                         max_tokens=args.max_tokens, repeats=args.repeats, peers=True)
+    config = BenchConfig(
+        prompts=suite(quick=True),
+        gammas=[args.gamma],
+        temps=[0.0, 1.0],
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        peers=True,
+    )
     report = run_bench(pair, config)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return
-    print(f"pair: {pair.description}   γ {args.gamma}   {args.max_tokens} tokens x {len(config.prompts)} prompts x {args.repeats} repeats")
+    print(
+        f"pair: {pair.description}   γ {args.gamma}   {args.max_tokens} tokens x {len(config.prompts)} prompts "
+        f"x {args.repeats} repeats"
+    )
     print(f"machine: {report.machine['platform']}   mlx {report.machine['mlx']}   mlx-lm {report.machine['mlx_lm']}")
     print(f"cost model: c = {report.costs.c:.3f}, v(k) = {' '.join(f'{v:.2f}' for v in report.costs.verify_curve)}")
-    header = f"{'T':>4} {'mlxspec spec':>13} {'mlx-lm spec':>12} {'ratio':>6} {'α mlxspec':>10} {'α mlx-lm':>9} {'mlxspec std':>12} {'mlx-lm std':>11} {'speedup':>8} {'predicted':>10}"
+    columns = [("T", 4), ("mlxspec spec", 13), ("mlx-lm spec", 12), ("ratio", 6), ("α mlxspec", 10), ("α mlx-lm", 9)]
+    columns += [("mlxspec std", 12), ("mlx-lm std", 11), ("speedup", 8), ("predicted", 10)]
+    header = " ".join(f"{name:>{width}}" for name, width in columns)
     print(header)
     for s in (s for s in report.settings if s.category == "all"):
         print(
             f"{s.temp:>4g} {s.speculative_tps:>13.1f} {s.peer_speculative_tps:>12.1f} {s.vs_peer:>6.2f} "
-            f"{s.acceptance_rate:>10.3f} {s.peer_acceptance_rate:>9.3f} {s.standard_tps:>12.1f} {s.peer_standard_tps:>11.1f} "
+            f"{s.stats.acceptance_rate:>10.3f} {s.peer_acceptance_rate:>9.3f} {s.standard_tps:>12.1f} "
+            f"{s.peer_standard_tps:>11.1f} "
             f"{s.speedup:>7.2f}x {s.predicted_speedup:>9.2f}x"
         )
 

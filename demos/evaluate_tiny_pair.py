@@ -32,7 +32,12 @@ def run(pair, prompts, *, gamma: int, temp: float, max_tokens: int) -> dict:
     for i, prompt in enumerate(prompts):
         result = mlxspec.generate(pair, prompt, max_tokens=max_tokens, gamma=gamma, temp=temp, seed=i, raw=True)
         s = result.stats
-        accepted, tested, tokens, rounds = accepted + s.accepted, tested + s.tested, tokens + s.tokens, rounds + s.rounds
+        accepted, tested, tokens, rounds = (
+            accepted + s.accepted,
+            tested + s.tested,
+            tokens + s.tokens,
+            rounds + s.rounds,
+        )
         seconds += s.decode_seconds
     return {
         "gamma": gamma,
@@ -62,12 +67,19 @@ def main() -> None:
 
     ids = pair.tokenizer.encode(prompts[0])
     measured = costs.measure(pair, ids)
-    report = {"pair": pair.description, "prompts": len(prompts), "max_tokens": args.max_tokens, "costs": measured.to_dict()}
+    report = {
+        "pair": pair.description,
+        "prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "costs": measured.to_dict(),
+    }
     for temp in (0.0, 0.8):
         standard = run(pair, prompts, gamma=0, temp=temp, max_tokens=args.max_tokens)
         speculative = run(pair, prompts, gamma=args.gamma, temp=temp, max_tokens=args.max_tokens)
         alpha = speculative["acceptance_rate"]
-        predicted = expected_tokens_per_round(alpha, args.gamma) / (args.gamma * measured.c + measured.verify_cost(args.gamma + 1))
+        predicted = expected_tokens_per_round(alpha, args.gamma) / (
+            args.gamma * measured.c + measured.verify_cost(args.gamma + 1)
+        )
         report[f"temp {temp:g}"] = {
             "acceptance_rate": round(alpha, 3),
             "tokens_per_round": round(speculative["tokens_per_round"], 2),

@@ -31,11 +31,16 @@ from mlxspec.pairs import BUNDLED_DRAFT, BUNDLED_TARGET  # noqa: E402
 from mlxspec.prompts import BenchPrompt, suite  # noqa: E402
 
 _SNIPPETS = [
-    "def clamp(value, low, high):\n    \"\"\"Limit value to the range [low, high].\"\"\"\n    if value < low:\n        return low\n    if value > high:\n        return high\n    return value\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n",
-    "def read_lines(path):\n    with open(path) as f:\n        for line in f:\n            line = line.strip()\n            if line and not line.startswith('#'):\n                yield line\n",
-    "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv[1:]:\n        if os.path.exists(name):\n            print(name, os.path.getsize(name))\n    return 0\n",
-    "def count_words(text):\n    counts = {}\n    for word in text.split():\n        word = word.lower()\n        counts[word] = counts.get(word, 0) + 1\n    return counts\n",
+    'def clamp(value, low, high):\n    """Limit value to the range [low, high]."""\n    if value < low:\n      '
+    "  return low\n    if value > high:\n        return high\n    return value\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        "
+    "self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n",
+    "def read_lines(path):\n    with open(path) as f:\n        for line in f:\n            line = "
+    "line.strip()\n            if line and not line.startswith('#'):\n                yield line\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv[1:]:\n        if os.path.exists(name):\n "
+    "           print(name, os.path.getsize(name))\n    return 0\n",
+    "def count_words(text):\n    counts = {}\n    for word in text.split():\n        word = word.lower()\n     "
+    "   counts[word] = counts.get(word, 0) + 1\n    return counts\n",
 ]
 
 
@@ -52,14 +57,27 @@ def useless_draft(folder: Path) -> Path:
     """A draft as cheap as the bundled one but knowing nothing: random weights."""
     config = json.loads((BUNDLED_DRAFT / "config.json").read_text())
     config.pop("quantization", None)
-    synthetic.build_model(config, folder, tokenizer_dir=BUNDLED_DRAFT, vocab_size=config["vocab_size"], seed=7,
-                          eos_token_ids=config.get("eos_token_id"))
+    synthetic.build_model(
+        config,
+        folder,
+        tokenizer_dir=BUNDLED_DRAFT,
+        vocab_size=config["vocab_size"],
+        seed=7,
+        eos_token_ids=config.get("eos_token_id"),
+    )
     return folder
 
 
 def bench(pair, prompts, gammas, args):
-    config = BenchConfig(prompts=prompts, gammas=gammas, temps=[0.0], max_tokens=args.max_tokens,
-                         repeats=args.repeats, peers=False, raw=True)
+    config = BenchConfig(
+        prompts=prompts,
+        gammas=gammas,
+        temps=[0.0],
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        peers=False,
+        raw=True,
+    )
     return run_bench(pair, config)
 
 
@@ -75,8 +93,11 @@ def main() -> None:
         report = bench(pair, suite(quick=True), ["auto", 2, 4], args)
     auto = next(s for s in report.settings if s.category == "all" and s.gamma == "auto")
     results["useless draft: auto / standard"] = auto.speedup
-    print(f"1. useless draft: auto {auto.speculative_tps:.1f} tok/s vs standard {auto.standard_tps:.1f} tok/s "
-          f"= {auto.speedup:.3f}x (bar 0.95); α {auto.acceptance_rate}, plain steps {auto.plain_rounds}, mean γ {auto.mean_gamma:.2f}")
+    print(
+        f"1. useless draft: auto {auto.speculative_tps:.1f} tok/s vs standard {auto.standard_tps:.1f} tok/s "
+        f"= {auto.speedup:.3f}x (bar 0.95); α {auto.stats.acceptance_rate}, "
+        f"plain steps {auto.stats.plain_rounds}, mean γ {auto.stats.mean_gamma:.2f}"
+    )
     for s in (s for s in report.settings if s.category == "all" and s.gamma != "auto"):
         print(f"   fixed γ {s.gamma}: {s.speedup:.3f}x")
 
@@ -89,16 +110,22 @@ def main() -> None:
         best = max((s for s in rows if s.gamma != "auto"), key=lambda s: s.speculative_tps)
         ratio = auto.speculative_tps / best.speculative_tps
         results[f"bundled {category}: auto / best fixed"] = ratio
-        print(f"   {category:17s} auto {auto.speculative_tps:7.1f} tok/s ({auto.speedup:.2f}x, mean γ {auto.mean_gamma:.1f})"
-              f"  best fixed γ {best.gamma}: {best.speculative_tps:7.1f} tok/s ({best.speedup:.2f}x)  ratio {ratio:.3f}")
+        print(
+            f"   {category:17s} auto {auto.speculative_tps:7.1f} tok/s ({auto.speedup:.2f}x, mean γ "
+            f"{auto.stats.mean_gamma:.1f})"
+            f"  best fixed γ {best.gamma}: {best.speculative_tps:7.1f} tok/s ({best.speedup:.2f}x)  ratio {ratio:.3f}"
+        )
 
     pair = mlxspec.load_pair(draft="ngram")
     report = bench(pair, repeat_suite(), [2, 4, 6, "auto"], args)
     print("3. prompts that repeat their input, --draft ngram against standard decoding (bar: > 1):")
     for s in (s for s in report.settings if s.category == "all"):
         results[f"ngram γ {s.gamma} / standard"] = s.speedup
-        print(f"   γ {s.gamma}: {s.speculative_tps:.1f} vs {s.standard_tps:.1f} tok/s = {s.speedup:.3f}x, "
-              f"α {s.acceptance_rate if s.acceptance_rate is None else round(s.acceptance_rate, 3)}, n-gram rounds {s.ngram_rounds}")
+        print(
+            f"   γ {s.gamma}: {s.speculative_tps:.1f} vs {s.standard_tps:.1f} tok/s = {s.speedup:.3f}x, "
+            f"α {s.stats.acceptance_rate if s.stats.acceptance_rate is None else round(s.stats.acceptance_rate, 3)}, "
+            f"n-gram rounds {s.stats.ngram_rounds}"
+        )
     print(json.dumps(results, indent=2))
 
 

@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
 from mlxspec import race as racing  # noqa: E402
-from mlxspec.cli import DEFAULT_CODE_PROMPT  # noqa: E402
+from mlxspec import sides  # noqa: E402
+from mlxspec.cli.race import DEFAULT_CODE_PROMPT  # noqa: E402
+from mlxspec.options import Options  # noqa: E402
 
 PROMPT = DEFAULT_CODE_PROMPT  # what `mlxspec race` shows a code model by default
 
@@ -40,15 +42,17 @@ def main() -> None:
     mlxspec.generate(pair, PROMPT, gamma=gamma, **{**options, "max_tokens": 16})  # warm-up
     raced, alone = [], []
     for _ in range(args.repeats):
-        for standard, speculative in racing.race(pair, PROMPT, gamma=gamma, **options):
-            pass
-        raced.append(racing.speedup(standard, speculative))
+        *_, (standard, speculative) = racing.race(pair, PROMPT, Options.build(gamma=gamma, **options))
+        raced.append(sides.speedup(standard, speculative))
         base = mlxspec.generate(pair, PROMPT, gamma=0, **options).stats.tokens_per_second
         spec = mlxspec.generate(pair, PROMPT, gamma=gamma, **options).stats.tokens_per_second
         alone.append(spec / base)
         print(f"race {raced[-1]:.3f}x   alone {alone[-1]:.3f}x")
     r, a = statistics.median(raced), statistics.median(alone)
-    print(f"median: race {r:.3f}x, alone {a:.3f}x, race/alone {r / a:.3f} ({pair.description}, γ {gamma}, {args.max_tokens} tokens)")
+    print(
+        f"median: race {r:.3f}x, alone {a:.3f}x, race/alone {r / a:.3f} ({pair.description}, γ {gamma}, "
+        f"{args.max_tokens} tokens)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import mlxspec  # noqa: E402
 from hypothesis import Phase, settings  # noqa: E402
+
+import mlxspec  # noqa: E402
 from mlxspec import synthetic  # noqa: E402
 from mlxspec.engine import Cursor  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
@@ -77,8 +78,11 @@ def main(argv=None) -> int:
             tally = family.tally
             totals.update(tally)
             others = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()) if k not in ("sequences", "calls"))
-            print(f"{name:24} {verdict:20} {tally['sequences']:5} sequences {tally['calls']:6} calls "
-                  f"{time.perf_counter() - t0:7.1f} s  ({others})", flush=True)
+            print(
+                f"{name:24} {verdict:20} {tally['sequences']:5} sequences {tally['calls']:6} calls "
+                f"{time.perf_counter() - t0:7.1f} s  ({others})",
+                flush=True,
+            )
         print(f"{'all':24} {len(failures)} failed        {totals['sequences']:5} sequences {totals['calls']:6} calls")
         for name, error in failures:  # hypothesis adds the failing steps as notes
             print(f"\n--- {name} ---\n{error}\n" + "\n".join(getattr(error, "__notes__", [])))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -36,8 +35,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlxspec import synthetic  # noqa: E402
 from demos.stdlib_corpus import read, split_files  # noqa: E402
+from mlxspec import synthetic  # noqa: E402
 
 VOCAB = 2048
 SEQ = 256
@@ -56,7 +55,14 @@ TARGET = {
     "rope_theta": 10000.0,
     "tie_word_embeddings": True,
 }
-DRAFT = {**TARGET, "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 384, "num_attention_heads": 2, "num_key_value_heads": 1}
+DRAFT = {
+    **TARGET,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "intermediate_size": 384,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
 
 
 def encode_corpus(tokenizer_dir: Path, texts: list[str]) -> np.ndarray:
@@ -115,7 +121,11 @@ def train(model, steps: int, lr: float, data: np.ndarray, loss_fn, label: str, s
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if i % 50 == 0 or i == steps:
             elapsed = time.perf_counter() - t0
-            print(f"{label} step {i}/{steps}  loss {running:.3f}  {i * BATCH * SEQ / elapsed:.0f} tok/s  {elapsed / 60:.1f} min", flush=True)
+            print(
+                f"{label} step {i}/{steps}  loss {running:.3f}  {i * BATCH * SEQ / elapsed:.0f} tok/s  "
+                f"{elapsed / 60:.1f} min",
+                flush=True,
+            )
 
 
 def cross_entropy(model):
@@ -167,7 +177,11 @@ def main() -> None:
     synthetic.train_tokenizer(train_texts, VOCAB, tokenizer_dir, chat_template=None)
     train_data = encode_corpus(tokenizer_dir, train_texts)
     held_data = encode_corpus(tokenizer_dir, read(held_files))
-    print(f"{len(train_files)} training files ({len(train_data)} tokens), {len(held_files)} held out ({len(held_data)} tokens)", flush=True)
+    print(
+        f"{len(train_files)} training files ({len(train_data)} tokens), {len(held_files)} held out "
+        f"({len(held_data)} tokens)",
+        flush=True,
+    )
 
     target = make_model(TARGET, args.seed)
     draft = make_model(DRAFT, args.seed + 1)

@@ -1,9 +1,9 @@
 """mlxspec: speculative decoding on MLX, with exactly the target model's output.
 
-    import mlxspec
-    pair = mlxspec.load_pair(target="mlx-community/Qwen3-14B-4bit", draft="mlx-community/Qwen3-0.6B-4bit")
-    result = mlxspec.generate(pair, "Write a haiku about caches.", max_tokens=64)  # gamma="auto"
-    for event in mlxspec.stream(pair, "Hello", temp=0.7): ...
+import mlxspec
+pair = mlxspec.load_pair(target="mlx-community/Qwen3-14B-4bit", draft="mlx-community/Qwen3-0.6B-4bit")
+result = mlxspec.generate(pair, "Write a haiku about caches.", max_tokens=64)  # gamma="auto"
+for event in mlxspec.stream(pair, "Hello", temp=0.7): ...
 """
 
 __version__ = "0.1.0"

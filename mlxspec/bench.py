@@ -18,8 +18,8 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 
@@ -90,11 +90,19 @@ class Run:
     def to_dict(self) -> dict:
         stats = self.stats
         return {
-            "prompt": self.prompt, "category": self.category, "method": self.method, "mode": self.mode, "gamma": self.gamma,
-            "temp": self.temp, "tokens": self.tokens, "tokens_per_second": self.tokens_per_second,
+            "prompt": self.prompt,
+            "category": self.category,
+            "method": self.method,
+            "mode": self.mode,
+            "gamma": self.gamma,
+            "temp": self.temp,
+            "tokens": self.tokens,
+            "tokens_per_second": self.tokens_per_second,
             "repeat_tokens_per_second": [s.tokens_per_second or 0.0 for s in self.repeats],
-            "acceptance_rate": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_round,
-            "peak_memory_gb": self.peak_memory_gb, "stats": stats.to_dict(),
+            "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_round": stats.tokens_per_round,
+            "peak_memory_gb": self.peak_memory_gb,
+            "stats": stats.to_dict(),
         }
 
 
@@ -159,7 +167,9 @@ class Setting:
 
     @property
     def peer_acceptance_rate(self) -> float | None:
-        return Stats.combine([r.stats for r in self.peer_speculative]).acceptance_rate if self.peer_speculative else None
+        return (
+            Stats.combine([r.stats for r in self.peer_speculative]).acceptance_rate if self.peer_speculative else None
+        )
 
     @property
     def vs_peer(self) -> float | None:
@@ -169,14 +179,25 @@ class Setting:
     def to_dict(self) -> dict:
         stats = self.stats
         return {
-            "temp": self.temp, "gamma": self.gamma, "category": self.category,
-            "standard_tps": self.standard_tps, "speculative_tps": self.speculative_tps, "speedup": self.speedup,
-            "acceptance_rate": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_round,
-            "per_position": stats.per_position_acceptance, "mean_gamma": stats.mean_gamma,
-            "ngram_rounds": stats.ngram_rounds, "plain_rounds": stats.plain_rounds, "early_stops": stats.early_stops,
-            "predicted_speedup": self.predicted_speedup, "vs_predicted": self.vs_predicted,
-            "peer_speculative_tps": self.peer_speculative_tps, "peer_standard_tps": self.peer_standard_tps,
-            "peer_acceptance_rate": self.peer_acceptance_rate, "vs_peer": self.vs_peer,
+            "temp": self.temp,
+            "gamma": self.gamma,
+            "category": self.category,
+            "standard_tps": self.standard_tps,
+            "speculative_tps": self.speculative_tps,
+            "speedup": self.speedup,
+            "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_round": stats.tokens_per_round,
+            "per_position": stats.per_position_acceptance,
+            "mean_gamma": stats.mean_gamma,
+            "ngram_rounds": stats.ngram_rounds,
+            "plain_rounds": stats.plain_rounds,
+            "early_stops": stats.early_stops,
+            "predicted_speedup": self.predicted_speedup,
+            "vs_predicted": self.vs_predicted,
+            "peer_speculative_tps": self.peer_speculative_tps,
+            "peer_standard_tps": self.peer_standard_tps,
+            "peer_acceptance_rate": self.peer_acceptance_rate,
+            "vs_peer": self.vs_peer,
         }
 
 
@@ -254,7 +275,8 @@ def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | 
     report = BenchReport(
         machine=machine_info(),
         pair={"target": pair.target.name, "draft": pair.draft.name if pair.draft else None},
-        config={k: v for k, v in asdict(config).items() if k != "prompts"} | {"prompts": [p.name for p in config.prompts]},
+        config={k: v for k, v in asdict(config).items() if k != "prompts"}
+        | {"prompts": [p.name for p in config.prompts]},
         costs=measured,
         notes=notes,
     )
@@ -304,7 +326,9 @@ def _interleaved(pair, prompt, ids, temp, config, step) -> list[Run]:
                 stats = generate(pair, ids, options).stats
             else:
                 try:
-                    stats = mlx_lm_generate(pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed).stats
+                    stats = mlx_lm_generate(
+                        pair, ids, max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed
+                    ).stats
                 except PeerUnavailable:  # this prompt (a window it wraps), not the others
                     continue
             run.repeats.append(stats)
@@ -318,11 +342,20 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
         chosen = [r for r in runs if category in ("all", r.category)]
         for temp in config.temps:
 
-            def of(method: str, gamma) -> list[Run]:
+            def of(method: str, gamma, chosen=chosen, temp=temp) -> list[Run]:
                 return [r for r in chosen if r.method == method and r.gamma == gamma and r.temp == temp]
 
             for gamma in config.gammas:
                 settings.append(
-                    Setting(temp, gamma, category, of(MLXSPEC, 0), of(MLXSPEC, gamma), of(MLX_LM, 0), of(MLX_LM, gamma) if gamma != "auto" else [], costs)
+                    Setting(
+                        temp,
+                        gamma,
+                        category,
+                        of(MLXSPEC, 0),
+                        of(MLXSPEC, gamma),
+                        of(MLX_LM, 0),
+                        of(MLX_LM, gamma) if gamma != "auto" else [],
+                        costs,
+                    )
                 )
     return settings

@@ -175,7 +175,10 @@ class ModelCache:
             for part in _parts(layer):
                 drop = part.offset - mark.length
                 if drop < 0:
-                    raise CacheRollbackError(f"layer {i} ({type(part).__name__}) holds {part.offset} tokens, fewer than the mark's {mark.length}")
+                    raise CacheRollbackError(
+                        f"layer {i} ({type(part).__name__}) holds {part.offset} tokens, fewer than the mark's "
+                        f"{mark.length}"
+                    )
                 if drop and part.trim(drop) != drop:
                     raise CacheRollbackError(f"layer {i} ({type(part).__name__}) could not drop {drop} tokens")
         self.length = mark.length
@@ -235,7 +238,12 @@ class CacheOptions:
 
 
 def make_cache(
-    model, model_name: str = "model", *, max_kv_size: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64
+    model,
+    model_name: str = "model",
+    *,
+    max_kv_size: int | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
 ) -> ModelCache:
     """The model's cache, as mlx-lm builds it, with its options:
 
@@ -261,11 +269,16 @@ def _with_options(layer, kv_bits: int | None, kv_group_size: int):
 def _check_cache_options(max_kv_size, kv_bits, kv_group_size) -> None:
     whole = isinstance(max_kv_size, int) and not isinstance(max_kv_size, bool)
     if max_kv_size is not None and not (whole and max_kv_size > KEPT_TOKENS):
-        raise InvalidOption(f"max KV size must be a whole number above {KEPT_TOKENS} (the first {KEPT_TOKENS} tokens are always kept), got {max_kv_size!r}")
+        raise InvalidOption(
+            f"max KV size must be a whole number above {KEPT_TOKENS} (the first {KEPT_TOKENS} tokens are always "
+            f"kept), got {max_kv_size!r}"
+        )
     if kv_bits is not None and kv_bits not in KV_BITS:
         raise InvalidOption(f"KV bits must be one of {', '.join(map(str, KV_BITS))}, got {kv_bits!r}")
     if kv_group_size not in KV_GROUP_SIZES:
-        raise InvalidOption(f"KV group size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got {kv_group_size!r}")
+        raise InvalidOption(
+            f"KV group size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got {kv_group_size!r}"
+        )
 
 
 def check_supported(model, model_name: str) -> None:

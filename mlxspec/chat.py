@@ -11,9 +11,9 @@ oldest turns are dropped and the rest is read again.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from .caches import CacheOptions
 from .errors import InvalidOption, PromptTooLong
@@ -79,7 +79,9 @@ class Conversation:
             dropped += 1
             ids = self.encode(user)
         if context and len(ids) >= context:
-            raise PromptTooLong(f"this message alone has {len(ids)} tokens and {self.pair.target.label} reads at most {context}")
+            raise PromptTooLong(
+                f"this message alone has {len(ids)} tokens and {self.pair.target.label} reads at most {context}"
+            )
         return ids, dropped
 
     def reply(self, user: str) -> Iterator[Prefill | Round | Done | ContextTrimmed]:

@@ -62,7 +62,9 @@ def _forward_time(model, cache, ids: list[int], params: SamplingParams, repeats:
     return statistics.median(times[1:])
 
 
-def measure(pair: Pair, prompt: list[int], *, max_tokens: int = 9, repeats: int = 7, params: SamplingParams | None = None) -> Costs:
+def measure(
+    pair: Pair, prompt: list[int], *, max_tokens: int = 9, repeats: int = 7, params: SamplingParams | None = None
+) -> Costs:
     """Time the target over 1..max_tokens tokens and the draft over one, both after reading
     `prompt` (a realistic cache length)."""
     params = params or SamplingParams()
@@ -72,7 +74,9 @@ def measure(pair: Pair, prompt: list[int], *, max_tokens: int = 9, repeats: int 
     pair.target.model(mx.array(prompt)[None], cache=target_cache.layers)
     target_cache.length = len(prompt)
     mx.eval(target_cache.state)
-    times = [_forward_time(pair.target.model, target_cache, filler[:k], params, repeats) for k in range(1, max_tokens + 1)]
+    times = [
+        _forward_time(pair.target.model, target_cache, filler[:k], params, repeats) for k in range(1, max_tokens + 1)
+    ]
 
     draft_step = 0.0
     if pair.draft is not None:

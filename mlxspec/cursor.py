@@ -180,5 +180,3 @@ def _to_width(logits: mx.array, width: int) -> mx.array:
         pad = mx.full((*logits.shape[:-1], width - have), -mx.inf, dtype=logits.dtype)
         return mx.concatenate([logits, pad], axis=-1)
     return logits
-
-

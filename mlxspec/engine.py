@@ -16,7 +16,7 @@ waits for the queue first (`mx.synchronize()`) and counts that time to this gene
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -46,7 +46,11 @@ def decode(
         yield prefill(target, drafter if policy else None, prompt)
         if policy is None:
             return (yield from standard(target, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key))
-        return (yield from speculative(target, drafter, policy=policy, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key))
+        return (
+            yield from speculative(
+                target, drafter, policy=policy, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key
+            )
+        )
 
 
 def speculative(target, drafter, *, policy: Policy, params, max_tokens: int, eos_ids, key) -> Iterator[Round]:
@@ -55,7 +59,9 @@ def speculative(target, drafter, *, policy: Policy, params, max_tokens: int, eos
         key, round_key = mx.random.split(key)
         plan = policy.plan(remaining=max_tokens - produced)
         if plan.plain:  # plain decoding wins for now: a pipelined stretch
-            for event in standard(target, params=params, max_tokens=plan.plain, eos_ids=eos_ids, key=round_key, index=rounds):
+            for event in standard(
+                target, params=params, max_tokens=plan.plain, eos_ids=eos_ids, key=round_key, index=rounds
+            ):
                 policy.observe_plain(event.emitted[0], event.seconds)
                 if drafter is not None:
                     drafter.hear(event.emitted)
@@ -99,7 +105,9 @@ def prefill(target: Cursor, drafter: Cursor | None, prompt: list[int]) -> Prefil
     return Prefill(len(prompt), len(prompt) - reused, time.perf_counter() - start)
 
 
-def standard(target: Cursor, *, params: SamplingParams, max_tokens: int, eos_ids: frozenset[int], key: mx.array, index: int = 0) -> Iterator[Round]:
+def standard(
+    target: Cursor, *, params: SamplingParams, max_tokens: int, eos_ids: frozenset[int], key: mx.array, index: int = 0
+) -> Iterator[Round]:
     """The target alone, through the same sampling code; returns "eos" or "length".
     Pipelined as mlx-lm's generate_step is: the step for token t+1 is queued before token t
     is read, so the host's graph building overlaps the device's work and the baseline is as
@@ -134,8 +142,17 @@ def standard(target: Cursor, *, params: SamplingParams, max_tokens: int, eos_ids
             else:
                 target.pending = [token]
         seconds = time.perf_counter() - start
-        yield Round(index=index + produced - 1, gamma=0, drafted=(), accepted=0, emitted=(token,), draft_seconds=None,
-                    verify_seconds=None, seconds=seconds, source=TARGET)
+        yield Round(
+            index=index + produced - 1,
+            gamma=0,
+            drafted=(),
+            accepted=0,
+            emitted=(token,),
+            draft_seconds=None,
+            verify_seconds=None,
+            seconds=seconds,
+            source=TARGET,
+        )
         if token in eos_ids:
             return "eos"
         if queued:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream, wired_limit
@@ -60,7 +60,9 @@ class Session:
         self.pair = pair
         self.controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
         width = pair.target.width
-        self.target = Cursor(pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options)
+        self.target = Cursor(
+            pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options
+        )
         self.draft = (
             Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width, cache_options=cache_options)
             if pair.draft
@@ -73,7 +75,9 @@ class Session:
             self.draft.reset()
 
 
-def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False, system: str | None = None, think: bool | None = None) -> list[int]:
+def encode_prompt(
+    pair: Pair, prompt: str | Sequence[int], *, raw: bool = False, system: str | None = None, think: bool | None = None
+) -> list[int]:
     """Token ids for a prompt: ids pass through; text goes through the chat template unless
     `raw` or the tokenizer has none."""
     if not isinstance(prompt, str):
@@ -84,7 +88,9 @@ def encode_prompt(pair: Pair, prompt: str | Sequence[int], *, raw: bool = False,
     return list(pair.tokenizer.encode(prompt))
 
 
-def apply_template(tokenizer, messages: list[dict], *, think: bool | None = None, tools: list | None = None) -> list[int]:
+def apply_template(
+    tokenizer, messages: list[dict], *, think: bool | None = None, tools: list | None = None
+) -> list[int]:
     """The chat template's ids for `messages`, ready for the assistant's reply. `think`:
     enable_thinking for templates that read it (Qwen3's think unless told not to)."""
     extra = {} if think is None else {"enable_thinking": think}
@@ -104,7 +110,10 @@ def check_drafting(pair: Pair, options: Options) -> None:
     """Refuse speculative options for a pair with nothing to draft with."""
     ngram = pair.ngram if options.ngram is None else options.ngram
     if options.speculative and pair.draft is None and not ngram:
-        raise InvalidOption("speculative decoding needs a draft model or prompt lookup: name a --draft, use --draft ngram, or --no-draft")
+        raise InvalidOption(
+            "speculative decoding needs a draft model or prompt lookup: name a --draft, use --draft ngram, or "
+            "--no-draft"
+        )
 
 
 def drafting_policy(pair: Pair, session: Session, options: Options, ids: list[int]) -> Policy | None:
@@ -115,10 +124,23 @@ def drafting_policy(pair: Pair, session: Session, options: Options, ids: list[in
     ngram = pair.ngram if options.ngram is None else options.ngram
     # beside a draft model only long matches are worth proposing: shorter ones are guesses the model makes better
     lookup = PromptLookup(ids, min_match=3 if session.draft is not None else None) if ngram else None
-    return Policy(gamma=options.gamma, stop=options.draft_min_p, controller=session.controller, lookup=lookup, draft_model=session.draft is not None)
+    return Policy(
+        gamma=options.gamma,
+        stop=options.draft_min_p,
+        controller=session.controller,
+        lookup=lookup,
+        draft_model=session.draft is not None,
+    )
 
 
-def stream(pair: Pair, prompt: str | Sequence[int], options: Options | None = None, *, session: Session | None = None, **overrides) -> Iterator[Event]:
+def stream(
+    pair: Pair,
+    prompt: str | Sequence[int],
+    options: Options | None = None,
+    *,
+    session: Session | None = None,
+    **overrides,
+) -> Iterator[Event]:
     """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
     Done. Options (an `Options`, or its values as keywords: max_tokens=256, gamma="auto",
     temp, top_p, top_k, min_p, seed, stop, ngram, draft_min_p, raw, system): gamma=0 is
@@ -144,7 +166,14 @@ def stream(pair: Pair, prompt: str | Sequence[int], options: Options | None = No
     stops = StopFilter(options.stop)
     eos = pair.eos_ids
     tokens = engine.decode(
-        session.target, session.draft, ids, policy=policy, params=options.sampling, max_tokens=max_tokens, eos_ids=eos, key=mx.random.key(seed),
+        session.target,
+        session.draft,
+        ids,
+        policy=policy,
+        params=options.sampling,
+        max_tokens=max_tokens,
+        eos_ids=eos,
+        key=mx.random.key(seed),
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):
@@ -208,7 +237,14 @@ def _fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str
     return (max_tokens, "length") if max_tokens <= room else (room, "context")
 
 
-def generate(pair: Pair, prompt: str | Sequence[int], options: Options | None = None, *, session: Session | None = None, **overrides) -> GenerationResult:
+def generate(
+    pair: Pair,
+    prompt: str | Sequence[int],
+    options: Options | None = None,
+    *,
+    session: Session | None = None,
+    **overrides,
+) -> GenerationResult:
     """Generate to the end; options as for `stream`."""
     pieces, tokens = [], []
     eos = pair.eos_ids

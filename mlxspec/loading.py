@@ -15,7 +15,15 @@ from pathlib import Path
 from .errors import ModelLoadError, ModelNotFound
 
 # What mlx-lm needs from a repo (its own download list, minus code files).
-DOWNLOAD_PATTERNS = ["*.json", "model*.safetensors", "*.tiktoken", "tiktoken.model", "tokenizer.model", "*.txt", "*.jinja"]
+DOWNLOAD_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.tiktoken",
+    "tiktoken.model",
+    "tokenizer.model",
+    "*.txt",
+    "*.jinja",
+]
 # transformers warns about harmless config quirks while mlx-lm builds the tokenizer.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "max_seq_len", "seq_length", "n_positions")
@@ -92,7 +100,9 @@ def import_gguf_once(path: Path, *, dtype: str = "auto", reporter: Reporter | No
             f"importing {Path(path).name} as {dtype} into {folder} (once; "
             "`mlxspec models import FILE --dtype ...` makes other copies)"
         )
-    return import_gguf(path, dtype=dtype, on_progress=lambda done, total, what: reporter.progress("Importing", done, total))
+    return import_gguf(
+        path, dtype=dtype, on_progress=lambda done, total, what: reporter.progress("Importing", done, total)
+    )
 
 
 def hub_cache_dir() -> str | None:
@@ -119,18 +129,26 @@ def download(repo_id: str, *, offline: bool | None = None) -> Path:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
         return Path(
-            snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=offline, cache_dir=hub_cache_dir())
+            snapshot_download(
+                repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=offline, cache_dir=hub_cache_dir()
+            )
         )
     except HFValidationError:
         raise ModelNotFound(f"{repo_id!r} is neither a model folder nor a Hugging Face repo id (owner/name)") from None
     except GatedRepoError:
-        raise ModelNotFound(f"{repo_id} is gated: accept its terms on huggingface.co and log in (`hf auth login`)") from None
+        raise ModelNotFound(
+            f"{repo_id} is gated: accept its terms on huggingface.co and log in (`hf auth login`)"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelNotFound(f"no model {repo_id} on Hugging Face (check the name; private repos need `hf auth login`)") from None
+        raise ModelNotFound(
+            f"no model {repo_id} on Hugging Face (check the name; private repos need `hf auth login`)"
+        ) from None
     except RevisionNotFoundError:
         raise ModelNotFound(f"{repo_id} has no such revision") from None
     except LocalEntryNotFoundError:
-        raise ModelNotFound(f"cannot download {repo_id}: no network (or HF_HUB_OFFLINE=1) and it is not in the local Hugging Face cache") from None
+        raise ModelNotFound(
+            f"cannot download {repo_id}: no network (or HF_HUB_OFFLINE=1) and it is not in the local Hugging Face cache"
+        ) from None
     except OSError as e:
         raise ModelNotFound(f"cannot download {repo_id}: {_first_line(e)}") from None
 
@@ -141,7 +159,9 @@ def cached_snapshot(repo_id: str) -> Path | None:
 
     try:
         path = Path(
-            snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=True, cache_dir=hub_cache_dir())
+            snapshot_download(
+                repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=True, cache_dir=hub_cache_dir()
+            )
         )
     except Exception:
         return None
@@ -189,7 +209,11 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
     config = read_config(path)
     if not weight_files(path):
         raise ModelLoadError(f"{path} has no *.safetensors weights")
-    if not (path / "tokenizer.json").exists() and not (path / "tokenizer.model").exists() and not list(path.glob("*.tiktoken")):
+    if (
+        not (path / "tokenizer.json").exists()
+        and not (path / "tokenizer.model").exists()
+        and not list(path.glob("*.tiktoken"))
+    ):
         raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
     try:
         model, tokenizer = mlx_lm.load(str(path))

@@ -62,11 +62,19 @@ class Options:
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidOption(f"max tokens must be a whole number >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.gamma, Auto) and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 0):
+        if not isinstance(self.gamma, Auto) and (
+            isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 0
+        ):
             raise InvalidOption(f"gamma (draft length) must be a whole number >= 0 or 'auto', got {self.gamma!r}")
-        if not isinstance(self.draft_min_p, Auto) and not (isinstance(self.draft_min_p, (int, float)) and not isinstance(self.draft_min_p, bool) and 0 <= self.draft_min_p < 1):
+        if not isinstance(self.draft_min_p, Auto) and not (
+            isinstance(self.draft_min_p, (int, float))
+            and not isinstance(self.draft_min_p, bool)
+            and 0 <= self.draft_min_p < 1
+        ):
             raise InvalidOption(f"draft min-p must be in [0, 1) or 'auto', got {self.draft_min_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT):
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT
+        ):
             raise InvalidOption(f"seed must be a whole number from 0 to 2^64 - 1, got {self.seed!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
             raise InvalidOption("stop takes a list of texts")
@@ -133,9 +141,16 @@ class Options:
 
     def to_dict(self) -> dict:
         return {
-            "max_tokens": self.max_tokens, "gamma": _label(self.gamma), **dataclasses.asdict(self.sampling),
-            "seed": self.seed, "stop": list(self.stop), "ngram": self.ngram, "draft_min_p": _label(self.draft_min_p),
-            "raw": self.raw, "system": self.system, "think": self.think,
+            "max_tokens": self.max_tokens,
+            "gamma": _label(self.gamma),
+            **dataclasses.asdict(self.sampling),
+            "seed": self.seed,
+            "stop": list(self.stop),
+            "ngram": self.ngram,
+            "draft_min_p": _label(self.draft_min_p),
+            "raw": self.raw,
+            "system": self.system,
+            "think": self.think,
         }
 
 

@@ -86,7 +86,10 @@ def load_pair(
     if draft_name:
         reporter.status(f"Finding {draft_name}")
         draft_path = _resolve_checked(draft_name, offline, reporter)
-    check_memory(loading.weight_bytes(target_path) + (loading.weight_bytes(draft_path) if draft_path else 0), _names(target_name, draft_name))
+    check_memory(
+        loading.weight_bytes(target_path) + (loading.weight_bytes(draft_path) if draft_path else 0),
+        _names(target_name, draft_name),
+    )
 
     from . import caches
 

@@ -74,7 +74,14 @@ def mlx_lm_generate(
     except ValueError as e:  # e.g. "Speculative decoding requires a trimmable prompt cache"
         raise PeerUnavailable(str(e).splitlines()[0]) from None
     seconds = time.perf_counter() - start
-    stats = Stats(prompt_tokens=len(prompt), tokens=len(tokens), emitted=len(tokens), decode_seconds=seconds, gamma=gamma, seed=seed)
+    stats = Stats(
+        prompt_tokens=len(prompt),
+        tokens=len(tokens),
+        emitted=len(tokens),
+        decode_seconds=seconds,
+        gamma=gamma,
+        seed=seed,
+    )
     run = 0
     for from_draft in flags:
         if from_draft:

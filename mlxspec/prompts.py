@@ -28,16 +28,47 @@ class BenchPrompt:
 
 
 SUITE: tuple[BenchPrompt, ...] = (
-    BenchPrompt("code completion", "def merge_sorted(left: list[int], right: list[int]) -> list[int]:\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n", "merge"),
-    BenchPrompt("code completion", "import os\nimport sys\n\n\ndef walk_files(root):\n    \"\"\"Yield the path of every regular file below root.\"\"\"\n    for dirpath, dirnames, filenames in os.walk(root):\n", "walk"),
-    BenchPrompt("code explanation", "Explain what this Python function does, line by line:\n\ndef chunks(items, n):\n    for i in range(0, len(items), n):\n        yield items[i:i + n]\n", "chunks"),
-    BenchPrompt("code explanation", "What is the difference between a list and a tuple in Python, and when should I use each?", "list-tuple"),
-    BenchPrompt("chat", "I have a job interview tomorrow for a junior developer position. What should I prepare tonight?", "interview"),
-    BenchPrompt("chat", "Give me three ideas for a quick vegetarian dinner with rice and whatever vegetables I have.", "dinner"),
-    BenchPrompt("creative writing", "Write the opening paragraph of a mystery story set in a lighthouse during a storm.", "lighthouse"),
+    BenchPrompt(
+        "code completion",
+        'def merge_sorted(left: list[int], right: list[int]) -> list[int]:\n    """Merge two sorted lists into '
+        'one sorted list."""\n',
+        "merge",
+    ),
+    BenchPrompt(
+        "code completion",
+        'import os\nimport sys\n\n\ndef walk_files(root):\n    """Yield the path of every regular file below '
+        'root."""\n    for dirpath, dirnames, filenames in os.walk(root):\n',
+        "walk",
+    ),
+    BenchPrompt(
+        "code explanation",
+        "Explain what this Python function does, line by line:\n\ndef chunks(items, n):\n    for i in range(0, "
+        "len(items), n):\n        yield items[i:i + n]\n",
+        "chunks",
+    ),
+    BenchPrompt(
+        "code explanation",
+        "What is the difference between a list and a tuple in Python, and when should I use each?",
+        "list-tuple",
+    ),
+    BenchPrompt(
+        "chat",
+        "I have a job interview tomorrow for a junior developer position. What should I prepare tonight?",
+        "interview",
+    ),
+    BenchPrompt(
+        "chat", "Give me three ideas for a quick vegetarian dinner with rice and whatever vegetables I have.", "dinner"
+    ),
+    BenchPrompt(
+        "creative writing",
+        "Write the opening paragraph of a mystery story set in a lighthouse during a storm.",
+        "lighthouse",
+    ),
     BenchPrompt("creative writing", "Write a short poem about a cat watching the rain from a window.", "cat-poem"),
     BenchPrompt("summarising", f"{_ARTICLE}\n\nSummarise the article above in two sentences.", "depot-summary"),
-    BenchPrompt("summarising", f"{_ARTICLE}\n\nList the key facts of the article above as bullet points.", "depot-facts"),
+    BenchPrompt(
+        "summarising", f"{_ARTICLE}\n\nList the key facts of the article above as bullet points.", "depot-facts"
+    ),
 )
 
 
@@ -67,8 +98,10 @@ def load_jsonl(path: str | Path) -> list[BenchPrompt]:
         except json.JSONDecodeError as e:
             raise InvalidOption(f"{path}:{number}: not valid JSON ({e.msg})") from None
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-            raise InvalidOption(f"{path}:{number}: each line needs a non-empty \"prompt\" string")
-        prompts.append(BenchPrompt(str(item.get("category", "custom")), item["prompt"], str(item.get("name", f"line{number}"))))
+            raise InvalidOption(f'{path}:{number}: each line needs a non-empty "prompt" string')
+        prompts.append(
+            BenchPrompt(str(item.get("category", "custom")), item["prompt"], str(item.get("name", f"line{number}")))
+        )
     if not prompts:
         raise InvalidOption(f"{path} has no prompts")
     return prompts

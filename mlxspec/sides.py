@@ -103,5 +103,3 @@ def identical_so_far(standard: Side, speculative: Side) -> int | None:
         if a != b:
             return i
     return None
-
-

@@ -100,7 +100,9 @@ class Stats:
     def frozen(self, finish_reason: str | None = None) -> Stats:
         """A copy that later rounds do not change."""
         return dataclasses.replace(
-            self, position_tested=list(self.position_tested), position_accepted=list(self.position_accepted),
+            self,
+            position_tested=list(self.position_tested),
+            position_accepted=list(self.position_accepted),
             finish_reason=finish_reason if finish_reason is not None else self.finish_reason,
         )
 
@@ -145,5 +147,13 @@ class Stats:
         return [a / t if t else None for a, t in zip(self.position_accepted, self.position_tested)]
 
     def to_dict(self) -> dict:
-        derived = ("acceptance_rate", "tokens_per_round", "tokens_per_second", "mean_gamma", "draft_step", "verify_step", "per_position_acceptance")
+        derived = (
+            "acceptance_rate",
+            "tokens_per_round",
+            "tokens_per_second",
+            "mean_gamma",
+            "draft_step",
+            "verify_step",
+            "per_position_acceptance",
+        )
         return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in derived}}

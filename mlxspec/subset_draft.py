@@ -36,7 +36,9 @@ def read_subset(path: Path) -> tuple[list[int], int] | None:
 
 
 def write_subset(path: Path, target_ids: list[int], target_vocab_size: int) -> None:
-    (Path(path) / VOCAB_FILE).write_text(json.dumps({"target_vocab_size": target_vocab_size, "target_ids": list(target_ids)}))
+    (Path(path) / VOCAB_FILE).write_text(
+        json.dumps({"target_vocab_size": target_vocab_size, "target_ids": list(target_ids)})
+    )
 
 
 class SubsetVocabModel(nn.Module):

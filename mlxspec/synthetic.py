@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -185,7 +185,14 @@ ARCHITECTURES: dict[str, dict] = {
 }
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path, *, chat_template: str | None = CHATML_TEMPLATE, eos: str = ENDOFTEXT) -> None:
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    out_dir: Path,
+    *,
+    chat_template: str | None = CHATML_TEMPLATE,
+    eos: str = ENDOFTEXT,
+) -> None:
     """Train a byte-level BPE tokenizer and save it as mlx-lm (transformers) expects.
 
     The config names `PreTrainedTokenizerFast` so that any transformers version reads it.

@@ -9,7 +9,7 @@ steps; about 1 when decoding is memory-bound). Speedup = E[tau] / (gamma * c + v
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -36,7 +36,9 @@ def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> flo
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
 
 
-def predicted_speedup_mean(alpha: float, mean_gamma: float, c: float, v: float = 1.0, plain_share: float = 0.0) -> float:
+def predicted_speedup_mean(
+    alpha: float, mean_gamma: float, c: float, v: float = 1.0, plain_share: float = 0.0
+) -> float:
     """The same for a run whose drafting rounds drafted `mean_gamma` on average (auto, cut
     rounds): E[tau] at the nearest whole length (at least 1), the drafting cost at the mean.
     `plain_share` of the run's rounds were plain steps (auto's fallback): one token for one

@@ -218,10 +218,21 @@ def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
     for r in range(32):
         size = len(pattern) - r % 2
         ids = tuple(range(size))
-        controller.observe_round(Outcome(
-            plan=Plan(draft=size), drafted=ids, accepted=1, next_id=0, emitted=(0, 0), verified=size + 1,
-            seconds=size * 0.004 + 0.01, draft_seconds=size * 0.004, verify_seconds=0.01,
-        ))
-        controller.stop.observe(threshold=0.0, confidences=tuple(pattern[:size]), accepted=1, forwards=size, draft_seconds=size * 0.004)
+        controller.observe_round(
+            Outcome(
+                plan=Plan(draft=size),
+                drafted=ids,
+                accepted=1,
+                next_id=0,
+                emitted=(0, 0),
+                verified=size + 1,
+                seconds=size * 0.004 + 0.01,
+                draft_seconds=size * 0.004,
+                verify_seconds=0.01,
+            )
+        )
+        controller.stop.observe(
+            threshold=0.0, confidences=tuple(pattern[:size]), accepted=1, forwards=size, draft_seconds=size * 0.004
+        )
     assert controller.stop.threshold == threshold
     return controller

@@ -21,7 +21,9 @@ def permute(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def write_gguf(model_dir: Path, out: Path, *, types: dict[str, str] | None = None, architecture: str | None = None) -> Path:
+def write_gguf(
+    model_dir: Path, out: Path, *, types: dict[str, str] | None = None, architecture: str | None = None
+) -> Path:
     """`types`: GGML type per kind of tensor ("matrix", "embedding"), F32 by default; norms
     and biases stay F32 as llama.cpp keeps them. `architecture` overrides the name written."""
     import gguf
@@ -64,7 +66,11 @@ def write_gguf(model_dir: Path, out: Path, *, types: dict[str, str] | None = Non
         if model_type == "gemma3_text" and name.endswith("norm.weight"):
             array = array + 1.0
         kind = "embedding" if name.startswith("token_embd") else "matrix" if array.ndim == 2 else "vector"
-        qtype = getattr(gguf.GGMLQuantizationType, types.get(kind, "F32")) if kind != "vector" else gguf.GGMLQuantizationType.F32
+        qtype = (
+            getattr(gguf.GGMLQuantizationType, types.get(kind, "F32"))
+            if kind != "vector"
+            else gguf.GGMLQuantizationType.F32
+        )
         data = gguf.quants.quantize(array, qtype) if qtype != gguf.GGMLQuantizationType.F32 else array
         writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file()

@@ -15,8 +15,22 @@ from tests.test_cli import run
 def quick_report(factory, tmp_path_factory):
     target, draft = factory.pair("llama")
     out = tmp_path_factory.mktemp("bench")
-    argv = ["bench", "-t", str(target), "-d", str(draft), "--quick", "--raw", "--max-tokens", "24",
-            "--json", "--csv", str(out / "runs.csv"), "--plot", str(out / "speedup.png")]
+    argv = [
+        "bench",
+        "-t",
+        str(target),
+        "-d",
+        str(draft),
+        "--quick",
+        "--raw",
+        "--max-tokens",
+        "24",
+        "--json",
+        "--csv",
+        str(out / "runs.csv"),
+        "--plot",
+        str(out / "speedup.png"),
+    ]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     return exit_info.value.code, out
@@ -30,9 +44,29 @@ def test_quick_bench_reports_every_measurement(quick_report, capsys):
 def test_bench_json_schema(factory, capsys, tmp_path):
     target, draft = factory.pair("llama")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "def add(a, b):", "category": "code"}\n{"prompt": "Once upon a time", "category": "story"}\n')
-    code, out, _ = run(capsys, "bench", "-t", str(target), "-d", str(draft), "--prompts", str(prompts), "--raw",
-                       "-g", "1,3", "--temp", "0,0.7", "--max-tokens", "16", "--repeats", "2", "--json")
+    prompts.write_text(
+        '{"prompt": "def add(a, b):", "category": "code"}\n{"prompt": "Once upon a time", "category": "story"}\n'
+    )
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "-t",
+        str(target),
+        "-d",
+        str(draft),
+        "--prompts",
+        str(prompts),
+        "--raw",
+        "-g",
+        "1,3",
+        "--temp",
+        "0,0.7",
+        "--max-tokens",
+        "16",
+        "--repeats",
+        "2",
+        "--json",
+    )
     assert code == 0
     report = json.loads(out)
     assert {"mlx", "mlx_lm", "platform", "device"} <= set(report["machine"])
@@ -76,18 +110,30 @@ def test_csv_and_plot_are_written(quick_report):
     _, out = quick_report
     with open(out / "runs.csv") as f:
         rows = list(csv.DictReader(f))
-    assert rows and {"prompt", "category", "method", "mode", "gamma", "temp", "tokens_per_second", "acceptance_rate"} <= set(rows[0])
+    assert rows and {
+        "prompt",
+        "category",
+        "method",
+        "mode",
+        "gamma",
+        "temp",
+        "tokens_per_second",
+        "acceptance_rate",
+    } <= set(rows[0])
     assert {r["method"] for r in rows} == {"mlxspec", "mlx-lm"}
     png = (out / "speedup.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--gamma", "0,2"], "must be >= 1"),
-    (["--gamma", "two"], "comma-separated list"),
-    (["--temp", "-1"], "temperature must be >= 0"),
-    (["--prompts", "/no/such.jsonl"], "no prompts file"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gamma", "0,2"], "must be >= 1"),
+        (["--gamma", "two"], "comma-separated list"),
+        (["--temp", "-1"], "temperature must be >= 0"),
+        (["--prompts", "/no/such.jsonl"], "no prompts file"),
+    ],
+)
 def test_bench_bad_input(capsys, factory, args, message):
     target, draft = factory.pair("llama")
     code, _, err = run(capsys, "bench", "-t", str(target), "-d", str(draft), *args)
@@ -106,9 +152,29 @@ def test_bench_auto_and_prompt_lookup(factory, capsys, tmp_path):
     target, _ = factory.pair("llama")
     prompts = tmp_path / "edit.jsonl"
     text = "def area(width, height):\\n    return width * height\\n"
-    prompts.write_text(json.dumps({"prompt": f"{text}\nRepeat the code above exactly:\n{text}", "category": "edit"}) + "\n")
-    code, out, _ = run(capsys, "bench", "-t", str(target), "-d", "ngram", "--prompts", str(prompts), "--raw",
-                       "-g", "auto,3", "--temp", "0", "--max-tokens", "24", "--repeats", "1", "--json")
+    prompts.write_text(
+        json.dumps({"prompt": f"{text}\nRepeat the code above exactly:\n{text}", "category": "edit"}) + "\n"
+    )
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "-t",
+        str(target),
+        "-d",
+        "ngram",
+        "--prompts",
+        str(prompts),
+        "--raw",
+        "-g",
+        "auto,3",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "24",
+        "--repeats",
+        "1",
+        "--json",
+    )
     assert code == 0
     report = json.loads(out)
     assert report["pair"]["draft"] is None

@@ -49,8 +49,13 @@ def test_preset_tiny_is_the_bundled_pair(capsys):
 def test_generate_with_no_model_arguments_offline():
     """The issue's 'done when': on a fresh install, offline, no model named."""
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "mlxspec", "generate", "def main(", "--json", "-m", "32"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "def main(", "--json", "-m", "32"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["stats"]["acceptance_rate"] is not None and data["stats"]["tokens"] > 0

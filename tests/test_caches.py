@@ -103,7 +103,9 @@ def test_interrupted_generation_leaves_a_usable_session(load_pair, arch):
     expected = mlxspec.generate(pair, prompt + [5], max_tokens=24, gamma=3).tokens
     session = Session(pair)
     for delay in (0.002, 0.01, 0.03, 0.06):
-        events = interrupt_after(delay, lambda: list(mlxspec.stream(pair, prompt, max_tokens=400, gamma=3, session=session)))
+        events = interrupt_after(
+            delay, lambda: list(mlxspec.stream(pair, prompt, max_tokens=400, gamma=3, session=session))
+        )
         assert events is None or isinstance(events[-1], Done)  # None: it landed outside the engine
         result = mlxspec.generate(pair, prompt + [5], max_tokens=24, gamma=3, session=session)
         assert result.tokens == expected, f"delay {delay}"
@@ -111,7 +113,9 @@ def test_interrupted_generation_leaves_a_usable_session(load_pair, arch):
 
 def test_interrupt_is_reported(load_pair):
     pair = load_pair("llama")
-    events = interrupt_after(0.05, lambda: list(mlxspec.stream(pair, IDS[:12] * 8, max_tokens=100000, gamma=3, raw=True)))
+    events = interrupt_after(
+        0.05, lambda: list(mlxspec.stream(pair, IDS[:12] * 8, max_tokens=100000, gamma=3, raw=True))
+    )
     assert events[-1].finish_reason == "interrupted"
     assert events[-1].stats.tokens == sum(len(e.emitted) for e in events if isinstance(e, Round))
 

@@ -10,9 +10,8 @@ from rich.console import Console
 
 import mlxspec
 from mlxspec.chat import Conversation
-from mlxspec.events import ContextTrimmed
+from mlxspec.events import ContextTrimmed, Done, Round
 from mlxspec.options import Options
-from mlxspec.events import Done, Round
 from mlxspec.views.chat import ChatApp
 from tests.conftest import ctrl_c_at, fresh_standard, interrupt_after
 
@@ -79,10 +78,24 @@ def test_interrupted_reply_leaves_consistent_caches(load_pair):
 
 def test_commands(load_pair, tmp_path):
     saved = tmp_path / "chat.json"
-    code, out, conversation = drive(load_pair("llama"), [
-        "/gamma 2", "/temp 0", "first message", "/stats", "/gamma -1", "/temp hot", "/top-p 2",
-        "/frobnicate", "/system Be brief.", f"/save {saved}", "second message", f"/save {saved}", "/quit",
-    ])
+    code, out, conversation = drive(
+        load_pair("llama"),
+        [
+            "/gamma 2",
+            "/temp 0",
+            "first message",
+            "/stats",
+            "/gamma -1",
+            "/temp hot",
+            "/top-p 2",
+            "/frobnicate",
+            "/system Be brief.",
+            f"/save {saved}",
+            "second message",
+            f"/save {saved}",
+            "/quit",
+        ],
+    )
     assert code == 0
     assert "(gamma = 2)" in out and "(temp = 0.0)" in out
     assert "acceptance α" in out and "tokens per round τ" in out and "by position" in out
@@ -119,7 +132,9 @@ def test_gamma_zero_and_show_drafts(load_pair):
 def test_oldest_turns_are_dropped_near_the_context(factory):
     short = factory.model("short-chat", arch="llama", seed=1, overrides={"max_position_embeddings": 80})
     pair = mlxspec.load_pair(str(short))
-    _, out, conversation = drive(pair, ["one two three four", "five six seven", "eight nine ten", "eleven"], gamma=0, max_tokens=16)
+    _, out, conversation = drive(
+        pair, ["one two three four", "five six seven", "eight nine ten", "eleven"], gamma=0, max_tokens=16
+    )
     assert "dropped the oldest" in out
     assert len(conversation.turns) == 4 and all(t.finish_reason in ("length", "eos") for t in conversation.turns)
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from mlxspec.cli import main
 from mlxspec import synthetic
+from mlxspec.cli import main
 from tests.conftest import stdlib_texts
 
 
@@ -44,8 +44,19 @@ def test_generate_json(capsys, folders):
     data = json.loads(out)
     assert {"text", "tokens", "prompt_tokens", "stats", "finish_reason", "target", "draft"} <= set(data)
     stats = data["stats"]
-    for field in ("tokens", "rounds", "drafted", "accepted", "tested", "acceptance_rate", "tokens_per_round",
-                  "per_position_acceptance", "prefill_seconds", "decode_seconds", "tokens_per_second"):
+    for field in (
+        "tokens",
+        "rounds",
+        "drafted",
+        "accepted",
+        "tested",
+        "acceptance_rate",
+        "tokens_per_round",
+        "per_position_acceptance",
+        "prefill_seconds",
+        "decode_seconds",
+        "tokens_per_second",
+    ):
         assert field in stats, field
     assert stats["tokens"] == len(data["tokens"]) == 16
     assert stats["accepted"] <= stats["tested"] <= stats["drafted"]
@@ -67,8 +78,29 @@ def test_seeded_sampling_is_reproducible(capsys, folders):
     follows measured timings, so a seed fixes the distribution, not the exact sample.)"""
     target, draft = folders
     for gamma in ("0", "3"):
-        outs = [run(capsys, "generate", "import os", "-t", target, "-d", draft, "-g", gamma, "-m", "20", "--json",
-                    "--temp", "0.9", "--top-p", "0.95", "--seed", "4")[1] for _ in range(2)]
+        outs = [
+            run(
+                capsys,
+                "generate",
+                "import os",
+                "-t",
+                target,
+                "-d",
+                draft,
+                "-g",
+                gamma,
+                "-m",
+                "20",
+                "--json",
+                "--temp",
+                "0.9",
+                "--top-p",
+                "0.95",
+                "--seed",
+                "4",
+            )[1]
+            for _ in range(2)
+        ]
         assert json.loads(outs[0])["tokens"] == json.loads(outs[1])["tokens"]
 
 
@@ -87,7 +119,13 @@ def bad_folders(factory, folders, tmp_path_factory):
     synthetic.build_model("llama", foreign, tokenizer_dir=other_tok, seed=3, eos_token_ids=factory.eos)
     chunked = factory.model("llama4-chunked", arch="llama4", seed=1)
     short = factory.model("short-context", arch="llama", seed=1, overrides={"max_position_embeddings": 32})
-    return {"corrupt": str(corrupt), "no_weights": str(no_weights), "foreign": str(foreign), "chunked": str(chunked), "short": str(short)}
+    return {
+        "corrupt": str(corrupt),
+        "no_weights": str(no_weights),
+        "foreign": str(foreign),
+        "chunked": str(chunked),
+        "short": str(short),
+    }
 
 
 BAD_INPUTS = {
@@ -140,10 +178,32 @@ def test_the_installed_command_runs_as_a_process(folders):
     """Once through a real process: the console entry point, stdout/stderr and exit code."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     done = subprocess.run(
-        [sys.executable, "-m", "mlxspec", "generate", "def f(", "-t", folders[0], "-d", folders[1], "-m", "8", "--json"],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "mlxspec",
+            "generate",
+            "def f(",
+            "-t",
+            folders[0],
+            "-d",
+            folders[1],
+            "-m",
+            "8",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stats"]["tokens"] == 8
-    bad = subprocess.run([sys.executable, "-m", "mlxspec", "generate", "x", "-t", "/no/such"], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "x", "-t", "/no/such"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder or .gguf file at /no/such"

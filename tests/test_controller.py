@@ -13,13 +13,32 @@ def controller(**config) -> Controller:
     return Controller(ControllerConfig(**config))
 
 
-def drafted(c, *, drafted: int, accepted: int, draft: float | None, verify: float | None, verified: int | None = None, waited: bool = False):
+def drafted(
+    c,
+    *,
+    drafted: int,
+    accepted: int,
+    draft: float | None,
+    verify: float | None,
+    verified: int | None = None,
+    waited: bool = False,
+):
     """One drafting round, as the loop reports it (draft and verify seconds None: not timed apart)."""
     ids = tuple(range(drafted))
-    c.observe_round(Outcome(
-        plan=Plan(draft=drafted), drafted=ids, accepted=accepted, next_id=0, emitted=ids[:accepted] + (0,),
-        verified=verified or drafted + 1, seconds=(draft or 0.0) + (verify or 0.0), draft_seconds=draft, verify_seconds=verify,
-    ), waited=waited)
+    c.observe_round(
+        Outcome(
+            plan=Plan(draft=drafted),
+            drafted=ids,
+            accepted=accepted,
+            next_id=0,
+            emitted=ids[:accepted] + (0,),
+            verified=verified or drafted + 1,
+            seconds=(draft or 0.0) + (verify or 0.0),
+            draft_seconds=draft,
+            verify_seconds=verify,
+        ),
+        waited=waited,
+    )
 
 
 def plain(c, seconds: float) -> None:
@@ -31,7 +50,14 @@ def feed(c, alpha_hits, rounds, gamma, draft_step, verify, slope=0.0):
     for r in range(rounds):
         accepted = min(alpha_hits(r), gamma)
         k = gamma + 1
-        drafted(c, drafted=gamma, accepted=accepted, draft=gamma * draft_step, verify=verify * (1 + slope * (k - 1)), verified=k)
+        drafted(
+            c,
+            drafted=gamma,
+            accepted=accepted,
+            draft=gamma * draft_step,
+            verify=verify * (1 + slope * (k - 1)),
+            verified=k,
+        )
 
 
 def test_high_acceptance_and_cheap_draft_pick_a_long_draft():
@@ -54,7 +80,7 @@ def test_it_probes_again_and_recovers():
     c.probes.every = 8  # a short first stretch: the test is 200 steps
     feed(c, lambda r: 0, 60, 2, draft_step=0.006, verify=0.02)
     choices = []
-    for step in range(200):
+    for _ in range(200):
         g = c.choose()
         choices.append(g)
         if g == 0:
@@ -80,7 +106,14 @@ def test_linear_verify_cost_is_learned():
         feed(c, lambda r: 100 if r % 2 else 2, 40, g, draft_step=0.002, verify=0.02, slope=0.5)
     t1 = c.times.verify_time(1)
     assert t1 == pytest.approx(0.02, rel=0.05) and c.times.verify_time(5) == pytest.approx(0.02 * 3, rel=0.05)
-    best_by_model = max(range(9), key=lambda g: c.expected_tokens(g) / (c.times.draft_time(g) + c.times.verify_time(g + 1)) if g else 1 / c.times.verify_time(1))
+    best_by_model = max(
+        range(9),
+        key=lambda g: (
+            c.expected_tokens(g) / (c.times.draft_time(g) + c.times.verify_time(g + 1))
+            if g
+            else 1 / c.times.verify_time(1)
+        ),
+    )
     assert c.best() == best_by_model and c.best() < 6
 
 
@@ -137,7 +170,9 @@ def test_failed_probes_back_off_and_a_paying_probe_resets():
     assert stretches[:4] == [32, 64, 128, 256] and c.probes.every == 512
     while c.choose() == 0:
         plain(c, 0.02)
-    drafted(c, drafted=2, accepted=2, draft=0.012, verify=0.021, verified=3)  # this probe is accepted: the text turned predictable
+    drafted(
+        c, drafted=2, accepted=2, draft=0.012, verify=0.021, verified=3
+    )  # this probe is accepted: the text turned predictable
     assert c.probes.every == 32 and c.choose() > 0
 
 
@@ -208,7 +243,9 @@ def test_a_fully_accepted_probe_is_followed_by_another():
     drafted(c, drafted=g, accepted=g, draft=g * 0.012, verify=0.021, verified=g + 1)  # all accepted
     assert c.best() == 0  # one probe does not outweigh the past on its own...
     assert c.choose() > 0  # ...so another follows at once, not after another stretch
-    drafted(c, drafted=g, accepted=0, draft=g * 0.012, verify=0.021, verified=g + 1)  # that one fails: back to plain decoding
+    drafted(
+        c, drafted=g, accepted=0, draft=g * 0.012, verify=0.021, verified=g + 1
+    )  # that one fails: back to plain decoding
     assert c.choose() == 0
 
 
@@ -225,11 +262,25 @@ def feed_confidences(c, rounds, pattern, draft_step=0.004, verify=0.01, waiting=
             cut = next((i for i, q in enumerate(confidences) if q < 0.2), size)
             forwards = cut + (cut < size)
             seconds = forwards * (draft_step + waiting)
-            drafted(c, drafted=cut, accepted=min(accepted, cut), draft=seconds, verify=verify, verified=cut + 1, waited=True)
-            c.stop.observe(threshold=0.2, confidences=tuple(confidences[:cut]), accepted=min(accepted, cut), forwards=forwards, draft_seconds=seconds)
+            drafted(
+                c, drafted=cut, accepted=min(accepted, cut), draft=seconds, verify=verify, verified=cut + 1, waited=True
+            )
+            c.stop.observe(
+                threshold=0.2,
+                confidences=tuple(confidences[:cut]),
+                accepted=min(accepted, cut),
+                forwards=forwards,
+                draft_seconds=seconds,
+            )
         else:
             drafted(c, drafted=size, accepted=accepted, draft=size * draft_step, verify=verify, verified=size + 1)
-            c.stop.observe(threshold=0.0, confidences=tuple(confidences), accepted=accepted, forwards=size, draft_seconds=size * draft_step)
+            c.stop.observe(
+                threshold=0.0,
+                confidences=tuple(confidences),
+                accepted=accepted,
+                forwards=size,
+                draft_seconds=size * draft_step,
+            )
 
 
 def test_learned_early_stop_turns_on_when_unsure_drafts_are_rejected():
@@ -272,7 +323,9 @@ def test_rounds_that_waited_for_confidences_are_timed_apart():
     feed(c, lambda r: 100, 10, 4, draft_step=0.001, verify=0.01)
     before = c.times.draft_time(4)
     for _ in range(20):
-        drafted(c, drafted=4, accepted=4, draft=0.05, verify=0.01, verified=5, waited=True)  # a slow host wait at every step
+        drafted(
+            c, drafted=4, accepted=4, draft=0.05, verify=0.01, verified=5, waited=True
+        )  # a slow host wait at every step
     assert c.times.draft_time(4) == pytest.approx(before)
 
 
@@ -286,5 +339,7 @@ def test_stopping_before_the_first_proposal_still_costs_a_forward():
         size = len(pattern) - r % 2
         seconds = 0.05 + 0.0001 * size
         drafted(c, drafted=size, accepted=0, draft=seconds, verify=0.01, verified=size + 1)
-        c.stop.observe(threshold=0.0, confidences=tuple(pattern[:size]), accepted=0, forwards=size, draft_seconds=seconds)
+        c.stop.observe(
+            threshold=0.0, confidences=tuple(pattern[:size]), accepted=0, forwards=size, draft_seconds=seconds
+        )
     assert c.stop.next_threshold() == 0.0

@@ -130,8 +130,14 @@ def test_the_pair_exercises_every_path(small_pair):
     for i in range(200):
         session.reset()
         for event in engine.decode(
-            session.target, session.draft, PROMPT, policy=policy(session, GAMMA), params=params, max_tokens=LENGTH,
-            eos_ids=frozenset(), key=mx.random.key(i),
+            session.target,
+            session.draft,
+            PROMPT,
+            policy=policy(session, GAMMA),
+            params=params,
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(i),
         ):
             if isinstance(event, Round) and event.drafted:
                 fates[event.fates[-1]] += 1
@@ -164,9 +170,7 @@ def test_harness_rejects_missing_rewind(small_pair, monkeypatch):
 
 def test_harness_rejects_unclamped_residual(small_pair, monkeypatch):
     """Sampling the correction from p - q without max(0, .) (renormalised |p - q|) is wrong."""
-    monkeypatch.setattr(
-        verify, "residual", lambda p, q: mx.abs(p - q) / mx.abs(p - q).sum(axis=-1, keepdims=True)
-    )
+    monkeypatch.setattr(verify, "residual", lambda p, q: mx.abs(p - q) / mx.abs(p - q).sum(axis=-1, keepdims=True))
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
@@ -192,13 +196,22 @@ def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, n
         session = Session(pair)
         lookup = PromptLookup(PROMPT, min_match=2, index=NGramIndex(max_n=2, min_n=1)) if ngram else None
         drafting = Policy(
-            gamma=AUTO if gamma == "auto" else gamma, stop=AUTO if min_p == "auto" else min_p,
-            controller=copy.deepcopy(controller) if controller else session.controller, lookup=lookup, draft_model=not no_model,
+            gamma=AUTO if gamma == "auto" else gamma,
+            stop=AUTO if min_p == "auto" else min_p,
+            controller=copy.deepcopy(controller) if controller else session.controller,
+            lookup=lookup,
+            draft_model=not no_model,
         )
         emitted = []
         for event in engine.decode(
-            session.target, None if no_model else session.draft, PROMPT, policy=drafting, params=params,
-            max_tokens=LENGTH, eos_ids=frozenset(), key=mx.random.key(seed + i),
+            session.target,
+            None if no_model else session.draft,
+            PROMPT,
+            policy=drafting,
+            params=params,
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(seed + i),
         ):
             if isinstance(event, Round):
                 emitted += event.emitted
@@ -231,8 +244,16 @@ def test_point_mass_proposals_are_exercised(small_pair):
         session = Session(small_pair)
         lookup = PromptLookup(PROMPT, index=NGramIndex(max_n=2, min_n=1))
         drafting = Policy(gamma=GAMMA, stop=0.0, controller=session.controller, lookup=lookup, draft_model=False)
-        for event in engine.decode(session.target, None, PROMPT, policy=drafting, params=SETTINGS["temp1"], max_tokens=LENGTH,
-                                   eos_ids=frozenset(), key=mx.random.key(i)):
+        for event in engine.decode(
+            session.target,
+            None,
+            PROMPT,
+            policy=drafting,
+            params=SETTINGS["temp1"],
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(i),
+        ):
             if isinstance(event, Round):
                 sources[event.source] += 1
                 sources[event.fates[-1]] += 1

@@ -20,7 +20,12 @@ from tests.gguf_files import write_gguf
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text"]
 IDS = list(range(20, 52))
-TEXTS = ["def add(a, b):\n    return a + b\n", "Hello, world!  Two  spaces.", "naïve café 日本 🙂", "<|im_start|>user\nhi<|im_end|>"]
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "Hello, world!  Two  spaces.",
+    "naïve café 日本 🙂",
+    "<|im_start|>user\nhi<|im_end|>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -156,17 +161,42 @@ def test_cli_imports_a_gguf_given_as_target(factory, tmp_path, cache_dir):
     gguf = write_gguf(factory.pair("qwen3")[0], tmp_path / "cli.gguf")
     env = {**__import__("os").environ, "MLXSPEC_CACHE": str(tmp_path / "cli-cache")}
     run = subprocess.run(
-        [sys.executable, "-m", "mlxspec", "generate", "--target", str(gguf), "--no-draft", "--raw", "-m", "4", "--json", "hello"],
-        capture_output=True, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "mlxspec",
+            "generate",
+            "--target",
+            str(gguf),
+            "--no-draft",
+            "--raw",
+            "-m",
+            "4",
+            "--json",
+            "hello",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert run.returncode == 0, run.stderr
     assert "importing cli.gguf as float32" in run.stderr
     assert json.loads(run.stdout)["stats"]["tokens"] == 4
     out = tmp_path / "imported"
-    run = subprocess.run([sys.executable, "-m", "mlxspec", "models", "import", str(gguf), "--dtype", "q8", "--out", str(out)], capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "models", "import", str(gguf), "--dtype", "q8", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 0 and run.stdout.strip() == str(out), run.stderr
     assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == 8
-    run = subprocess.run([sys.executable, "-m", "mlxspec", "models", "import", str(tmp_path / "missing.gguf")], capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "models", "import", str(tmp_path / "missing.gguf")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "no GGUF file" in run.stderr
 
 
@@ -175,7 +205,12 @@ def test_a_truncated_file_through_the_cli_is_one_line(factory, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(good.read_bytes()[:4096])
     env = {**__import__("os").environ, "MLXSPEC_CACHE": str(tmp_path / "c")}
-    run = subprocess.run([sys.executable, "-m", "mlxspec", "generate", "--target", str(cut), "--no-draft", "hi"], capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "--target", str(cut), "--no-draft", "hi"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 1 and run.stderr.count("\n") <= 2 and "not a complete GGUF file" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert issubclass(GGUFError, ModelLoadError)

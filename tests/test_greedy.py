@@ -154,8 +154,10 @@ def test_prompt_lookup_alone_stays_exact(load_pair, arch):
         assert result.stats.ngram_rounds > 0 and result.stats.model_rounds == 0
     # a prompt with no repeats: rounds that propose nothing at first
     fresh_prompt = list(range(40, 52))
-    assert mlxspec.generate(lookup, fresh_prompt, max_tokens=MAX_TOKENS, gamma="auto").tokens == \
-        mlxspec.generate(pair, fresh_prompt, max_tokens=MAX_TOKENS, gamma=0).tokens
+    assert (
+        mlxspec.generate(lookup, fresh_prompt, max_tokens=MAX_TOKENS, gamma="auto").tokens
+        == mlxspec.generate(pair, fresh_prompt, max_tokens=MAX_TOKENS, gamma=0).tokens
+    )
 
 
 class Alternating(Controller):

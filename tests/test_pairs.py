@@ -9,7 +9,14 @@ import pytest
 
 import mlxspec
 from mlxspec import synthetic
-from mlxspec.errors import IncompatiblePair, InsufficientMemory, ModelLoadError, ModelNotFound, PromptTooLong, UnsupportedCache
+from mlxspec.errors import (
+    IncompatiblePair,
+    InsufficientMemory,
+    ModelLoadError,
+    ModelNotFound,
+    PromptTooLong,
+    UnsupportedCache,
+)
 from tests.conftest import stdlib_texts
 
 PROMPT = list(range(10, 22))

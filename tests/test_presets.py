@@ -36,7 +36,10 @@ def test_bundled_names_resolve_into_the_package():
 
 def test_user_file_overrides_and_adds(tmp_path, monkeypatch):
     mine = tmp_path / "models.toml"
-    mine.write_text('[qwen3-14b]\ntarget = "me/big"\ndraft = "me/small"\ngamma = 6\n\n[mine]\ntarget = "/models/t"\ndraft = "/models/d"\n')
+    mine.write_text(
+        '[qwen3-14b]\ntarget = "me/big"\ndraft = "me/small"\ngamma = 6\n\n[mine]\ntarget = "/models/t"\ndraft '
+        '= "/models/d"\n'
+    )
     monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
     found = presets.load_presets()
     assert (found["qwen3-14b"].target, found["qwen3-14b"].gamma) == ("me/big", 6)
@@ -50,12 +53,15 @@ def test_default_user_file_location(tmp_path, monkeypatch):
     assert presets.user_file() == tmp_path / "mlxspec" / "models.toml"
 
 
-@pytest.mark.parametrize("text,message", [
-    ('[a]\ntarget = "x"\ndraft = \n', "line 3"),
-    ('[a]\ntarget = "x"\n', "preset [a] needs draft"),
-    ('[a]\ntarget = "x"\ndraft = "y"\ngamma = -1\n', "gamma must be"),
-    ('a = 3\n', "'a' must be a table"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('[a]\ntarget = "x"\ndraft = \n', "line 3"),
+        ('[a]\ntarget = "x"\n', "preset [a] needs draft"),
+        ('[a]\ntarget = "x"\ndraft = "y"\ngamma = -1\n', "gamma must be"),
+        ("a = 3\n", "'a' must be a table"),
+    ],
+)
 def test_bad_user_file_fails_cleanly(tmp_path, monkeypatch, capsys, text, message):
     mine = tmp_path / "models.toml"
     mine.write_text(text)

@@ -87,7 +87,12 @@ def test_gemma3_tokenizer_matches_sentencepiece():
     model.trainer_spec.byte_fallback = True
     model.trainer_spec.split_by_whitespace = False
     model.trainer_spec.allow_whitespace_only_pieces = True
-    model.trainer_spec.unk_id, model.trainer_spec.bos_id, model.trainer_spec.eos_id, model.trainer_spec.pad_id = 3, 2, 1, 0
+    model.trainer_spec.unk_id, model.trainer_spec.bos_id, model.trainer_spec.eos_id, model.trainer_spec.pad_id = (
+        3,
+        2,
+        1,
+        0,
+    )
     model.normalizer_spec.name = "identity"
     model.normalizer_spec.add_dummy_prefix = False
     model.normalizer_spec.remove_extra_whitespaces = False
@@ -158,7 +163,14 @@ def test_mlx_lm_speculative_decoding_drifts_on_gemma3_where_mlxspec_does_not():
     assert len(ids) > 512
 
     def mlx_lm_ids(**draft) -> list[int]:
-        responses = stream_generate(drafted.target.model, drafted.tokenizer, mx.array(ids), max_tokens=24, sampler=make_sampler(temp=0.0), **draft)
+        responses = stream_generate(
+            drafted.target.model,
+            drafted.tokenizer,
+            mx.array(ids),
+            max_tokens=24,
+            sampler=make_sampler(temp=0.0),
+            **draft,
+        )
         return [r.token for r in responses]
 
     plain = mlx_lm_ids()
@@ -172,7 +184,11 @@ def test_a_real_model_drafting_for_itself_accepts_everything():
     target = real_models.pair(real_models.SMOLLM2)
     self_pair = mlxspec.Pair(target.target, target.target)
     for gamma in (3, 5):
-        events = [e for e in mlxspec.stream(self_pair, "Tell me about the moon.", max_tokens=30, gamma=gamma) if isinstance(e, Round)]
+        events = [
+            e
+            for e in mlxspec.stream(self_pair, "Tell me about the moon.", max_tokens=30, gamma=gamma)
+            if isinstance(e, Round)
+        ]
         assert events and all(e.accepted == len(e.drafted) for e in events)
 
 

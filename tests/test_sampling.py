@@ -56,7 +56,10 @@ def test_rows_are_warped_independently():
 
 
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("options", [dict(top_p=0.9), dict(top_p=0.5), dict(min_p=0.05), dict(top_k=7), dict(top_p=0.8, min_p=0.02, top_k=20)])
+@pytest.mark.parametrize(
+    "options",
+    [dict(top_p=0.9), dict(top_p=0.5), dict(min_p=0.05), dict(top_k=7), dict(top_p=0.8, min_p=0.02, top_k=20)],
+)
 def test_filters_agree_with_mlx_lm(seed, options):
     logits = mx.random.normal((64,), key=mx.random.key(seed)) * 3
     logprobs = logits - mx.logsumexp(logits)
@@ -79,9 +82,18 @@ def test_sample_is_reproducible_with_a_key():
     assert len(set(draws)) == 1
 
 
-@pytest.mark.parametrize("options", [
-    dict(temp=-0.1), dict(temp=float("nan")), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(min_p=1.0), dict(min_p=-0.1),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(temp=-0.1),
+        dict(temp=float("nan")),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_k=-1),
+        dict(min_p=1.0),
+        dict(min_p=-0.1),
+    ],
+)
 def test_invalid_settings_are_refused(options):
     with pytest.raises(InvalidOption):
         SamplingParams(**options)

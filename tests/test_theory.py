@@ -3,7 +3,14 @@
 import pytest
 
 from mlxspec.stats import Stats
-from mlxspec.theory import cost_ratio, expected_tokens_by_position, expected_tokens_per_round, predicted_speedup, predicted_speedup_mean, predicted_speedup_of
+from mlxspec.theory import (
+    cost_ratio,
+    expected_tokens_by_position,
+    expected_tokens_per_round,
+    predicted_speedup,
+    predicted_speedup_mean,
+    predicted_speedup_of,
+)
 
 
 def test_expected_tokens_hand_computed():
@@ -30,7 +37,9 @@ def test_positions_with_equal_rates_match_the_closed_form():
 
 def test_mean_gamma_takes_tau_at_the_nearest_length_and_cost_at_the_mean():
     assert predicted_speedup_mean(0.7, 5.0, 0.1) == pytest.approx(predicted_speedup(0.7, 5, 0.1))
-    assert predicted_speedup_mean(0.7, 2.4, 0.1, v=1.2) == pytest.approx(expected_tokens_per_round(0.7, 2) / (0.24 + 1.2))
+    assert predicted_speedup_mean(0.7, 2.4, 0.1, v=1.2) == pytest.approx(
+        expected_tokens_per_round(0.7, 2) / (0.24 + 1.2)
+    )
     assert predicted_speedup_mean(0.7, 0.3, 0.1) == pytest.approx(expected_tokens_per_round(0.7, 1) / 1.03)
     # auto's plain steps: half the rounds emit one token for one target step
     # tokens 0.5 * (1 + 0.7 + 0.49) + 0.5 = 1.595; cost 0.5 * (2 * 0.1 + 1) + 0.5 = 1.1

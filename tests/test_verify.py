@@ -81,7 +81,10 @@ def run_rule(drafted, draft_rows, target_rows, seed=0):
 def test_one_hot_perfect_match_takes_the_bonus():
     drafted = [2, 0, 3]
     for seed in range(10):
-        assert run_rule(drafted, [one_hot(t) for t in drafted], [one_hot(t) for t in drafted] + [one_hot(1)], seed) == (3, 1)
+        assert run_rule(drafted, [one_hot(t) for t in drafted], [one_hot(t) for t in drafted] + [one_hot(1)], seed) == (
+            3,
+            1,
+        )
 
 
 def test_one_hot_early_mismatch_recovers_the_targets_id():
@@ -124,11 +127,14 @@ def test_single_position_frequencies_match_the_target():
     assert np.all(np.abs(freq - P) < 3.5 * sigma), (freq, P)
 
 
-@pytest.mark.parametrize("drafted,target,expected", [
-    ([1, 2, 3], [1, 2, 3, 0], (3, 0)),
-    ([1, 2, 3], [1, 0, 3, 0], (1, 0)),
-    ([1, 2, 3], [2, 2, 3, 0], (0, 2)),
-])
+@pytest.mark.parametrize(
+    "drafted,target,expected",
+    [
+        ([1, 2, 3], [1, 2, 3, 0], (3, 0)),
+        ([1, 2, 3], [1, 0, 3, 0], (1, 0)),
+        ([1, 2, 3], [2, 2, 3, 0], (0, 2)),
+    ],
+)
 def test_greedy_is_argmax_matching(drafted, target, expected):
     n, token = greedy_sample(mx.array(drafted, dtype=mx.uint32), mx.array(target, dtype=mx.uint32))
     assert (n.item(), token.item()) == expected

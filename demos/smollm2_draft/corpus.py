@@ -30,32 +30,107 @@ chess game, the first day of school, an autumn leaf, a thunderstorm, a quiet har
 castle, a market in Marrakesh, a volcano, the ocean floor, a bus ride, a letter never
 sent, a garden gnome, a pair of old shoes, a windmill, a snowman, a campfire, a subway
 train, a sunflower, a jazz club, a map of the stars""".replace("\n", " ").split(", ")
-GENRES = ["science fiction", "fantasy", "horror", "romance", "adventure", "detective", "comedy", "fairy tale", "western", "historical"]
-PLACES = ["a space station", "a small bookshop", "a desert town", "a haunted hotel", "a submarine", "an orchard",
-          "a mountain hut", "a crowded train", "a circus", "a museum at night", "a frozen lake", "a rooftop garden",
-          "an old observatory", "a ferry crossing", "a jungle temple", "a school library", "a bakery at dawn"]
-FORMS = ["a short poem", "a haiku", "a limerick", "a four-line rhyme", "a short story", "a fable", "a diary entry",
-         "a song chorus", "a description", "a letter"]
-CHAT = [
-    "How can I sleep better at night?", "What are some good habits for learning a new language?",
-    "How do I make a simple budget for the month?", "What should I pack for a weekend hiking trip?",
-    "How do I stay focused when working from home?", "Give me three tips for running my first 5 km race.",
-    "What is a healthy breakfast I can make in five minutes?", "How do I start learning to play the guitar?",
-    "What are some fun things to do on a rainy weekend?", "How can I be more productive in the morning?",
-    "How do I write a polite email asking for a deadline extension?", "What questions should I ask when renting a flat?",
-    "How do I take care of a houseplant?", "Give me ideas for a birthday present for my sister.",
-    "How can I reduce stress before an exam?", "What are the benefits of drinking water?",
-    "How do I prepare for a long flight?", "What is the best way to learn to cook?",
-    "Suggest a plan for a day trip to the seaside.", "How do I keep my laptop running fast?",
-    "What are three easy pasta recipes?", "How should I prepare for a first meeting with a new team?",
-    "How do I organise my desk?", "Give me five ideas for a team-building activity.",
-    "How do I choose a good book to read?", "What can I do to save energy at home?",
+GENRES = [
+    "science fiction",
+    "fantasy",
+    "horror",
+    "romance",
+    "adventure",
+    "detective",
+    "comedy",
+    "fairy tale",
+    "western",
+    "historical",
 ]
-CONCEPTS = ["a dictionary", "a set", "a generator", "a decorator", "a class", "a lambda function", "list comprehension",
-            "recursion", "an exception", "a context manager", "a module", "a virtual environment", "type hints",
-            "an iterator", "a thread", "a process", "a closure", "f-strings", "slicing", "the `with` statement",
-            "a dataclass", "`*args` and `**kwargs`", "`is` and `==`", "a shallow copy and a deep copy",
-            "a while loop and a for loop", "a method and a function", "`append` and `extend`", "a stack and a queue"]
+PLACES = [
+    "a space station",
+    "a small bookshop",
+    "a desert town",
+    "a haunted hotel",
+    "a submarine",
+    "an orchard",
+    "a mountain hut",
+    "a crowded train",
+    "a circus",
+    "a museum at night",
+    "a frozen lake",
+    "a rooftop garden",
+    "an old observatory",
+    "a ferry crossing",
+    "a jungle temple",
+    "a school library",
+    "a bakery at dawn",
+]
+FORMS = [
+    "a short poem",
+    "a haiku",
+    "a limerick",
+    "a four-line rhyme",
+    "a short story",
+    "a fable",
+    "a diary entry",
+    "a song chorus",
+    "a description",
+    "a letter",
+]
+CHAT = [
+    "How can I sleep better at night?",
+    "What are some good habits for learning a new language?",
+    "How do I make a simple budget for the month?",
+    "What should I pack for a weekend hiking trip?",
+    "How do I stay focused when working from home?",
+    "Give me three tips for running my first 5 km race.",
+    "What is a healthy breakfast I can make in five minutes?",
+    "How do I start learning to play the guitar?",
+    "What are some fun things to do on a rainy weekend?",
+    "How can I be more productive in the morning?",
+    "How do I write a polite email asking for a deadline extension?",
+    "What questions should I ask when renting a flat?",
+    "How do I take care of a houseplant?",
+    "Give me ideas for a birthday present for my sister.",
+    "How can I reduce stress before an exam?",
+    "What are the benefits of drinking water?",
+    "How do I prepare for a long flight?",
+    "What is the best way to learn to cook?",
+    "Suggest a plan for a day trip to the seaside.",
+    "How do I keep my laptop running fast?",
+    "What are three easy pasta recipes?",
+    "How should I prepare for a first meeting with a new team?",
+    "How do I organise my desk?",
+    "Give me five ideas for a team-building activity.",
+    "How do I choose a good book to read?",
+    "What can I do to save energy at home?",
+]
+CONCEPTS = [
+    "a dictionary",
+    "a set",
+    "a generator",
+    "a decorator",
+    "a class",
+    "a lambda function",
+    "list comprehension",
+    "recursion",
+    "an exception",
+    "a context manager",
+    "a module",
+    "a virtual environment",
+    "type hints",
+    "an iterator",
+    "a thread",
+    "a process",
+    "a closure",
+    "f-strings",
+    "slicing",
+    "the `with` statement",
+    "a dataclass",
+    "`*args` and `**kwargs`",
+    "`is` and `==`",
+    "a shallow copy and a deep copy",
+    "a while loop and a for loop",
+    "a method and a function",
+    "`append` and `extend`",
+    "a stack and a queue",
+]
 
 
 def _stdlib_files(seed_bucket: int | None = None) -> list[Path]:
@@ -148,22 +223,41 @@ def _code_completion(rng, functions) -> str:
         return f'{signature}\n    """{doc}"""\n'
     if style < 0.8:
         return f"Write a Python function that does this: {doc}"
-    return f"Complete this Python function:\n\n{signature}\n    \"\"\"{doc}\"\"\"\n    # your code here"
+    return f'Complete this Python function:\n\n{signature}\n    """{doc}"""\n    # your code here'
 
 
 def _code_explanation(rng, functions, commands) -> str:
     style = rng.random()
     if style < 0.45:
         _, _, body = rng.choice(functions)
-        return rng.choice(["Explain what this Python function does, line by line:", "What does this code do?",
-                           "Explain this function to a beginner:", "Review this code and suggest improvements:"]) + f"\n\n{body}\n"
+        return (
+            rng.choice(
+                [
+                    "Explain what this Python function does, line by line:",
+                    "What does this code do?",
+                    "Explain this function to a beginner:",
+                    "Review this code and suggest improvements:",
+                ]
+            )
+            + f"\n\n{body}\n"
+        )
     if style < 0.75:
         a, b = rng.sample(CONCEPTS, 2)
-        return rng.choice([f"What is the difference between {a} and {b} in Python?", f"Explain {a} in Python with a short example.",
-                           f"When should I use {a} in Python?"])
+        return rng.choice(
+            [
+                f"What is the difference between {a} and {b} in Python?",
+                f"Explain {a} in Python with a short example.",
+                f"When should I use {a} in Python?",
+            ]
+        )
     command, what = rng.choice(commands) if commands else ("ls", "list directory contents")
-    return rng.choice([f"What does the Linux command `{command}` do?", f"How do I use `{command}`? It is described as: {what}.",
-                       f"Show an example of using the `{command}` command."])
+    return rng.choice(
+        [
+            f"What does the Linux command `{command}` do?",
+            f"How do I use `{command}`? It is described as: {what}.",
+            f"Show an example of using the `{command}` command.",
+        ]
+    )
 
 
 def _chat(rng, packages, commands) -> str:
@@ -171,8 +265,13 @@ def _chat(rng, packages, commands) -> str:
     if style < 0.6 or not packages:
         return rng.choice(CHAT)
     name, what = rng.choice(packages)
-    return rng.choice([f"What is {name}? Its description says: {what}.", f"I want to use {name} ({what}). Where do I start?",
-                       f"Tell me about {what.lower().rstrip('.')}."])
+    return rng.choice(
+        [
+            f"What is {name}? Its description says: {what}.",
+            f"I want to use {name} ({what}). Where do I start?",
+            f"Tell me about {what.lower().rstrip('.')}.",
+        ]
+    )
 
 
 def _creative(rng) -> str:
@@ -187,8 +286,14 @@ def _creative(rng) -> str:
 def _summarising(rng, docs, packages) -> str:
     if docs and rng.random() < 0.75:
         text = rng.choice(docs)
-        ask = rng.choice(["Summarise the text above in two sentences.", "List the key facts of the text above as bullet points.",
-                          "Explain the text above in simple words.", "What is the main point of the text above?"])
+        ask = rng.choice(
+            [
+                "Summarise the text above in two sentences.",
+                "List the key facts of the text above as bullet points.",
+                "Explain the text above in simple words.",
+                "What is the main point of the text above?",
+            ]
+        )
         return f"{text}\n\n{ask}"
     chosen = rng.sample(packages, 5) if len(packages) >= 5 else [("mlx", "array framework")]
     listing = "\n".join(f"- {name}: {what}" for name, what in chosen)

@@ -47,7 +47,9 @@ def generate_batch(model, prompts: list[list[int]], *, temps: list[float], max_t
         # top-K of the logits is top-K of the log-probabilities; sampled answers draw from
         # that top-K (a top-32 sampler: the data need not be the full temperature-0.7 law)
         top = mx.argpartition(-logits, TOP_K - 1, axis=-1)[:, :TOP_K]
-        values = mx.take_along_axis(logits, top, axis=-1).astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32), axis=-1, keepdims=True)
+        values = mx.take_along_axis(logits, top, axis=-1).astype(mx.float32) - mx.logsumexp(
+            logits.astype(mx.float32), axis=-1, keepdims=True
+        )
         key, sub = mx.random.split(key)
         pick = mx.where(greedy, mx.argmax(values, axis=-1), mx.random.categorical(values / temperature, key=sub))
         token = mx.take_along_axis(top, pick[:, None], axis=-1)[:, 0]
@@ -104,15 +106,31 @@ def main() -> None:
         for b in range(0, len(order), args.batch):
             group = order[b : b + args.batch]
             shard_key, batch_key = mx.random.split(shard_key)
-            made = generate_batch(model, [encoded[i] for i in group], temps=[0.7 if sampled[i] else 0.0 for i in group],
-                                  max_tokens=args.max_tokens, eos=eos, key=batch_key)
+            made = generate_batch(
+                model,
+                [encoded[i] for i in group],
+                temps=[0.7 if sampled[i] else 0.0 for i in group],
+                max_tokens=args.max_tokens,
+                eos=eos,
+                key=batch_key,
+            )
             for i, result in zip(group, made):
                 results[i] = result
                 tokens_made += len(result[0])
             rate = tokens_made / (time.perf_counter() - started)
-            print(f"shard {index}, batch {b // args.batch}: {tokens_made} answer tokens so far, {rate:.0f} tok/s", flush=True)
-        _save(out / f"shard-{index:04d}.npz", chunk, encoded, sampled[: len(chunk)], [r[0] for r in results],
-              [r[1] for r in results], [r[2] for r in results])
+            print(
+                f"shard {index}, batch {b // args.batch}: {tokens_made} answer tokens so far, {rate:.0f} tok/s",
+                flush=True,
+            )
+        _save(
+            out / f"shard-{index:04d}.npz",
+            chunk,
+            encoded,
+            sampled[: len(chunk)],
+            [r[0] for r in results],
+            [r[1] for r in results],
+            [r[2] for r in results],
+        )
     (out / "teacher.json").write_text(json.dumps({**vars(args), "top_k": TOP_K, "tokens": tokens_made}, indent=2))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -49,15 +48,17 @@ def load_shards(folder: Path) -> list[dict]:
             answer = data["answer_ids"][a_off[i] : a_off[i + 1]]
             if len(answer) < 2:
                 continue
-            examples.append({
-                "ids": np.concatenate([prompt, answer]).astype(np.int32),
-                "prompt": len(prompt),
-                "top_ids": data["top_ids"][a_off[i] : a_off[i + 1]],
-                "top_logprobs": data["top_logprobs"][a_off[i] : a_off[i + 1]].astype(np.float32),
-                "sampled": bool(data["sampled"][i]),
-                "category": str(data["categories"][i]),
-                "shard": path.stem,
-            })
+            examples.append(
+                {
+                    "ids": np.concatenate([prompt, answer]).astype(np.int32),
+                    "prompt": len(prompt),
+                    "top_ids": data["top_ids"][a_off[i] : a_off[i + 1]],
+                    "top_logprobs": data["top_logprobs"][a_off[i] : a_off[i + 1]].astype(np.float32),
+                    "sampled": bool(data["sampled"][i]),
+                    "category": str(data["categories"][i]),
+                    "shard": path.stem,
+                }
+            )
     return examples
 
 
@@ -96,10 +97,13 @@ def build_draft(target_folder: Path, target_ids: list[int], layers: list[int]):
     weights = dict(tree_flatten(target.parameters()))
     embed = weights["model.embed_tokens.weight"]
     rows = embed[mx.array(target_ids)]
-    new = {"model.embed_tokens.weight": mx.concatenate([rows, embed.mean(axis=0, keepdims=True)]), "model.norm.weight": weights["model.norm.weight"]}
+    new = {
+        "model.embed_tokens.weight": mx.concatenate([rows, embed.mean(axis=0, keepdims=True)]),
+        "model.norm.weight": weights["model.norm.weight"],
+    }
     for j, i in enumerate(layers):
         prefix = f"model.layers.{i}."
-        new.update({f"model.layers.{j}." + k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+        new.update({f"model.layers.{j}." + k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)})
     draft.update(tree_unflatten(list(new.items())))
     mx.eval(draft.parameters())
     return draft, draft_config
@@ -177,7 +181,9 @@ def evaluate(model, examples: list[dict], to_row: np.ndarray, target_ids: np.nda
         top_rows = to_row[e["top_ids"][:n]]
         p = np.exp(e["top_logprobs"][:n] / 0.7)
         p /= p.sum(axis=-1, keepdims=True)
-        q_top = np.array(mx.take_along_axis(q, mx.array(np.where(top_rows < ROWS - 1, top_rows, 0)), axis=-1)) * (top_rows < ROWS - 1)
+        q_top = np.array(mx.take_along_axis(q, mx.array(np.where(top_rows < ROWS - 1, top_rows, 0)), axis=-1)) * (
+            top_rows < ROWS - 1
+        )
         overlap += float(np.minimum(p, q_top).sum())
     return {"greedy_agreement": agree / total, "overlap_t07": overlap / total, "tokens": total}
 
@@ -207,8 +213,11 @@ def main() -> None:
     held_tokens = np.concatenate([e["ids"][e["prompt"] :] for e in held])
     coverage = float((to_row[held_tokens] != ROWS - 1).mean())
     answer_tokens = sum(len(e["ids"]) - e["prompt"] for e in train)
-    print(f"{len(train)} training answers ({answer_tokens} answer tokens), {len(held)} held out; "
-          f"the subset covers {coverage:.4f} of held-out answer tokens", flush=True)
+    print(
+        f"{len(train)} training answers ({answer_tokens} answer tokens), {len(held)} held out; "
+        f"the subset covers {coverage:.4f} of held-out answer tokens",
+        flush=True,
+    )
 
     layers = [int(x) for x in args.layers.split(",")]
     model, config = build_draft(target_folder, target_ids, layers)
@@ -222,7 +231,13 @@ def main() -> None:
     steps_per_epoch = sum(1 for _ in batches(train, to_row, np.random.default_rng(0)))
     total_steps = int(steps_per_epoch * args.epochs)
     warmup = max(total_steps // 20, 1)
-    schedule = optim.join_schedules([optim.linear_schedule(1e-6, args.lr, warmup), optim.cosine_decay(args.lr, total_steps - warmup, args.lr * 0.05)], [warmup])
+    schedule = optim.join_schedules(
+        [
+            optim.linear_schedule(1e-6, args.lr, warmup),
+            optim.cosine_decay(args.lr, total_steps - warmup, args.lr * 0.05),
+        ],
+        [warmup],
+    )
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
     step_fn = nn.value_and_grad(model, loss_fn)
     started, step, seen = time.perf_counter(), 0, 0
@@ -250,15 +265,28 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.set_dtype(mx.bfloat16)  # half the package; mlxspec runs it in float32 on a CPU
-    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(out / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"}
+    )
     (out / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}, indent=2) + "\n")
     write_subset(out, target_ids, tconfig["vocab_size"])
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((target_folder / name).read_bytes())
     report = {
-        "layers_from_target": layers, "rows": ROWS, "train_answers": len(train), "train_answer_tokens": answer_tokens,
-        "tokens_seen": seen, "steps": total_steps, "epochs": args.epochs, "lr": args.lr, "minutes": round(minutes, 1),
-        "held_out_answers": len(held), "subset_coverage": coverage, "before": before, "after": after, "history": history,
+        "layers_from_target": layers,
+        "rows": ROWS,
+        "train_answers": len(train),
+        "train_answer_tokens": answer_tokens,
+        "tokens_seen": seen,
+        "steps": total_steps,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "minutes": round(minutes, 1),
+        "held_out_answers": len(held),
+        "subset_coverage": coverage,
+        "before": before,
+        "after": after,
+        "history": history,
     }
     (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
 

@@ -34,18 +34,62 @@ DEFAULT_GAMMAS = "auto,2,4,6"
 def bench(
     *,
     models: Models,
-    gamma: Annotated[Optional[str], typer.Option("--gamma", "-g", metavar="LIST", help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.", show_default=DEFAULT_GAMMAS)] = None,
-    temp: Annotated[Optional[str], typer.Option("--temp", metavar="LIST", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1")] = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", metavar="FILE", help="Your own prompts: a JSON-lines file of {\"prompt\": ..., \"category\": ...}.", show_default=False)] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-m", metavar="N", help="Tokens per generation.", show_default="128")] = None,
-    repeats: Annotated[Optional[int], typer.Option("--repeats", metavar="N", help="Runs per setting; the median speed is reported.", show_default="3")] = None,
+    gamma: Annotated[
+        Optional[str],
+        typer.Option(
+            "--gamma",
+            "-g",
+            metavar="LIST",
+            help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.",
+            show_default=DEFAULT_GAMMAS,
+        ),
+    ] = None,
+    temp: Annotated[
+        Optional[str],
+        typer.Option("--temp", metavar="LIST", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1"),
+    ] = None,
+    prompts: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prompts",
+            metavar="FILE",
+            help='Your own prompts: a JSON-lines file of {"prompt": ..., "category": ...}.',
+            show_default=False,
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        Optional[int],
+        typer.Option("--max-tokens", "-m", metavar="N", help="Tokens per generation.", show_default="128"),
+    ] = None,
+    repeats: Annotated[
+        Optional[int],
+        typer.Option(
+            "--repeats", metavar="N", help="Runs per setting; the median speed is reported.", show_default="3"
+        ),
+    ] = None,
     no_peers: Annotated[bool, typer.Option("--no-peers", help="Skip mlx-lm's own generation.")] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="A short run: one prompt per category, γ auto,2,4, T 0,1, 64 tokens, one repeat.")] = False,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the first repeat (the next ones add 1).")] = 0,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="A short run: one prompt per category, γ auto,2,4, T 0,1, 64 tokens, one repeat."),
+    ] = False,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed of the first repeat (the next ones add 1).")
+    ] = 0,
     raw: Annotated[bool, typer.Option("--raw", help="Use the prompts as they are, without the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print every measurement as one JSON object.")] = False,
-    csv_file: Annotated[Optional[str], typer.Option("--csv", metavar="FILE", help="Also write one row per run to this CSV file.", show_default=False)] = None,
-    plot_file: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Also plot speedup against γ (measured and predicted) to this PNG (needs matplotlib).", show_default=False)] = None,
+    csv_file: Annotated[
+        Optional[str],
+        typer.Option("--csv", metavar="FILE", help="Also write one row per run to this CSV file.", show_default=False),
+    ] = None,
+    plot_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Also plot speedup against γ (measured and predicted) to this PNG (needs matplotlib).",
+            show_default=False,
+        ),
+    ] = None,
 ):
     """Measure speedup, acceptance and costs on this machine, against the theory and mlx-lm.
 
@@ -114,9 +158,22 @@ def _csv(rows: list[dict]) -> str:
 
 def _with_progress(work, total: int, label: str):
     """Run work(step) with a progress bar on stderr; `step(description)` advances it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task(label, total=total)
         started = False

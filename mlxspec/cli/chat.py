@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from ..options import Options
 from .common import load
@@ -19,7 +18,9 @@ def chat(
     *,
     models: Models,
     options: Options,
-    show_drafts: Annotated[bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")] = False,
+    show_drafts: Annotated[
+        bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")
+    ] = False,
 ):
     """Chat with a model, speculative decoding on, caches kept between turns.
 

@@ -39,7 +39,14 @@ class ConsoleReporter:
         if not err.is_terminal:
             return
         if self._bar is None:
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True)
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TimeRemainingColumn(),
+                console=err,
+                transient=True,
+            )
             self._bar.start()
             self._task = self._bar.add_task(what, total=total)
         self._bar.update(self._task, completed=done, description=what)
@@ -53,7 +60,9 @@ def load(models: Models, *, speculative: bool = True):
     from ..pairs import load_pair
 
     reporter = ConsoleReporter()
-    loaded = load_pair(models.target, models.draft, pair=models.pair, no_draft=models.no_draft or not speculative, reporter=reporter)
+    loaded = load_pair(
+        models.target, models.draft, pair=models.pair, no_draft=models.no_draft or not speculative, reporter=reporter
+    )
     if models.ngram and not models.no_draft:
         loaded.ngram = True
     return loaded

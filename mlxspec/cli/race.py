@@ -16,22 +16,42 @@ from .common import load, writable, write_text
 from .options import Models, decoding_options, model_options
 
 DEFAULT_CHAT_PROMPT = "Explain how a hash map works, with a short example in Python."
-DEFAULT_CODE_PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items, or -1.\"\"\"\n"
+DEFAULT_CODE_PROMPT = (
+    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n'
+)
 REFRESH = 1 / 15  # seconds between frames
 
 
 @decoding_options(max_tokens=200)
 @model_options
 def race(
-    prompt_arg: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt (or --prompt). Default: a short explanation request, or a code stub for code models.", show_default=False)] = None,
+    prompt_arg: Annotated[
+        Optional[str],
+        typer.Argument(
+            metavar="PROMPT",
+            help="The prompt (or --prompt). Default: a short explanation request, or a code stub for code models.",
+            show_default=False,
+        ),
+    ] = None,
     *,
     models: Models,
     options: Options,
-    prompt_opt: Annotated[Optional[str], typer.Option("--prompt", metavar="TEXT", help="The prompt.", show_default=False)] = None,
-    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show thrown-away draft tokens, struck through.")] = False,
-    svg: Annotated[Optional[str], typer.Option("--svg", metavar="FILE", help="Save the final screen as SVG.", show_default=False)] = None,
-    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Save the final screen as HTML.", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the race's outcome (both texts, statistics, speedup) as one JSON object.")] = False,
+    prompt_opt: Annotated[
+        Optional[str], typer.Option("--prompt", metavar="TEXT", help="The prompt.", show_default=False)
+    ] = None,
+    show_rejected: Annotated[
+        bool, typer.Option("--show-rejected", help="Show thrown-away draft tokens, struck through.")
+    ] = False,
+    svg: Annotated[
+        Optional[str], typer.Option("--svg", metavar="FILE", help="Save the final screen as SVG.", show_default=False)
+    ] = None,
+    html: Annotated[
+        Optional[str], typer.Option("--html", metavar="FILE", help="Save the final screen as HTML.", show_default=False)
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the race's outcome (both texts, statistics, speedup) as one JSON object."),
+    ] = False,
 ):
     """Standard vs speculative decoding, side by side, live: same prompt, same target.
 
@@ -41,20 +61,29 @@ def race(
     from ..views import race as view
 
     if models.no_draft or options.gamma == 0:
-        raise InvalidOption("race compares standard decoding against speculative decoding: give it a draft (or --draft ngram) and --gamma >= 1 or auto")
+        raise InvalidOption(
+            "race compares standard decoding against speculative decoding: give it a draft (or --draft ngram) "
+            "and --gamma >= 1 or auto"
+        )
     outputs = {kind: writable(path, kind.upper()) for kind, path in (("svg", svg), ("html", html))}
     pair = load(models)
     if pair.draft is None and not pair.ngram:
         raise InvalidOption("race needs a draft model (or --draft ngram)")
-    prompt = prompt_opt or prompt_arg or (DEFAULT_CHAT_PROMPT if pair.tokenizer.has_chat_template and not options.raw else DEFAULT_CODE_PROMPT)
+    prompt = (
+        prompt_opt
+        or prompt_arg
+        or (DEFAULT_CHAT_PROMPT if pair.tokenizer.has_chat_template and not options.raw else DEFAULT_CODE_PROMPT)
+    )
     temp = options.sampling.temp
     console = Console()
     live = console.is_terminal and not as_json
     state, interrupted = None, False
 
-    def screen(done: bool):
+    def screen(state, done: bool):
         # one line short of the terminal: a frame of exactly its height scrolls by a line
-        return view.render(*state, width=console.width, height=console.height - 1, temp=temp, show_rejected=show_rejected, done=done)
+        return view.render(
+            *state, width=console.width, height=console.height - 1, temp=temp, show_rejected=show_rejected, done=done
+        )
 
     try:
         if live:
@@ -62,13 +91,14 @@ def race(
 
             with Live(console=console, auto_refresh=False, transient=True) as frame:
                 shown = 0.0
-                for state in racing.race(pair, prompt, options):
+                for latest in racing.race(pair, prompt, options):
+                    state = latest
                     if time.monotonic() - shown > REFRESH:
-                        frame.update(screen(False), refresh=True)
+                        frame.update(screen(state, False), refresh=True)
                         shown = time.monotonic()
         else:
-            for state in racing.race(pair, prompt, options):
-                pass
+            for latest in racing.race(pair, prompt, options):
+                state = latest
     except KeyboardInterrupt:
         interrupted = True
     if state is None:
@@ -76,13 +106,17 @@ def race(
     if as_json:
         print(json.dumps(view.as_dict(*state, temp=temp), indent=2))
     elif live:
-        console.print(screen(True))
+        console.print(screen(state, True))
     else:
         print(view.plain_summary(*state, temp=temp))
     for kind, path in outputs.items():
         if path:
-            record = Console(record=True, width=max(console.width, 120) if console.is_terminal else 140, file=io.StringIO())
-            record.print(view.render(*state, width=record.width, height=None, temp=temp, show_rejected=show_rejected, done=True))
+            record = Console(
+                record=True, width=max(console.width, 120) if console.is_terminal else 140, file=io.StringIO()
+            )
+            record.print(
+                view.render(*state, width=record.width, height=None, temp=temp, show_rejected=show_rejected, done=True)
+            )
             text = record.export_svg(title="mlxspec race") if kind == "svg" else record.export_html()
             write_text(path, text, kind.upper())
     if interrupted:

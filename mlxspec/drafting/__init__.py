@@ -7,4 +7,17 @@ from .lookup import NGramIndex, PromptLookup
 from .plan import MODEL, NGRAM, TARGET, Outcome, Plan
 from .policy import AUTO, Auto, Policy
 
-__all__ = ["AUTO", "Auto", "Controller", "ControllerConfig", "MODEL", "NGRAM", "NGramIndex", "Outcome", "Plan", "Policy", "PromptLookup", "TARGET"]
+__all__ = [
+    "AUTO",
+    "Auto",
+    "Controller",
+    "ControllerConfig",
+    "MODEL",
+    "NGRAM",
+    "NGramIndex",
+    "Outcome",
+    "Plan",
+    "Policy",
+    "PromptLookup",
+    "TARGET",
+]

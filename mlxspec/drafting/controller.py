@@ -104,7 +104,9 @@ class Controller:
             return
         self.rounds += 1
         drafted, probing = len(outcome.drafted), self.probes.probing
-        self.acceptance.observe(drafted=drafted, accepted=outcome.accepted, fresh_weight=self.config.probe_weight if probing else None)
+        self.acceptance.observe(
+            drafted=drafted, accepted=outcome.accepted, fresh_weight=self.config.probe_weight if probing else None
+        )
         if outcome.draft_seconds is not None:
             if not waited:
                 self.times.observe_draft(drafted, outcome.draft_seconds)
@@ -138,7 +140,12 @@ class Controller:
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
         config = self.config
-        if self.rounds == 1 and not self.times.draft_fitted and config.start_gamma > 1 and self.acceptance.rates[0] > 0.5:
+        if (
+            self.rounds == 1
+            and not self.times.draft_fitted
+            and config.start_gamma > 1
+            and self.acceptance.rates[0] > 0.5
+        ):
             # the first round's leading draft was accepted: a second size, so that both lines
             # are fitted early (after a rejection, plain decoding is timed first)
             return config.start_gamma // 2

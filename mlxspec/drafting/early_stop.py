@@ -47,7 +47,15 @@ class StopLearner:
             return 0.0
         return self.threshold
 
-    def observe(self, *, threshold: float, confidences: tuple[float, ...], accepted: int, forwards: int, draft_seconds: float | None) -> None:
+    def observe(
+        self,
+        *,
+        threshold: float,
+        confidences: tuple[float, ...],
+        accepted: int,
+        forwards: int,
+        draft_seconds: float | None,
+    ) -> None:
         """A model round drafted under `threshold`: the draft's confidence in each proposal,
         how many the target accepted, and (when it waited at each step) its forwards and time."""
         if threshold > 0:

@@ -55,7 +55,11 @@ class Policy:
         proposal = self.lookup.propose(gamma) if self.lookup else ()
         if proposal or not self.draft_model or gamma == 0:
             return Plan(proposal=proposal, timed=timed)  # empty: the target reads and emits one id
-        stop_below = self.stop if not isinstance(self.stop, Auto) else (self.controller.stop.next_threshold() if self._learning else 0.0)
+        stop_below = (
+            self.stop
+            if not isinstance(self.stop, Auto)
+            else (self.controller.stop.next_threshold() if self._learning else 0.0)
+        )
         return Plan(draft=gamma, stop_below=stop_below, read_confidences=self._learning, timed=timed or stop_below > 0)
 
     def _timed(self, gamma: int) -> bool:
@@ -73,8 +77,11 @@ class Policy:
         self.controller.observe_round(outcome, waited=self._learning and plan.stop_below > 0)
         if self._learning and plan.draft:
             self.controller.stop.observe(
-                threshold=plan.stop_below, confidences=outcome.confidences or (), accepted=outcome.accepted,
-                forwards=outcome.forwards, draft_seconds=outcome.draft_seconds,
+                threshold=plan.stop_below,
+                confidences=outcome.confidences or (),
+                accepted=outcome.accepted,
+                forwards=outcome.forwards,
+                draft_seconds=outcome.draft_seconds,
             )
 
     def observe_plain(self, token: int, seconds: float) -> None:

@@ -8,9 +8,9 @@ least squares with older rounds weighted down, as the rounds vary in length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
 
 
 def proportional(mean_x: float, mean_y: float, x: float) -> float:

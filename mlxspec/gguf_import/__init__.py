@@ -15,8 +15,8 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import InsufficientMemory, InvalidOption, ModelLoadError
 from . import tensors as conv
@@ -28,7 +28,16 @@ MANIFEST = "mlxspec-import.json"
 SHARD_BYTES = 2 * 2**30  # one safetensors file at most: bounds the memory a conversion holds
 DTYPES = ("auto",) + conv.DTYPES
 
-__all__ = ["DTYPES", "GGUFError", "UnsupportedGGUF", "default_dtype", "import_gguf", "imported_folder", "is_current", "is_gguf"]
+__all__ = [
+    "DTYPES",
+    "GGUFError",
+    "UnsupportedGGUF",
+    "default_dtype",
+    "import_gguf",
+    "imported_folder",
+    "is_current",
+    "is_gguf",
+]
 
 Progress = Callable[[int, int, str], None]  # (done, total, what): bytes of tensors converted
 
@@ -134,7 +143,9 @@ def import_gguf(
             config["quantization"] = {"group_size": conv.GROUP_SIZE, "bits": max(quantized)}
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (partial / "tokenizer.json").write_text(tokenizer.tokenizer_json)
-        (partial / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2, ensure_ascii=False) + "\n")
+        (partial / "tokenizer_config.json").write_text(
+            json.dumps(tokenizer.config, indent=2, ensure_ascii=False) + "\n"
+        )
         (partial / MANIFEST).write_text(json.dumps({**key, "dtype": dtype, "architecture": arch.name}, indent=2) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
@@ -205,7 +216,9 @@ def _check_room(reader, plans: dict, folder: Path, dtype: str) -> int:
     return sum(int(t.n_bytes) for t in reader.tensors)
 
 
-def _write_weights(reader, arch, meta: dict, config: dict, plans: dict, folder: Path, total: int, on_progress) -> set[int]:
+def _write_weights(
+    reader, arch, meta: dict, config: dict, plans: dict, folder: Path, total: int, on_progress
+) -> set[int]:
     """Convert every tensor, in shards of at most SHARD_BYTES; returns the bit widths used."""
     import mlx.core as mx
 
@@ -242,7 +255,10 @@ def _write_weights(reader, arch, meta: dict, config: dict, plans: dict, folder: 
     report(total, total, "done")
     if len(shards) > 1:
         weight_map = {key: name for name, keys in shards for key in keys}
-        index = {"metadata": {"total_size": sum((folder / n).stat().st_size for n, _ in shards)}, "weight_map": weight_map}
+        index = {
+            "metadata": {"total_size": sum((folder / n).stat().st_size for n, _ in shards)},
+            "weight_map": weight_map,
+        }
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     elif shards:
         (folder / shards[0][0]).rename(folder / "model.safetensors")

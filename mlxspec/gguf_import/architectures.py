@@ -14,8 +14,8 @@ scaled by the head size (by hidden size / heads for the 27B).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -162,7 +162,9 @@ def _sliding_pattern(value, layers: int) -> int:
     flags = [bool(v) for v in value]
     period = flags.index(False) + 1 if False in flags else layers + 1
     if flags != [(i + 1) % period != 0 for i in range(len(flags))]:
-        raise UnsupportedGGUF("the GGUF's sliding-window layers do not repeat with one period, as mlx-lm's gemma3 needs")
+        raise UnsupportedGGUF(
+            "the GGUF's sliding-window layers do not repeat with one period, as mlx-lm's gemma3 needs"
+        )
     return period
 
 
@@ -185,8 +187,20 @@ def architecture(meta: Metadata) -> Architecture:
 # Llama 3.x stores its rope scaling only as precomputed factors (rope_freqs.weight); these
 # are the published settings, recognised by the factors they produce.
 _LLAMA3_SCALINGS = (
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
 )
 
 

@@ -27,7 +27,8 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _BPE_PRE = {"default", "gpt-2", "smollm", "qwen2", "llama-bpe", "llama3"}
 
@@ -54,7 +55,9 @@ def build(meta: Metadata, *, context_length: int | None = None) -> TokenizerFile
     elif kind == "llama":
         tokenizer = _sentencepiece_bpe(meta, tokens, types)
     else:
-        raise UnsupportedGGUF(f"GGUF tokenizer type {kind!r} is not supported (supported: gpt2 byte-level BPE, llama SentencePiece)")
+        raise UnsupportedGGUF(
+            f"GGUF tokenizer type {kind!r} is not supported (supported: gpt2 byte-level BPE, llama SentencePiece)"
+        )
 
     from tokenizers import AddedToken
 
@@ -113,7 +116,9 @@ def _byte_level_bpe(meta: Metadata, tokens: list[str]):
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=llama3))
     if pre in ("qwen2", "llama-bpe", "llama3"):
         split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT if llama3 else _QWEN2_SPLIT), behavior="isolated")
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     elif pre == "smollm":  # digits one by one, then GPT-2's split
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]

@@ -24,7 +24,8 @@ def costs_line(report) -> Text:
     curve = " ".join(f"{v:.2f}" for v in costs.verify_curve)
     return Text.assemble(
         ("cost model  ", "bold"),
-        f"c = {costs.c:.3f} (draft {costs.draft_step * 1e3:.2f} ms / target {costs.target_step * 1e3:.2f} ms per token)   ",
+        f"c = {costs.c:.3f} (draft {costs.draft_step * 1e3:.2f} ms / target {costs.target_step * 1e3:.2f} ms "
+        f"per token)   ",
         f"v(k), k=1..{len(costs.verify_curve)}: {curve}",
     )
 
@@ -47,8 +48,14 @@ def settings_table(report, *, wide: bool = True) -> Table:
             table.add_column(name, justify="right", no_wrap=True)
     for s in (s for s in report.settings if s.category == "all"):
         row = [
-            f"{s.temp:g}", str(s.gamma), _num(s.standard_tps, ".1f"), _num(s.speculative_tps, ".1f"), _speedup(s.speedup),
-            _num(s.stats.acceptance_rate, ".2f"), _num(s.stats.tokens_per_round, ".2f"), _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
+            f"{s.temp:g}",
+            str(s.gamma),
+            _num(s.standard_tps, ".1f"),
+            _num(s.speculative_tps, ".1f"),
+            _speedup(s.speedup),
+            _num(s.stats.acceptance_rate, ".2f"),
+            _num(s.stats.tokens_per_round, ".2f"),
+            _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
             _num(s.vs_predicted, ".2f"),
         ]
         if extras:
@@ -61,7 +68,12 @@ def settings_table(report, *, wide: bool = True) -> Table:
 
 def peer_table(report) -> Table:
     """The narrow layout's second table: how each setting drafted, and mlx-lm beside it."""
-    table = Table(title="Drafting, and mlx-lm on the same settings", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    table = Table(
+        title="Drafting, and mlx-lm on the same settings",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+    )
     for name in ("T", "γ", "drafting", "mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm"):
         table.add_column(name, justify="right" if name != "drafting" else "left")
     for s in (s for s in report.settings if s.category == "all"):
@@ -70,7 +82,11 @@ def peer_table(report) -> Table:
 
 
 def _peer_cells(s) -> list[str]:
-    return [_num(s.peer_speculative_tps, ".1f"), _num(s.peer_acceptance_rate, ".2f"), _num(s.vs_peer, ".2f") + ("x" if s.vs_peer else "")]
+    return [
+        _num(s.peer_speculative_tps, ".1f"),
+        _num(s.peer_acceptance_rate, ".2f"),
+        _num(s.vs_peer, ".2f") + ("x" if s.vs_peer else ""),
+    ]
 
 
 def _drafting(s) -> str:
@@ -110,7 +126,9 @@ def standard_line(report) -> Text:
     parts = []
     for s in report.settings:
         if s.category == "all" and s.gamma == report.settings[0].gamma and s.peer_standard_tps is not None:
-            parts.append(f"T{s.temp:g}: mlxspec {_num(s.standard_tps, '.1f')} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s")
+            parts.append(
+                f"T{s.temp:g}: mlxspec {_num(s.standard_tps, '.1f')} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s"
+            )
     return Text("standard decoding  " + "; ".join(parts), style="dim") if parts else Text("")
 
 
@@ -137,7 +155,9 @@ def render(report, width: int = 160) -> Group:
     )
     wide = width >= 140
     tables = [settings_table(report, wide=wide)] + ([] if wide else [peer_table(report)])
-    return Group(header, costs_line(report), *tables, category_table(report), standard_line(report), recommendation(report))
+    return Group(
+        header, costs_line(report), *tables, category_table(report), standard_line(report), recommendation(report)
+    )
 
 
 def csv_rows(report) -> list[dict]:
@@ -147,10 +167,19 @@ def csv_rows(report) -> list[dict]:
     rows = []
     for r in report.runs:
         stats = r.stats
-        rows.append({
-            "prompt": r.prompt, "category": r.category, "method": r.method, "mode": r.mode, "gamma": r.gamma,
-            "temp": r.temp, "tokens": r.tokens, "tokens_per_second": rounded(r.tokens_per_second, 3),
-            "acceptance_rate": rounded(stats.acceptance_rate, 4), "tokens_per_round": rounded(stats.tokens_per_round, 3),
-            "peak_memory_gb": rounded(r.peak_memory_gb, 3),
-        })
+        rows.append(
+            {
+                "prompt": r.prompt,
+                "category": r.category,
+                "method": r.method,
+                "mode": r.mode,
+                "gamma": r.gamma,
+                "temp": r.temp,
+                "tokens": r.tokens,
+                "tokens_per_second": rounded(r.tokens_per_second, 3),
+                "acceptance_rate": rounded(stats.acceptance_rate, 4),
+                "tokens_per_round": rounded(stats.tokens_per_round, 3),
+                "peak_memory_gb": rounded(r.peak_memory_gb, 3),
+            }
+        )
     return rows

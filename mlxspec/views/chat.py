@@ -4,7 +4,8 @@ loop with scripted lines."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -30,6 +31,7 @@ HELP = """\
 /save FILE         save the transcript, with per-turn statistics, as JSON
 /quit              leave (or Ctrl-D; Ctrl-C stops a reply)
 End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
+
 
 def _gamma(text: str):
     return parse_gamma(text.strip().lower())
@@ -80,7 +82,9 @@ def banner(pair, options) -> Text:
 
 
 class ChatApp:
-    def __init__(self, conversation: Conversation, *, read: Callable[[str], str], console: Console, show_drafts: bool = False):
+    def __init__(
+        self, conversation: Conversation, *, read: Callable[[str], str], console: Console, show_drafts: bool = False
+    ):
         self.conversation = conversation
         self.read = read
         self.console = console
@@ -137,7 +141,13 @@ class ChatApp:
 
     def show(self, event) -> None:
         if isinstance(event, ContextTrimmed):
-            self.console.print(Text(f"(the conversation nears the {event.context_length}-token context: dropped the oldest {event.dropped_turns} turn(s))", style="yellow"))
+            self.console.print(
+                Text(
+                    f"(the conversation nears the {event.context_length}-token context: dropped the oldest "
+                    f"{event.dropped_turns} turn(s))",
+                    style="yellow",
+                )
+            )
         elif isinstance(event, Prefill):
             self._reused = event.prompt_tokens - event.processed_tokens
         elif isinstance(event, Round):
@@ -174,7 +184,14 @@ class ChatApp:
             elif name == "/system":
                 self.conversation.system = argument or None
                 self.conversation.reset()
-                self.console.print(Text("(system prompt set; new conversation)" if argument else "(system prompt cleared; new conversation)", style="dim"))
+                self.console.print(
+                    Text(
+                        "(system prompt set; new conversation)"
+                        if argument
+                        else "(system prompt cleared; new conversation)",
+                        style="dim",
+                    )
+                )
             elif name == "/save":
                 if not argument:
                     raise ValueError("/save needs a file name")
@@ -203,7 +220,11 @@ class ChatApp:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("tokens", str(totals.tokens))
-        table.add_row("decode time", f"{totals.decode_seconds:.2f} s" + (f" ({totals.tokens_per_second:.1f} tok/s)" if totals.tokens_per_second else ""))
+        table.add_row(
+            "decode time",
+            f"{totals.decode_seconds:.2f} s"
+            + (f" ({totals.tokens_per_second:.1f} tok/s)" if totals.tokens_per_second else ""),
+        )
         table.add_row("prefill time", f"{totals.prefill_seconds:.2f} s")
         table.add_row("rounds", str(totals.rounds))
         if totals.acceptance_rate is not None:

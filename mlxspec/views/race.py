@@ -54,21 +54,43 @@ def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool
         lines = lines[-max(height - 2, 1) :]
         body = Text("\n").join(lines)
     title = Text.assemble((side.method.capitalize(), "bold"), f" · {side.models}")
-    return Panel(body, title=title, title_align="left", subtitle=Text(_figures(side), style="dim"), subtitle_align="left", height=height, width=width)
+    return Panel(
+        body,
+        title=title,
+        title_align="left",
+        subtitle=Text(_figures(side), style="dim"),
+        subtitle_align="left",
+        height=height,
+        width=width,
+    )
 
 
 def footer(standard: model.Side, speculative: model.Side, *, temp: float, show_rejected: bool) -> Group:
     lines = [legend(show_rejected)]
     now = model.speedup(standard, speculative)
     predicted = model.predicted_speedup(standard, speculative)
-    parts = [Text.assemble(("speedup ", "bold"), (f"{now:.2f}x" if now else "–", "bold green" if now and now >= 1 else "bold red"))]
+    parts = [
+        Text.assemble(
+            ("speedup ", "bold"), (f"{now:.2f}x" if now else "–", "bold green" if now and now >= 1 else "bold red")
+        )
+    ]
     if predicted:
         c = model.draft_cost(standard, speculative)
         cost = f", c {c:.2f}" if c is not None else ", prompt lookup: c 0"
-        parts.append(Text(f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}{cost}, γ {speculative.effective_gamma:.3g})", style="dim"))
+        parts.append(
+            Text(
+                f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}{cost}, γ "
+                f"{speculative.effective_gamma:.3g})",
+                style="dim",
+            )
+        )
     if temp == 0:
         differs = model.identical_so_far(standard, speculative)
-        parts.append(Text("identical so far ✓", style="green") if differs is None else Text(f"outputs differ at token {differs} ✗", style="bold red"))
+        parts.append(
+            Text("identical so far ✓", style="green")
+            if differs is None
+            else Text(f"outputs differ at token {differs} ✗", style="bold red")
+        )
     lines.append(Text(" · ").join(parts))
     return Group(*lines)
 
@@ -83,18 +105,41 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
     alpha = speculative.stats.acceptance_rate
     detail = f"α {alpha:.2f}, τ {speculative.stats.tokens_per_round:.2f} tokens per round" if alpha is not None else ""
     if now >= 1:
-        text = Text.assemble(("Speculative decoding was ", ""), (f"{now:.2f}x faster", "bold green"), f" ({detail}): {saved:.2f} s saved over {tokens} tokens.")
+        text = Text.assemble(
+            ("Speculative decoding was ", ""),
+            (f"{now:.2f}x faster", "bold green"),
+            f" ({detail}): {saved:.2f} s saved over {tokens} tokens.",
+        )
     else:
         c = model.draft_cost(standard, speculative)
-        why = f" The draft costs {c:.2f} of a target step per token; speculation pays when that is small and α high (see `mlxspec bench`)." if c else ""
-        text = Text.assemble(("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({detail}).{why}")
+        why = (
+            f" The draft costs {c:.2f} of a target step per token; speculation pays when that is small and α "
+            f"high (see `mlxspec bench`)."
+            if c
+            else ""
+        )
+        text = Text.assemble(
+            ("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({detail}).{why}"
+        )
     if temp == 0:
         differs = model.identical_so_far(standard, speculative)
-        text.append(" Outputs identical." if differs is None else f" Outputs differ at token {differs}!", style="green" if differs is None else "bold red")
+        text.append(
+            " Outputs identical." if differs is None else f" Outputs differ at token {differs}!",
+            style="green" if differs is None else "bold red",
+        )
     return text
 
 
-def render(standard: model.Side, speculative: model.Side, *, width: int, height: int | None, temp: float, show_rejected: bool = False, done: bool = False) -> RenderableType:
+def render(
+    standard: model.Side,
+    speculative: model.Side,
+    *,
+    width: int,
+    height: int | None,
+    temp: float,
+    show_rejected: bool = False,
+    done: bool = False,
+) -> RenderableType:
     """The whole screen. `height` None: panels as tall as their text (final screen, export)."""
     foot = footer(standard, speculative, temp=temp, show_rejected=show_rejected)
     parts = [foot]
@@ -104,18 +149,27 @@ def render(standard: model.Side, speculative: model.Side, *, width: int, height:
     stacked = width < NARROW
     if stacked:
         panel_height = None if height is None else max((height - reserved) // 2, 4)
-        panels = [_panel(standard, width, panel_height, show_rejected), _panel(speculative, width, panel_height, show_rejected)]
+        panels = [
+            _panel(standard, width, panel_height, show_rejected),
+            _panel(speculative, width, panel_height, show_rejected),
+        ]
         return Group(*panels, *parts)
     half = width // 2
     panel_height = None if height is None else max(height - reserved, 4)
     if panel_height is None:  # equal heights, as tall as the longer text
         measure = Console(width=half - 4, file=io.StringIO())
-        lines = max(len(fate_text(s.segments, show_rejected=show_rejected).wrap(measure, half - 4)) for s in (standard, speculative))
+        lines = max(
+            len(fate_text(s.segments, show_rejected=show_rejected).wrap(measure, half - 4))
+            for s in (standard, speculative)
+        )
         panel_height = lines + 2
     grid = Table.grid(expand=True)
     grid.add_column(ratio=1)
     grid.add_column(ratio=1)
-    grid.add_row(_panel(standard, half, panel_height, show_rejected), _panel(speculative, width - half, panel_height, show_rejected))
+    grid.add_row(
+        _panel(standard, half, panel_height, show_rejected),
+        _panel(speculative, width - half, panel_height, show_rejected),
+    )
     return Group(grid, *parts)
 
 
@@ -137,8 +191,20 @@ def plain_summary(standard: model.Side, speculative: model.Side, *, temp: float)
 def as_dict(standard: model.Side, speculative: model.Side, *, temp: float) -> dict:
     """The race's outcome, for --json."""
     return {
-        "standard": {"models": standard.models, "text": standard.text, "tokens": standard.tokens, "seconds": standard.elapsed, "stats": standard.stats.to_dict()},
-        "speculative": {"models": speculative.models, "text": speculative.text, "tokens": speculative.tokens, "seconds": speculative.elapsed, "stats": speculative.stats.to_dict()},
+        "standard": {
+            "models": standard.models,
+            "text": standard.text,
+            "tokens": standard.tokens,
+            "seconds": standard.elapsed,
+            "stats": standard.stats.to_dict(),
+        },
+        "speculative": {
+            "models": speculative.models,
+            "text": speculative.text,
+            "tokens": speculative.tokens,
+            "seconds": speculative.elapsed,
+            "stats": speculative.stats.to_dict(),
+        },
         "speedup": model.speedup(standard, speculative),
         "predicted_speedup": model.predicted_speedup(standard, speculative),
         "draft_cost": model.draft_cost(standard, speculative),

@@ -20,7 +20,9 @@ def stats_line(stats: Stats, *, estimate: float | None = None, reused: int | Non
     if estimate:
         parts.append(f"≈{estimate:.2f}x est.")
     if stats.gamma == "auto":
-        detail = f"mean {stats.mean_gamma:.1f}, {stats.plain_rounds} plain steps" if stats.mean_gamma is not None else ""
+        detail = (
+            f"mean {stats.mean_gamma:.1f}, {stats.plain_rounds} plain steps" if stats.mean_gamma is not None else ""
+        )
         parts.append(f"γ auto ({detail})" if detail else "γ auto")
     else:
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
@@ -28,7 +30,11 @@ def stats_line(stats: Stats, *, estimate: float | None = None, reused: int | Non
         parts.append(f"{stats.ngram_rounds} n-gram rounds")
     if stats.early_stops:
         parts.append(f"{stats.early_stops} early stops")
-    read = f"{stats.prompt_tokens - reused} new of {stats.prompt_tokens}" if reused is not None else f"{stats.prompt_tokens}"
+    read = (
+        f"{stats.prompt_tokens - reused} new of {stats.prompt_tokens}"
+        if reused is not None
+        else f"{stats.prompt_tokens}"
+    )
     parts.append(f"prefill {stats.prefill_seconds:.2f} s ({read} tokens)")
     if stats.finish_reason not in (None, "eos", "length", "stop"):
         parts.append(stats.finish_reason)
