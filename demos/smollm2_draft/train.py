@@ -33,7 +33,8 @@ from mlxspec.subset_draft import write_subset  # noqa: E402
 
 ROWS = 8192  # the draft's vocabulary: 8191 target ids and one row for all others
 HARD_WEIGHT = 0.1
-TOKENS_PER_BATCH = 6144
+TOKENS_PER_BATCH = 2048
+CONTEXT = 64  # prompt ids kept before each answer: a two-block draft reads mostly what is near
 
 
 def load_shards(folder: Path) -> list[dict]:
@@ -193,9 +194,9 @@ def main() -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--layers", default="0,29", help="the target's blocks the draft starts from")
-    parser.add_argument("--epochs", type=float, default=2.0)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--layers", default="0,1", help="the target's blocks the draft starts from")
+    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-only", action="store_true", help="evaluate the untrained cut-down copy")
     args = parser.parse_args()
