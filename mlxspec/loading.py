@@ -168,6 +168,25 @@ def cached_snapshot(repo_id: str) -> Path | None:
     return path if (path / "config.json").exists() and weight_files(path) else None
 
 
+def local_copy(name: str) -> Path | None:
+    """Where this machine already holds `name` (no download): a folder, a .gguf file's or a
+    registry package's import, the Hugging Face cache's copy."""
+    from . import registry
+    from .gguf_import import imported_folder, is_current, is_gguf
+
+    if registry.is_registry_name(name):
+        gguf = registry.cached(name)
+    else:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            return path
+        gguf = path if path.is_file() and is_gguf(path) else None
+        if gguf is None and not looks_like_path(name):
+            return cached_snapshot(name)
+    folder = imported_folder(gguf) if gguf else None
+    return folder if folder and is_current(folder, gguf, "auto") else None
+
+
 def folder_bytes(path: Path) -> int:
     """Bytes of the files in a folder (following the cache's symlinks to its blobs)."""
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
@@ -223,6 +242,10 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
 
     subset = read_subset(path)
     if subset is not None:  # a draft over part of the target's vocabulary
+        if mx.default_device() == mx.cpu:
+            # shipped in bfloat16 to keep the package small; MLX's CPU kernels are fastest in
+            # float32, and widening bfloat16 loses nothing
+            model.set_dtype(mx.float32)
         model = SubsetVocabModel(model, *subset)
     try:
         from mlx_lm.models.cache import make_prompt_cache

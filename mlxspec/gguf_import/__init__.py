@@ -89,6 +89,7 @@ def _source_key(path: Path) -> dict:
 
 def is_current(folder: Path, path: str | Path, dtype: str) -> bool:
     """Whether `folder` holds this file's import as `dtype`, the file unchanged since."""
+    dtype = default_dtype() if dtype == "auto" else dtype
     return _matches(folder, _source_key(Path(path).expanduser().resolve()), dtype)
 
 

@@ -3,15 +3,13 @@ size on disk, and whether the pair fits this machine."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.table import Table
 from rich.text import Text
 
 
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
-    from ..loading import cached_snapshot, folder_bytes
+    from ..loading import folder_bytes, local_copy
     from ..pairs import machine_memory
     from ..presets import load_presets, resolve_name
 
@@ -21,6 +19,7 @@ def inventory() -> list[dict]:
         row = {
             "name": preset.name,
             "target": preset.target,
+            "target_fallback": preset.target_fallback,
             "draft": preset.draft,
             "gamma": preset.gamma,
             "memory_gb": preset.memory_gb,
@@ -28,9 +27,8 @@ def inventory() -> list[dict]:
             "suits": list(preset.suits),
             "description": preset.description,
         }
-        for role in ("target", "draft"):
-            name = resolve_name(getattr(preset, role))
-            local = Path(name) if Path(name).exists() else cached_snapshot(name)
+        for role, names in (("target", [preset.target, preset.target_fallback]), ("draft", [preset.draft])):
+            local = next((path for n in names if n and (path := local_copy(resolve_name(n)))), None)
             row[f"{role}_downloaded"] = local is not None
             row[f"{role}_bytes"] = folder_bytes(local) if local else None
         rows.append(row)
@@ -61,7 +59,12 @@ def models_table(rows: list[dict]) -> Table:
         fits = {True: Text("yes", style="green"), False: Text("no", style="red"), None: Text("?")}[row["fits"]]
         table.add_row(
             Text(row["name"], style="bold"),
-            Text.assemble(_have(row["target_downloaded"]), " ", row["target"]),
+            Text.assemble(
+                _have(row["target_downloaded"]),
+                " ",
+                row["target"],
+                (f" (or {row['target_fallback']})" if row["target_fallback"] else "", "dim"),
+            ),
             Text.assemble(_have(row["draft_downloaded"]), " ", row["draft"]),
             str(row["gamma"]),
             _size(on_disk),
