@@ -340,3 +340,34 @@ def test_api_key_tools_and_ctrl_c_during_a_stream(templated_pair, tmp_path):
                 tail = [line for line in lines if line.startswith("data:")]
         assert tail[-1] == "data: [DONE]" and "shutting down" in tail[-2]
         assert time.monotonic() - signalled < 10
+
+
+# --- the prompt cache's policy, on its own -------------------------------------------------
+def test_the_prompt_cache_finds_conversations_and_drops_the_least_recently_used():
+    from mlxspec.server.worker import REWRITTEN_TAIL, PromptCache
+
+    made = []
+    cache = PromptCache(lambda: made.append(object()) or made[-1], size=3)
+    a, b = list(range(100)), list(range(1000, 1100))
+    session_a = cache.session_for(a)
+    cache.used(session_a, a)
+    session_b = cache.session_for(b)
+    cache.used(session_b, b)
+    assert session_a is not session_b and len(cache) == 2
+    # a follow-up (the prompt, a reply, a new message) and a retry continue their conversation
+    assert cache.session_for(a + [7, 8, 9]) is session_a
+    assert cache.session_for(b) is session_b
+    # a template that rewrote the end of the last prompt still continues it; a longer rewrite
+    # is another conversation (sharing a system prompt, say), which gets a session of its own
+    assert cache.session_for(a[: 100 - REWRITTEN_TAIL] + [5] * 40) is session_a
+    session_c = cache.session_for(a[:50] + [5] * 60)
+    assert session_c not in (session_a, session_b)
+    cache.used(session_c, a[:50] + [5] * 60)
+    # no room left: a new conversation takes the least recently used session (a)
+    cache.used(session_b, b)
+    assert cache.session_for([5] * 30) is session_a and len(made) == 3
+    # with no cache (size 0) every request gets a fresh session, never kept
+    none = PromptCache(lambda: object(), size=0)
+    first = none.session_for(a)
+    none.used(first, a)
+    assert none.session_for(a) is not first and len(none) == 0
