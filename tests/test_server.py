@@ -371,3 +371,21 @@ def test_the_prompt_cache_finds_conversations_and_drops_the_least_recently_used(
     first = none.session_for(a)
     none.used(first, a)
     assert none.session_for(a) is not first and len(none) == 0
+
+
+def test_a_taken_port_or_a_bad_option_is_one_line_before_anything_loads(capsys):
+    from mlxspec.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, message in (
+            (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+            (["--cache-sessions", "-1"], "--cache-sessions must be >= 0"),
+            (["--temp", "-1"], "temperature must be >= 0"),
+        ):
+            with pytest.raises(SystemExit) as exit_info:
+                main(["serve", *args])
+            err = capsys.readouterr().err
+            assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
