@@ -143,15 +143,26 @@ class Api:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
             streaming = True
-            return StreamingResponse(
-                _events(job, reply, include_usage=body.include_usage),
-                media_type="text/event-stream",
-                headers=SSE_HEADERS,
-            )
+            return EventStream(_events(job, reply, include_usage=body.include_usage), on_close=job.cancel)
         finally:
             watcher.cancel()
             if not streaming:
                 job.cancel()  # no-op once it finished; stops it if this handler failed or was cancelled
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends (a client gone before
+    the first event included, where a generator's own `finally` would never run)."""
+
+    def __init__(self, events, *, on_close):
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 async def _cancel_on_disconnect(request, job) -> None:
@@ -176,29 +187,26 @@ async def _whole(job, reply: Reply) -> dict:
 
 
 async def _events(job, reply: Reply, *, include_usage: bool):
-    """The generation as server-sent events; closing it (a client gone) stops the job."""
-    try:
-        if reply.chat:
-            yield _sse(reply.chunk(first=True))
-        ended = False
-        while (item := await job.next()) is not END:
-            if isinstance(item, Round) and item.text:
+    """The generation as server-sent events."""
+    if reply.chat:
+        yield _sse(reply.chunk(first=True))
+    ended = False
+    while (item := await job.next()) is not END:
+        if isinstance(item, Round) and item.text:
+            yield _sse(reply.chunk(item.text))
+        elif isinstance(item, Done):
+            if item.text:
                 yield _sse(reply.chunk(item.text))
-            elif isinstance(item, Done):
-                if item.text:
-                    yield _sse(reply.chunk(item.text))
-                yield _sse(reply.chunk(finish_reason=item.finish_reason))
-                if include_usage:
-                    yield _sse(reply.usage_chunk(item.stats))
-                ended = True
-            elif isinstance(item, BaseException):
-                yield _sse(_error_body(item)[0])
-                ended = True
-        if not ended:
-            yield _sse(error_body("the server is shutting down", kind="server_error"))
-        yield "data: [DONE]\n\n"
-    finally:
-        job.cancel()
+            yield _sse(reply.chunk(finish_reason=item.finish_reason))
+            if include_usage:
+                yield _sse(reply.usage_chunk(item.stats))
+            ended = True
+        elif isinstance(item, BaseException):
+            yield _sse(_error_body(item)[0])
+            ended = True
+    if not ended:
+        yield _sse(error_body("the server is shutting down", kind="server_error"))
+    yield "data: [DONE]\n\n"
 
 
 def _sse(data: dict) -> str:
