@@ -12,7 +12,8 @@ suite's prompts as raw text). Both sides keep one draft-length controller across
 generations, as the server does. Time to first token: from the call to the first text.
 Client tokens/s: the tokens after the first over the time from the first text to the last;
 engine tokens/s: the engine's own figure (decoding only, from inside the generation).
-A warm-up of each method first; medians over prompts x repeats, methods taken in turn.
+A warm-up of each method first; medians over prompts x repeats, methods taken in turn, and
+medians of the paired ratios (each run against the other method's on the same prompt).
 """
 
 from __future__ import annotations
@@ -140,7 +141,6 @@ def main() -> None:
         server.wait(timeout=30)
         os.unlink(log.name)
 
-    rows = {}
     print(
         f"{pair.description}, {len(prompts)} prompts x {args.repeats} repeats, {args.max_tokens} tokens, greedy, "
         "raw prompts (medians)\n"
@@ -149,23 +149,22 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for (path, gamma), results in runs.items():
         row = {key: median(r[key] for r in results) for key in ("ttft", "client", "engine", "alpha")}
-        rows[path, gamma] = row
         alpha = f"{row['alpha']:.2f}" if row["alpha"] is not None else "–"
         print(
             f"| {path} | {gamma} | {row['ttft'] * 1000:.1f} ms | {row['client']:.1f} | {row['engine']:.1f} | {alpha} |"
         )
-    print()
+    # paired: each figure against the other method's on the same prompt, run just before or
+    # after it, so that a slow spell of the machine falls on both
+    print("\npaired medians (same prompt and repeat):")
     for gamma in (0, "auto"):
-        lib, srv = rows["library", gamma], rows["server", gamma]
-        print(
-            f"server overhead, γ {gamma}: first token +{(srv['ttft'] - lib['ttft']) * 1000:.1f} ms, "
-            f"client tok/s {srv['client'] / lib['client']:.3f}x of the library's"
-        )
-    standard, speculative = rows["server", 0], rows["server", "auto"]
-    print(
-        f"through the server, speculative (γ auto) vs standard: {speculative['client'] / standard['client']:.3f}x "
-        f"client tok/s, {speculative['engine'] / standard['engine']:.3f}x engine tok/s"
-    )
+        lib, srv = runs["library", gamma], runs["server", gamma]
+        extra = median((s["ttft"] - a["ttft"]) * 1000 for s, a in zip(srv, lib))
+        rate = median(s["client"] / a["client"] for s, a in zip(srv, lib))
+        print(f"- server vs library, γ {gamma}: first token {extra:+.1f} ms, client tok/s {rate:.3f}x")
+    standard, speculative = runs["server", 0], runs["server", "auto"]
+    client = median(s["client"] / b["client"] for s, b in zip(speculative, standard))
+    engine = median(s["engine"] / b["engine"] for s, b in zip(speculative, standard))
+    print(f"- through the server, γ auto vs γ 0: client tok/s {client:.3f}x, engine tok/s {engine:.3f}x")
 
 
 if __name__ == "__main__":
