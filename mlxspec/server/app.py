@@ -124,8 +124,11 @@ class Api:
             raise RequestError(str(e), param=param, code="context_length_exceeded") from None
         try:
             check_drafting(self.pair, options)
-        except InvalidOption as e:
-            raise RequestError(str(e), param="gamma") from None
+        except InvalidOption:
+            raise RequestError(
+                "this server has nothing to draft with (no draft model, no prompt lookup): ask for gamma 0",
+                param="gamma",
+            ) from None
 
     async def _answer(self, request, reply: Reply, ids: list[int], options: Options, body):
         job = self.worker.submit(ids, options, asyncio.get_running_loop())
