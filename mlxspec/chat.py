@@ -18,7 +18,7 @@ from pathlib import Path
 from .caches import CacheOptions
 from .errors import InvalidOption, PromptTooLong
 from .events import ContextTrimmed, Done, Prefill, Round
-from .generation import Session, check_drafting, stream
+from .generation import Session, check_drafting, encode_messages, stream
 from .options import Options
 from .pairs import Pair
 from .stats import Stats
@@ -59,13 +59,7 @@ class Conversation:
         return messages
 
     def encode(self, user: str) -> list[int]:
-        tokenizer = self.pair.tokenizer
-        messages = self.messages(user)
-        if tokenizer.has_chat_template:
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-        # A model without a chat template (e.g. the bundled code pair): plain transcript.
-        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-        return list(tokenizer.encode("\n\n".join(lines) + "\n\nAssistant:"))
+        return encode_messages(self.pair.tokenizer, self.messages(user))
 
     def _fit(self, user: str) -> tuple[list[int], int]:
         """Ids for the next turn, dropping the oldest turns while they do not fit."""

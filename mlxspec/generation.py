@@ -56,9 +56,13 @@ class Session:
     a call emits is what a fresh session would emit for the same ids (cursor.Cursor says
     why). `cache_options` (a sliding `max_kv_size`, quantized KV) apply to both models."""
 
-    def __init__(self, pair: Pair, *, cache_options: CacheOptions = CacheOptions()):
+    def __init__(
+        self, pair: Pair, *, cache_options: CacheOptions = CacheOptions(), controller: Controller | None = None
+    ):
+        """`controller`: what another session learnt of this pair, shared (a server's
+        conversations, one generation at a time); default: a fresh one."""
         self.pair = pair
-        self.controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
+        self.controller = controller or Controller(ControllerConfig(start_gamma=pair.gamma_hint))
         width = pair.target.width
         self.target = Cursor(
             pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options
@@ -97,6 +101,20 @@ def apply_template(
     if tools:
         extra["tools"] = tools
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
+
+
+def encode_messages(
+    tokenizer, messages: list[dict], *, think: bool | None = None, tools: list | None = None
+) -> list[int]:
+    """Ids for a conversation, ready for the assistant's reply: the chat template's, or for a
+    tokenizer without one (the bundled code pair) a plain transcript, "Role: content" blocks
+    ending in "Assistant:"."""
+    if tokenizer.has_chat_template:
+        return apply_template(tokenizer, messages, think=think, tools=tools)
+    if tools:
+        raise InvalidOption("tools need a chat template to be shown to the model, and this tokenizer has none")
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return list(tokenizer.encode("\n\n".join(lines) + "\n\nAssistant:"))
 
 
 def options_of(options: Options | None, overrides: dict) -> Options:
@@ -156,7 +174,7 @@ def stream(
     if not ids:
         raise InvalidOption("the prompt is empty")
     _check_ids(pair, ids)
-    max_tokens, limit_reason = _fit_context(pair, len(ids), options.max_tokens)
+    max_tokens, limit_reason = fit_context(pair, len(ids), options.max_tokens)
     seed = secrets.randbits(31) if options.seed is None else options.seed
     session = session or Session(pair)
     policy = drafting_policy(pair, session, options, ids)
@@ -227,7 +245,9 @@ def _check_ids(pair: Pair, ids: list[int]) -> None:
         raise InvalidOption(f"token id {bad[0]} is outside the target's vocabulary (0..{pair.target.width - 1})")
 
 
-def _fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]:
+def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]:
+    """The tokens a prompt leaves room for, and the finish reason at that limit ("length", or
+    "context" where the context ends first); a prompt that fills the context is refused."""
     context = pair.target.context_length
     if context is None:
         return max_tokens, "length"

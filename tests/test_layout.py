@@ -16,6 +16,7 @@ PLAIN = [
     "mlxspec.theory",
     "mlxspec.events",
     "mlxspec.cli",
+    "mlxspec.server.schema",
 ]
 
 

@@ -20,6 +20,7 @@ from .common import error
 from .generate import generate
 from .models import models_app
 from .race import race
+from .serve import serve
 
 app = typer.Typer(
     help="Speculative decoding on MLX: a small draft model proposes, the big target verifies. "
@@ -47,6 +48,7 @@ app.command()(generate)
 app.command()(chat)
 app.command()(race)
 app.command()(bench)
+app.command()(serve)
 app.add_typer(models_app, name="models")
 
 

@@ -1,0 +1,269 @@
+"""The routes (Starlette): a request is parsed and checked here, on the event loop, queued on
+the worker, and answered as one JSON body or as server-sent events.
+
+Everything that can be refused before queueing is (bad fields, a prompt that does not fit
+the context, speculative options without a draft): a bad request never waits behind
+another's generation. A stream's headers go out once its generation has started, so an
+error the engine raises at the start is still a plain 400. While a request waits or runs,
+a client that disconnects stops its generation at the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import InvalidOption, MlxspecError, PromptTooLong
+from ..events import Done, Round
+from ..generation import check_drafting, encode_messages, encode_prompt, fit_context
+from ..loading import looks_like_path
+from ..options import Options
+from . import schema
+from .schema import Reply, RequestError, error_body
+from .worker import END, Worker
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def model_id(pair) -> str:
+    """The name clients see: a repo id as it is, a folder by its last part."""
+    name = pair.target.name
+    return pair.target.label if looks_like_path(name) else name
+
+
+def create_app(*, worker: Worker, pair, defaults: Options, api_key: str | None = None):
+    api = Api(worker, pair, defaults)
+    app = Starlette(
+        routes=[
+            Route("/health", api.health, methods=["GET"]),
+            Route("/v1/models", api.models, methods=["GET"]),
+            Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+            Route("/v1/completions", api.completions, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
+    return RequireKey(app, api_key) if api_key else app
+
+
+class Api:
+    def __init__(self, worker: Worker, pair, defaults: Options):
+        self.worker = worker
+        self.pair = pair
+        self.defaults = defaults
+        self.model = model_id(pair)
+        self.started = int(time.time())
+
+    async def health(self, request):
+        worker = self.worker
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.model,
+                "busy": worker.current is not None,
+                "queued": worker.queued,
+                "cached_sessions": len(worker.cache) if worker.cache is not None else 0,
+                "served": worker.served,
+                "stopped": worker.stopped,
+            }
+        )
+
+    async def models(self, request):
+        pair = self.pair
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "mlxspec",
+            # mlxspec's own: what serves it
+            "target": pair.target.name,
+            "draft": pair.draft.name if pair.draft else None,
+            "prompt_lookup": pair.ngram,
+            "context_length": pair.target.context_length,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat_completions(self, request):
+        try:
+            body = schema.parse(schema.ChatBody, await request.body())
+            options = schema.request_options(body, self.defaults)
+            messages = schema.template_messages(body)
+            try:
+                ids = encode_messages(self.pair.tokenizer, messages, think=options.think, tools=body.tools)
+            except InvalidOption as e:
+                raise RequestError(str(e), param="tools") from None
+            except Exception as e:  # the template's own checks (roles that must alternate, ...)
+                raise RequestError(f"the chat template cannot render these messages: {e}", param="messages") from None
+            self._check(ids, options, "messages")
+            return await self._answer(request, Reply(chat=True, model=self.model), ids, options, body)
+        except (RequestError, MlxspecError) as e:
+            return _error_response(e)
+
+    async def completions(self, request):
+        try:
+            body = schema.parse(schema.CompletionBody, await request.body())
+            options = schema.request_options(body, self.defaults)
+            ids = encode_prompt(self.pair, schema.completion_prompt(body), raw=True)  # a completion has no template
+            self._check(ids, options, "prompt")
+            return await self._answer(request, Reply(chat=False, model=self.model), ids, options, body)
+        except (RequestError, MlxspecError) as e:
+            return _error_response(e)
+
+    def _check(self, ids: list[int], options: Options, param: str) -> None:
+        if not ids:
+            raise RequestError(f"{param} is empty", param=param)
+        try:
+            fit_context(self.pair, len(ids), options.max_tokens)
+        except PromptTooLong as e:
+            raise RequestError(str(e), param=param, code="context_length_exceeded") from None
+        try:
+            check_drafting(self.pair, options)
+        except InvalidOption:
+            raise RequestError(
+                "this server has nothing to draft with (no draft model, no prompt lookup): ask for gamma 0",
+                param="gamma",
+            ) from None
+
+    async def _answer(self, request, reply: Reply, ids: list[int], options: Options, body):
+        job = self.worker.submit(ids, options, asyncio.get_running_loop())
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+        streaming = False
+        try:
+            first = await job.next()  # the Prefill, once the generation has started
+            if isinstance(first, BaseException):
+                raise first
+            if first is END:
+                raise RequestError("the server is shutting down", status=503, kind="server_error")
+            if not body.stream:
+                return JSONResponse(await _whole(job, reply))
+            # from here Starlette listens for the disconnect; two listeners would steal its message
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            streaming = True
+            return EventStream(_events(job, reply, include_usage=body.include_usage), on_close=job.cancel)
+        finally:
+            watcher.cancel()
+            if not streaming:
+                job.cancel()  # no-op once it finished; stops it if this handler failed or was cancelled
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends (a client gone before
+    the first event included, where a generator's own `finally` would never run)."""
+
+    def __init__(self, events, *, on_close):
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def _cancel_on_disconnect(request, job) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+async def _whole(job, reply: Reply) -> dict:
+    pieces, done = [], None
+    while (item := await job.next()) is not END:
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, Round):
+            pieces.append(item.text)
+        elif isinstance(item, Done):
+            pieces.append(item.text)
+            done = item
+    if done is None:
+        raise RequestError("the server is shutting down", status=503, kind="server_error")
+    return reply.whole("".join(pieces), done.finish_reason, done.stats)
+
+
+async def _events(job, reply: Reply, *, include_usage: bool):
+    """The generation as server-sent events."""
+    if reply.chat:
+        yield _sse(reply.chunk(first=True))
+    ended = False
+    while (item := await job.next()) is not END:
+        if isinstance(item, Round) and item.text:
+            yield _sse(reply.chunk(item.text))
+        elif isinstance(item, Done):
+            if item.text:
+                yield _sse(reply.chunk(item.text))
+            yield _sse(reply.chunk(finish_reason=item.finish_reason))
+            if include_usage:
+                yield _sse(reply.usage_chunk(item.stats))
+            ended = True
+        elif isinstance(item, BaseException):
+            yield _sse(_error_body(item)[0])
+            ended = True
+    if not ended:
+        yield _sse(error_body("the server is shutting down", kind="server_error"))
+    yield "data: [DONE]\n\n"
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _error_body(e: BaseException) -> tuple[dict, int]:
+    if isinstance(e, RequestError):
+        return e.body(), e.status
+    if isinstance(e, PromptTooLong):
+        return error_body(str(e), code="context_length_exceeded"), 400
+    if isinstance(e, InvalidOption):
+        return error_body(str(e)), 400
+    if isinstance(e, MlxspecError):
+        return error_body(str(e), kind="server_error"), 500
+    return error_body(f"internal error: {type(e).__name__}: {e}", kind="server_error"), 500
+
+
+def _error_response(e: BaseException) -> JSONResponse:
+    body, status = _error_body(e)
+    return JSONResponse(body, status_code=status)
+
+
+async def _http_error(request, exc: HTTPException) -> JSONResponse:
+    messages = {
+        404: f"no such route: {request.method} {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }
+    message = messages.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        error_body(message, code=str(exc.status_code)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def _internal_error(request, exc: Exception) -> JSONResponse:
+    return _error_response(exc)
+
+
+class RequireKey:
+    """Every request must carry `Authorization: Bearer KEY` (compared in constant time)."""
+
+    def __init__(self, app, key: str):
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                message = "invalid API key" if given else "missing API key: send the header Authorization: Bearer KEY"
+                response = JSONResponse(
+                    error_body(message, code="invalid_api_key"), status_code=401, headers={"WWW-Authenticate": "Bearer"}
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,70 @@
+"""Listen, load the pair on the worker thread, run uvicorn. Ctrl-C stops the generation under
+way at its next round, ends the open streams, and exits (130, as every command)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from ..errors import InvalidOption
+from ..options import Options
+from .app import create_app, model_id
+from .worker import Worker
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+GRACE_SECONDS = 10  # for open connections to end once the generations are stopped
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything loads so that a taken port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as e:
+        raise InvalidOption(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve(
+    load: Callable[[], object],
+    *,
+    defaults: Options,
+    host: str,
+    port: int,
+    api_key: str | None,
+    cache_sessions: int,
+    cache_options=None,
+    log: Callable[[str], None],
+) -> None:
+    sock = listen(host, port)
+    worker = Worker(load, cache_sessions=cache_sessions, cache_options=cache_options, log=log)
+    try:
+        pair = worker.start()
+        app = create_app(worker=worker, pair=pair, defaults=defaults, api_key=api_key)
+        shown = f"[{host}]" if ":" in host else host
+        log(f"serving {pair.description} as {model_id(pair)!r} at http://{shown}:{sock.getsockname()[1]}/v1")
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="info", lifespan="off", timeout_graceful_shutdown=GRACE_SECONDS
+        )
+        _Server(config, on_exit=worker.cancel_all).run(sockets=[sock])
+    finally:
+        worker.close()
+        sock.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server, stopping the generations first when a signal asks it to exit (its
+    graceful shutdown waits for open connections, and a stream ends with its generation)."""
+
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)

@@ -1,0 +1,253 @@
+"""The one thread that runs MLX, and the prompt cache.
+
+The worker thread loads the pair, then runs generations one at a time, in arrival order
+(FIFO). One device cannot run two generations faster than one after the other: interleaving
+their rounds would give each of n clients 1/n of the speed, so every answer would end later
+than under FIFO but the last, and an agent waits for the whole answer (a tool call is only
+usable once complete), not its first token. It also keeps each generation's rounds as fast
+as they are alone (MLX pipelines a generation's steps; `--gamma auto` times its own rounds).
+
+Each generation's events go to the asyncio side as they come (`Job`); between rounds the
+worker looks at the job's stop flag (a client that went away, the server shutting down) and
+closes the generator, which leaves the session's caches consistent, as Ctrl-C does in chat.
+
+The prompt cache keeps up to `size` Sessions, one per conversation, least recently used
+first. A request continues a conversation when it starts with that conversation's last
+prompt (but for a short tail a chat template may render differently once the reply is in,
+such as an empty thinking block): that session's caches then read only the new tokens, for
+the target and the draft. Any other request takes a fresh session while there is room, or
+the least recently used one (whose caches still serve whatever prefix it shares, such as a
+system prompt). Memory: each session holds both models' KV caches for its conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import MlxspecError
+from ..events import Done
+from ..options import Options
+
+# A template may render the end of the previous prompt differently once the reply follows it
+# (Qwen3's empty thinking block, a generation prompt): this many ids of it may differ.
+REWRITTEN_TAIL = 32
+END = object()  # the last item of every job
+
+
+@dataclass
+class Job:
+    """One generation, seen from both sides: the worker posts events, the event loop reads
+    them; either side may set `stop`."""
+
+    ids: list[int]
+    options: Options
+    loop: asyncio.AbstractEventLoop
+    items: asyncio.Queue = field(default_factory=asyncio.Queue)
+    stop: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        self.stop.set()
+
+    def post(self, item) -> None:
+        """From the worker thread: hand an item to the event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.stop.set()
+
+    async def next(self):
+        return await self.items.get()
+
+
+@dataclass
+class _Entry:
+    session: object  # generation.Session
+    prompt: tuple[int, ...] = ()  # the last prompt it read
+
+
+class PromptCache:
+    """Up to `size` sessions, least recently used first (size 0: a fresh session each time)."""
+
+    def __init__(self, make_session: Callable[[], object], size: int):
+        self.make_session = make_session
+        self.size = size
+        self.entries: list[_Entry] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def session_for(self, ids: list[int]):
+        """The session of the conversation `ids` continues, else a free or the oldest one."""
+        continuing = [(shared, e) for e in self.entries if continues(shared := _common(e.prompt, ids), e.prompt)]
+        if continuing:
+            return max(continuing, key=lambda pair: pair[0])[1].session
+        if len(self.entries) < self.size:
+            self.entries.append(_Entry(self.make_session()))
+            return self.entries[-1].session
+        return self.entries[0].session if self.entries else self.make_session()
+
+    def used(self, session, prompt: list[int]) -> None:
+        """`session` has just read `prompt`: it becomes the most recently used."""
+        entry = next((e for e in self.entries if e.session is session), None)
+        if entry is None:
+            return
+        self.entries.remove(entry)
+        entry.prompt = tuple(prompt)
+        self.entries.append(entry)
+
+
+def continues(shared: int, prompt: tuple[int, ...]) -> bool:
+    """Whether a request sharing `shared` leading ids with a conversation's last prompt
+    continues it (all of it but a short tail, and more than half)."""
+    return bool(prompt) and shared >= len(prompt) - min(REWRITTEN_TAIL, len(prompt) // 2)
+
+
+def _common(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Worker:
+    """Loads the pair with `load()` and runs every generation on one thread."""
+
+    def __init__(
+        self,
+        load: Callable[[], object],
+        *,
+        cache_sessions: int = 4,
+        cache_options=None,
+        log: Callable[[str], None] | None = None,
+    ):
+        self._load = load
+        self._cache_sessions = cache_sessions
+        self._cache_options = cache_options
+        self._log = log or (lambda line: None)
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mlxspec-worker", daemon=True)
+        self.pair = None
+        self.cache: PromptCache | None = None
+        self.current: Job | None = None
+        self.served = 0
+        self.stopped = 0  # generations cut short by a client that left (or a shutdown)
+
+    def start(self):
+        """Load the pair on the worker thread; returns it, or raises what loading raised."""
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            raise self._failure
+        return self.pair
+
+    def submit(self, ids: list[int], options: Options, loop: asyncio.AbstractEventLoop) -> Job:
+        job = Job(ids, options, loop)
+        self._jobs.put(job)
+        return job
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def cancel_all(self) -> None:
+        """Stop the running generation at its next round and every queued one (shutdown)."""
+        with self._jobs.mutex:
+            waiting = [job for job in self._jobs.queue if job is not None]
+        for job in waiting + ([self.current] if self.current else []):
+            job.cancel()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.cancel_all()
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    # --- on the worker thread ---------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._load_pair():
+                while (job := self._jobs.get()) is not None:
+                    self._serve(job)
+        finally:
+            self.cache = None  # the sessions' caches go with the thread that made them
+            _release_thread()
+
+    def _load_pair(self) -> bool:
+        try:
+            from ..drafting import Controller, ControllerConfig
+            from ..generation import Session
+
+            self.pair = pair = self._load()
+            # one pair, one generation at a time: what is learnt of its costs and acceptance
+            # serves every conversation
+            controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
+            options = {"cache_options": self._cache_options} if self._cache_options is not None else {}
+            self.cache = PromptCache(lambda: Session(pair, controller=controller, **options), self._cache_sessions)
+            return True
+        except BaseException as e:  # reported by start(), on the main thread
+            self._failure = e
+            return False
+        finally:
+            self._ready.set()
+
+    def _serve(self, job: Job) -> None:
+        from ..generation import stream
+
+        if job.stop.is_set():  # its client left while it waited
+            self.stopped += 1
+            job.post(END)
+            return
+        self.current = job
+        session, events = None, None
+        try:
+            session = self.cache.session_for(job.ids)
+            events = stream(self.pair, job.ids, job.options, session=session)
+            for event in events:
+                job.post(event)
+                if isinstance(event, Done):
+                    self.served += 1
+                    self._log(_summary(event))
+                elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
+                    self.stopped += 1
+                    break
+        except MlxspecError as e:
+            job.post(e)
+        except Exception as e:  # a bug: say so to the client and the console, keep serving
+            self._log(traceback.format_exc())
+            job.post(e)
+        finally:
+            if events is not None:
+                events.close()
+            if session is not None:
+                self.cache.used(session, job.ids)
+            self.current = None
+            job.post(END)
+
+
+def _release_thread() -> None:
+    """Before the worker thread ends: finish its device work and destroy the streams it
+    made (mlx-lm's generation stream is one per thread). Left to the thread's own exit,
+    their teardown can abort the process as it exits (MLX 0.32, Linux)."""
+    import mlx.core as mx
+
+    mx.synchronize()
+    clear = getattr(mx, "clear_streams", None)  # recent MLX only
+    if clear is not None:
+        clear()
+
+
+def _summary(done: Done) -> str:
+    from ..views.summary import stats_line
+
+    stats = done.stats
+    return str(stats_line(stats, reused=stats.prompt_tokens - stats.prefill_tokens))
