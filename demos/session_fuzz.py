@@ -30,7 +30,7 @@ from hypothesis import Phase, settings  # noqa: E402
 
 import mlxspec  # noqa: E402
 from mlxspec import synthetic  # noqa: E402
-from mlxspec.engine import Cursor  # noqa: E402
+from mlxspec.cursor import Cursor  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
 from tests.test_sessions import FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
 

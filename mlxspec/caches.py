@@ -104,14 +104,15 @@ def _view(x):
 
 @dataclass
 class Mark:
-    """A cache's length and the snapshots needed to come back to it."""
+    """A cache's length and the snapshots needed to come back to it, by (layer, part)."""
 
     length: int
-    states: dict[int, object] = field(default_factory=dict)
+    states: dict[tuple[int, int], object] = field(default_factory=dict)
 
 
 class ModelCache:
-    """One model's per-layer caches and how many tokens they hold."""
+    """One model's per-layer caches and how many tokens they hold. A layer is one cache or
+    a CacheList of parts; rollback works part by part."""
 
     def __init__(self, layers: list, model_name: str = "model"):
         self.layers = layers
@@ -120,7 +121,14 @@ class ModelCache:
         except UnsupportedCache as e:
             raise UnsupportedCache(f"{model_name}: {e}") from None
         self.length = 0
-        self._restorable = [i for i, k in enumerate(self.kinds) if k != "trim"]
+        # (layer, part, cache) of every part that may need restoring rather than trimming
+        self._restorable = [
+            (i, j, part)
+            for i, layer in enumerate(layers)
+            for j, part in enumerate(_all_parts(layer))
+            if _kind(part) != "trim"
+        ]
+        self._has_state = any(_kind(part) == "state" for _, _, part in self._restorable)
 
     @property
     def state(self):
@@ -131,10 +139,26 @@ class ModelCache:
         """Whether some layer may need restoring rather than trimming."""
         return bool(self._restorable)
 
-    def mark(self) -> Mark:
-        """Remember the current length; snapshots (zero-copy views) only where a layer
-        may need restoring."""
-        return Mark(self.length, {i: tree_map(_view, self.layers[i].state) for i in self._restorable})
+    def mark(self, *, reads: int | None = None, block: bool = False) -> Mark:
+        """Remember the current length, with snapshots (zero-copy views) of the parts that
+        may not trim back to it. A view keeps the buffer it shows alive, so the part's next
+        write copies that buffer: snapshot only what rollback may need.
+
+        `block`: what follows is one forward of several ids (the target's verify), after
+        which a sliding window is in time order and always trims back exactly.
+        `reads`: what follows is at most this many single-id forwards (the draft), which a
+        window trims back from while it does not wrap. None: anything may follow (a
+        checkpoint): every part that cannot be trimmed at every length is snapshotted."""
+        # a recurrent state sends every rewind back to the mark: a window must then drop the
+        # whole block, which it cannot once wrapped
+        block = block and not self._has_state
+        states = {}
+        for i, j, part in self._restorable:
+            if _kind(part) == "rotating":
+                if block or (reads is not None and part.offset + reads < part.max_size):
+                    continue
+            states[i, j] = tree_map(_view, part.state)
+        return Mark(self.length, states)
 
     def rewind(self, length: int, mark: Mark) -> int:
         """Forget everything after the first `length` tokens, `length >= mark.length`.
@@ -149,64 +173,53 @@ class ModelCache:
         self.restore(mark)
         return length - mark.length
 
+    def can_trim_to(self, length: int) -> bool:
+        """Whether every layer can be trimmed back to `length` tokens exactly."""
+        drop = self.length - length
+        return drop >= 0 and all(_can_trim(part, drop) for layer in self.layers for part in _all_parts(layer))
+
     def trim_to(self, length: int) -> bool:
         """Trim every layer to `length` tokens if every layer can; False (nothing done) if not."""
         drop = self.length - length
         if drop < 0:
             raise CacheRollbackError(f"cannot trim {self.length} tokens to {length}")
-        if drop and not all(self._can_trim(i, drop) for i in range(len(self.layers))):
+        if not drop:
+            return True
+        if not self.can_trim_to(length):
             return False
-        if drop:
-            for i in range(len(self.layers)):
-                self._trim(i, drop)
-            self.length = length
-            self._check()
+        for layer in self.layers:
+            for part in _all_parts(layer):
+                _trim(part, drop)
+        self.length = length
+        self._check()
         return True
 
     def restore(self, mark: Mark) -> None:
-        """Go back to exactly the state at `mark` (which stays usable: the layers get views
-        of its snapshots, not the snapshots themselves)."""
+        """Go back to exactly the state at `mark` (which stays usable: the parts get views of
+        its snapshots, not the snapshots themselves); the others are trimmed, each by its own
+        count (after an interrupt mid-forward, layers and parts may disagree on their length).
+        Raises CacheRollbackError where neither can be done exactly."""
         for i, layer in enumerate(self.layers):
-            if i in mark.states:
-                layer.state = tree_map(_view, mark.states[i])
-                continue
-            # Each part by its own count: after an interrupt mid-forward, layers (and the
-            # parts of a CacheList) may disagree on their length.
-            for part in _parts(layer):
+            for j, part in enumerate(_all_parts(layer)):
+                if (i, j) in mark.states:
+                    part.state = tree_map(_view, mark.states[i, j])
+                    continue
+                if not isinstance(getattr(part, "offset", None), int):
+                    raise CacheRollbackError(f"layer {i} ({type(part).__name__}) has no snapshot to go back to")
+                if not _intact(part):
+                    raise CacheRollbackError(f"layer {i} ({type(part).__name__}) was left mid-update")
                 drop = part.offset - mark.length
                 if drop < 0:
                     raise CacheRollbackError(
                         f"layer {i} ({type(part).__name__}) holds {part.offset} tokens, fewer than the mark's "
                         f"{mark.length}"
                     )
-                if drop and part.trim(drop) != drop:
-                    raise CacheRollbackError(f"layer {i} ({type(part).__name__}) could not drop {drop} tokens")
+                if drop:
+                    if not _can_trim(part, drop):
+                        raise CacheRollbackError(f"layer {i} ({type(part).__name__}) cannot drop {drop} tokens exactly")
+                    _trim(part, drop)
         self.length = mark.length
         self._check()
-
-    def _can_trim(self, i: int, n: int) -> bool:
-        kind, layer = self.kinds[i], self.layers[i]
-        if kind == "trim":
-            return True
-        if kind == "rotating":
-            if layer.offset < layer.max_size:
-                return n <= layer.offset
-            # Wrapped: exact only when the buffer is in time order (as a multi-token update
-            # leaves it) and keeps at least a full window after the cut.
-            return layer._idx == layer.keys.shape[2] and layer.keys.shape[2] - n >= layer.max_size
-        return False
-
-    def _trim(self, i: int, n: int) -> None:
-        layer = self.layers[i]
-        if self.kinds[i] == "rotating" and layer.offset >= layer.max_size:
-            layer.keys = layer.keys[..., : layer._idx - n, :]
-            layer.values = layer.values[..., : layer._idx - n, :]
-            layer.offset -= n
-            layer._idx -= n
-            return
-        trimmed = layer.trim(n)
-        if trimmed != n:
-            raise CacheRollbackError(f"layer {i} ({type(layer).__name__}) trimmed {trimmed} of {n} tokens")
 
     def _check(self) -> None:
         """Every layer that counts its tokens (CacheList parts included) must agree with the
@@ -217,6 +230,66 @@ class ModelCache:
                     raise CacheRollbackError(
                         f"layer {i} ({type(part).__name__}) holds {part.offset} tokens, expected {self.length}"
                     )
+
+    def holds(self, length: int) -> bool:
+        """Whether the cache and every part that counts its tokens hold `length` tokens."""
+        return self.length == length and all(part.offset == length for layer in self.layers for part in _parts(layer))
+
+
+def _can_trim(part, n: int) -> bool:
+    kind = _kind(part)
+    if kind == "trim":
+        return True
+    if kind == "rotating":
+        if part.offset < part.max_size:
+            return n <= part.offset
+        # Wrapped: exact only when the buffer is in time order (as a multi-token update
+        # leaves it) and, after the cut, keeps a full window, or every token read (a block
+        # that crossed the window's edge: nothing was dropped yet)
+        if part.keys is None or part._idx != part.keys.shape[2]:
+            return False
+        rows = part.keys.shape[2]
+        return rows - n >= part.max_size or (rows == part.offset and n <= part.offset)
+    return False
+
+
+def _intact(part) -> bool:
+    """Whether the part's last update ran to its end. An interrupt inside mlx-lm's update
+    can leave the keys grown and not the values, or the buffer grown and not its counters;
+    trimming such a part by its count would keep rows no fresh cache has."""
+    keys, values = part.keys, part.values
+    if keys is None or values is None:
+        return keys is None and values is None
+    rows = _rows(keys)
+    if rows != _rows(values):
+        return False
+    if _kind(part) == "rotating":
+        # a block update leaves the buffer in time order with _idx at its end; past the
+        # window, nothing else does
+        return part._idx <= rows and (rows <= part.max_size or part._idx == rows)
+    return True
+
+
+def _rows(buffer) -> int:
+    # quantized buffers are (data, scales, biases) tuples
+    return (buffer[0] if isinstance(buffer, (tuple, list)) else buffer).shape[2]
+
+
+def _trim(part, n: int) -> None:
+    if _kind(part) == "rotating" and part.offset >= part.max_size:
+        part.keys = part.keys[..., : part._idx - n, :]
+        part.values = part.values[..., : part._idx - n, :]
+        part.offset -= n
+        part._idx -= n
+        return
+    trimmed = part.trim(n)
+    if trimmed != n:
+        raise CacheRollbackError(f"{type(part).__name__} trimmed {trimmed} of {n} tokens")
+
+
+def _all_parts(layer) -> list:
+    """A layer's caches: itself, or a CacheList's parts."""
+    return list(layer.caches) if type(layer) is mlx_cache.CacheList else [layer]
 
 
 def _parts(layer) -> list:

@@ -73,6 +73,7 @@ class Conversation:
             dropped += 1
             ids = self.encode(user)
         if context and len(ids) >= context:
+            self._dropped -= dropped  # a refused message drops no earlier turn
             raise PromptTooLong(
                 f"this message alone has {len(ids)} tokens and {self.pair.target.label} reads at most {context}"
             )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .caches import CacheOptions, Mark, ModelCache
+from .caches import CacheOptions, CacheRollbackError, Mark, ModelCache
 
 PREFILL_STEP = 512
 # Prompt ends remembered per cursor, for caches that cannot trim back: the last one serves
@@ -56,7 +56,10 @@ class Cursor:
         self.reset()
 
     def reset(self) -> None:
-        self.cache: ModelCache = self.cache_options.make(self.model, self.name)
+        cache = self.cache_options.make(
+            self.model, self.name
+        )  # before anything changes: a Ctrl-C here leaves all as it was
+        self.cache: ModelCache = cache
         self.tokens: list[int] = []
         self.pending: list[int] = []
         self.heard = 0  # pending ids it did not draft itself (a plain stretch, prompt lookup)
@@ -94,6 +97,8 @@ class Cursor:
         """Make history == ids, keeping what the cache already holds of them, and leave at
         least the last id pending. Returns how many ids were reused from the cache."""
         with self.atomic(ids):
+            if not self.cache.holds(len(self.tokens)):
+                self.reset()  # a second interrupt during the first one's cleanup left them apart
             common = 0
             limit = min(len(self.tokens), len(ids) - 1)
             while common < limit and self.tokens[common] == ids[common]:
@@ -136,13 +141,33 @@ class Cursor:
 
     @contextmanager
     def atomic(self, history: list[int]):
-        """On any exception inside (Ctrl-C above all), drop the cache and make `history` the
-        ids to read next time: the cursor stays truthful about what its cache holds."""
+        """On any exception inside (Ctrl-C above all), keep what the cache still holds of
+        `history` exactly, and make the rest the ids to read next time: the cursor stays
+        truthful about what its cache holds."""
         try:
             yield
         except BaseException:
-            self.invalidate(list(history))
+            self.recover(list(history))
             raise
+
+    def recover(self, history: list[int]) -> None:
+        """After an interruption: back to the ids known to be read (`tokens`) when every
+        layer can be trimmed there exactly, else to the longest checkpoint among them, else
+        an empty cache; `history` minus what is kept becomes pending."""
+        try:
+            if self.tokens != history[: len(self.tokens)]:
+                raise CacheRollbackError("the ids read are not a prefix of the history")
+            if self.cache.needs_snapshots:
+                checkpoint = self._checkpoint_within(self.tokens)
+                if checkpoint is None:
+                    raise CacheRollbackError("no checkpoint to come back to")
+                self.cache.restore(checkpoint.mark)
+                del self.tokens[len(checkpoint.ids) :]
+            else:  # plain KV caches: every layer by its own count, mid-forward or not
+                self.cache.restore(Mark(len(self.tokens)))
+            self.pending = history[len(self.tokens) :]
+        except BaseException:
+            self.invalidate(history)
 
     def rewind(self, keep: int, mark) -> list[int]:
         """Keep the first `keep` ids; returns ids that must be read again (put them back in

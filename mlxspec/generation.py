@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -72,11 +73,34 @@ class Session:
             if pair.draft
             else None
         )
+        if cache_options.kv_bits is not None:
+            for cursor in filter(None, (self.target, self.draft)):
+                _check_runs(cursor, cache_options)
+        self._live = None  # a weak reference to the stream now on it: its cursors are that stream's
+
+    def claim(self, events: Iterator[Event]) -> None:
+        """A new stream takes the session. One left open (its consumer stopped reading, or
+        raised mid-loop) is closed first: its clean-up runs now, on the caches it left, and
+        never later on caches the new stream is using."""
+        earlier = self._live() if self._live is not None else None
+        if earlier is not None:
+            earlier.close()
+        self._live = weakref.ref(events)
 
     def reset(self) -> None:
         self.target.reset()
         if self.draft:
             self.draft.reset()
+
+
+def _check_runs(cursor: Cursor, cache_options: CacheOptions) -> None:
+    """Quantized KV caches fail at the first forward when a model's head size does not split
+    into their groups: find out now, in one line, not mid-generation."""
+    try:
+        mx.eval(cursor.model(mx.array([[0]]), cache=cache_options.make(cursor.model, cursor.name).layers))
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidOption(f"{cursor.name} cannot run with {cache_options.kv_bits}-bit KV caches: {reason}") from None
 
 
 def encode_prompt(
@@ -166,7 +190,24 @@ def stream(
     (plain decoding included) from what the run measures; `ngram=True` adds prompt-lookup
     proposals (alone when the pair has no draft model); `draft_min_p` stops a round's
     drafting when the draft's top probability falls below it ("auto": learned). Ctrl-C ends
-    the stream with Done("interrupted"), the session still usable."""
+    the stream with Done("interrupted"), the session still usable. A later stream on the
+    same session closes this one."""
+    if session is not None and session.pair is not pair:
+        raise InvalidOption("this session belongs to another pair: make one for this pair (Session(pair))")
+    events = _stream(pair, prompt, options, session=session, **overrides)
+    if session is not None:
+        session.claim(events)
+    return events
+
+
+def _stream(
+    pair: Pair,
+    prompt: str | Sequence[int],
+    options: Options | None = None,
+    *,
+    session: Session | None = None,
+    **overrides,
+) -> Iterator[Event]:
     options = options_of(options, overrides)
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")

@@ -119,9 +119,10 @@ def run_round(
     caught_up = drafter.catch_up_if_behind() if use_model else 0.0
     start = time.perf_counter()
     draft_key, rule_key = mx.random.split(key)
-    target_mark, target_pending = target.cache.mark(), list(target.pending)
+    # the target reads one block (its window stays trimmable), the draft single ids
+    target_mark, target_pending = target.cache.mark(block=True), list(target.pending)
     if use_model:
-        draft_mark, draft_pending = drafter.cache.mark(), list(drafter.pending)
+        draft_mark, draft_pending = drafter.cache.mark(reads=len(drafter.pending) + plan.draft), list(drafter.pending)
     try:
         if use_model:
             drafts = draft(

@@ -143,8 +143,8 @@ def interrupt_after(delay: float, work):
     import time
 
     timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     try:
+        timer.start()  # on a busy machine the signal may come before start() returns
         result = work()
     except KeyboardInterrupt:
         result = None

@@ -267,7 +267,7 @@ def how_sync_goes(cursor, prompt: list[int]) -> str:
         common += 1
     if common == len(tokens):
         return "extended"
-    if all(cache._can_trim(i, cache.length - common) for i in range(len(cache.layers))):
+    if cache.can_trim_to(common):
         return "trimmed"
     return "restored a checkpoint" if cursor._checkpoint_within(prompt[:common]) else "read again"
 
