@@ -199,6 +199,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-only", action="store_true", help="evaluate the untrained cut-down copy")
+    parser.add_argument("--init", help="continue from this saved draft (its rows and weights), not a cut-down copy")
     args = parser.parse_args()
 
     target_folder = Path(args.target)
@@ -208,7 +209,10 @@ def main() -> None:
     last = max(e["shard"] for e in examples)
     train = [e for e in examples if e["shard"] != last]
     held = [e for e in examples if e["shard"] == last][:96]
-    target_ids = choose_vocabulary(train, eos, tconfig["vocab_size"])
+    if args.init:  # the saved draft's rows: the subset is part of its weights
+        target_ids = json.loads((Path(args.init) / "subset_vocab.json").read_text())["target_ids"]
+    else:
+        target_ids = choose_vocabulary(train, eos, tconfig["vocab_size"])
     to_row = np.full(tconfig["vocab_size"], ROWS - 1, dtype=np.int32)
     to_row[np.array(target_ids)] = np.arange(len(target_ids))
     held_tokens = np.concatenate([e["ids"][e["prompt"] :] for e in held])
@@ -222,6 +226,10 @@ def main() -> None:
 
     layers = [int(x) for x in args.layers.split(",")]
     model, config = build_draft(target_folder, target_ids, layers)
+    if args.init:
+        model.load_weights(str(Path(args.init) / "model.safetensors"))
+        model.set_dtype(mx.float32)
+        previous = json.loads((Path(args.init) / "training.json").read_text())
     ids_array = np.array(target_ids)
     before = evaluate(model, held, to_row, ids_array)
     print(f"cut-down copy of layers {layers}: {before}", flush=True)
@@ -274,6 +282,7 @@ def main() -> None:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((target_folder / name).read_bytes())
     report = {
+        "continues": previous if args.init else None,
         "layers_from_target": layers,
         "rows": ROWS,
         "train_answers": len(train),
