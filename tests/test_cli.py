@@ -119,12 +119,24 @@ def bad_folders(factory, folders, tmp_path_factory):
     synthetic.build_model("llama", foreign, tokenizer_dir=other_tok, seed=3, eos_token_ids=factory.eos)
     chunked = factory.model("llama4-chunked", arch="llama4", seed=1)
     short = factory.model("short-context", arch="llama", seed=1, overrides={"max_position_embeddings": 32})
+    configs = {}
+    for name, edit in (
+        ("config-list", lambda config: [config]),
+        ("no-heads", lambda config: {k: v for k, v in config.items() if k != "num_attention_heads"}),
+        ("heads-text", lambda config: {**config, "num_attention_heads": "four"}),
+    ):
+        folder = root / name
+        shutil.copytree(folders[0], folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(edit(config)))
+        configs[name.replace("-", "_")] = str(folder)
     return {
         "corrupt": str(corrupt),
         "no_weights": str(no_weights),
         "foreign": str(foreign),
         "chunked": str(chunked),
         "short": str(short),
+        **configs,
     }
 
 
@@ -143,6 +155,12 @@ BAD_INPUTS = {
     "gamma not a number": (["-t", "{target}", "-g", "lots"], "must be a whole number >= 0 or 'auto', got 'lots'"),
     "draft without target": (["-d", "{draft}"], "--draft needs a --target"),
     "not enough memory": (["-t", "{target}", "-d", "{draft}", "ENV:MLXSPEC_MEMORY_LIMIT=10MB"], "needs about"),
+    "config.json a list": (["-t", "{config_list}", "--no-draft"], "config.json holds a JSON list, not an object"),
+    "config.json lacks a field": (["-t", "{no_heads}", "--no-draft"], "config.json lacks num_attention_heads"),
+    "config.json field not a number": (
+        ["-t", "{heads_text}", "--no-draft"],
+        "config.json: num_attention_heads is 'four', not a whole number",
+    ),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 
-from ..options import Options
+from ..options import Options, check_cache_options
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class Models:
     ngram: bool = False
     max_kv_size: int | None = None
     kv_bits: int | None = None
+
+    def __post_init__(self):
+        check_cache_options(self.max_kv_size, self.kv_bits)  # before anything loads
 
     def cache_options(self):
         from ..caches import CacheOptions  # MLX: loaded by the command, not by --help
