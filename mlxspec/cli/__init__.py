@@ -21,6 +21,27 @@ from .generate import generate
 from .models import models_app
 from .race import race
 
+
+def _plain_arguments() -> None:
+    """Typer 0.2x writes a required argument as {PROMPT} in the usage line and puts its type
+    beside its name (PROMPT <str>); the metavars already say what to type. Usage: PROMPT,
+    [PROMPT] when optional. (Guarded: a typer without these methods keeps its own.)"""
+    from typer import core
+
+    argument = getattr(core, "TyperArgument", None)
+    if argument is None or not hasattr(argument, "_usage_display_name"):
+        return
+
+    def usage(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    argument._usage_display_name = usage
+    argument.display_type_rich = lambda self, ctx: None
+
+
+_plain_arguments()
+
 app = typer.Typer(
     help="Speculative decoding on MLX: a small draft model proposes, the big target verifies. "
     "Faster generation with exactly the target's output.",

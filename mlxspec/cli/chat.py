@@ -35,7 +35,7 @@ def chat(
         pass
     if models.no_draft:
         options = options.replace(gamma=0)
-    pair = load(models, speculative=options.speculative)
+    pair = load(models, speculative=options.speculative, note_bundled=False)  # the banner says it
     console = Console(highlight=False)
     console.print(banner(pair, options))
     conversation = Conversation(pair, options.system, options, cache_options=models.cache_options())

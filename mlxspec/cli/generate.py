@@ -63,6 +63,7 @@ def generate(
             sys.stdout.write(event.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    err.print(stats_line(done.stats), soft_wrap=not err.is_terminal)
+    line = stats_line(done.stats, lookup=pair.draft is None and pair.ngram)
+    err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)

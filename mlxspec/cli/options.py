@@ -192,7 +192,8 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
         _option(
             "--think/--no-think",
             help=(
-                "Let a reasoning model think first (enable_thinking in its chat template); default: the template's own."
+                "Let a reasoning model think first (enable_thinking in its chat template); default: on when the "
+                "tokenizer has thinking tokens (as mlx-lm does)."
             ),
             show_default=False,
         ),
