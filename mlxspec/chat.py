@@ -56,6 +56,9 @@ class Conversation:
     system: str | None = None
     settings: Options = CHAT_OPTIONS
     cache_options: CacheOptions = CacheOptions()
+    # a prompt_cache.PromptCache: its system prompt, its text the start of the first message,
+    # its caches the session's to begin with (and after /reset)
+    prompt_cache: object = None
 
     def __post_init__(self):
         self.session = Session(self.pair, cache_options=self.cache_options)
@@ -63,13 +66,29 @@ class Conversation:
         self.totals = Stats()
         self._dropped = 0  # leading turns no longer in the model's view
         self.prompt_opens_thinking = False  # the last prompt ended inside a <think> block
+        self.preamble = ""  # what the first message starts with (a cached document)
+        if self.prompt_cache is not None:
+            if self.prompt_cache.raw:
+                raise InvalidOption(
+                    f"{self.prompt_cache.path} holds a raw prompt and chat renders a conversation: make it without "
+                    "--raw, for a model with a chat template"
+                )
+            self.system = self.prompt_cache.system
+            self.preamble = self.prompt_cache.user
+            self._restore()
+
+    def _restore(self) -> None:
+        from . import prompt_cache
+
+        prompt_cache.restore(self.prompt_cache, self.session)
 
     def messages(self, user: str | None = None) -> list[dict]:
         messages = [{"role": "system", "content": self.system}] if self.system else []
-        for turn in self.turns[self._dropped :]:
-            messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
+        for i, turn in enumerate(self.turns[self._dropped :], start=self._dropped):
+            content = self.preamble + turn.user if i == 0 else turn.user
+            messages += [{"role": "user", "content": content}, {"role": "assistant", "content": turn.assistant}]
         if user is not None:
-            messages.append({"role": "user", "content": user})
+            messages.append({"role": "user", "content": user if self.turns else self.preamble + user})
         return messages
 
     def render(self, messages: list[dict]) -> str:
@@ -94,6 +113,8 @@ class Conversation:
         """The prompt's ids, its rendering, and whether it extends the ids the last turn left."""
         text = self.render(self.messages(user))
         held = self.turns[-1].held if self.turns and len(self.turns) > self._dropped else None
+        if not self.turns and self.prompt_cache is not None:  # the first message follows the cached start
+            held = self.prompt_cache.text, self.prompt_cache.ids
         if held is not None and text.startswith(held[0]):
             return list(held[1]) + self._tokens(text[len(held[0]) :]), text, True
         return self._tokens(text, whole=True), text, False
@@ -204,6 +225,8 @@ class Conversation:
         self._dropped = 0
         self.session.reset()
         self.totals = Stats()
+        if self.prompt_cache is not None:
+            self._restore()
 
     def update(self, **changes) -> None:
         """Change settings (as `Options.build` takes them); refused values leave the

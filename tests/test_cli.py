@@ -311,7 +311,7 @@ def test_system_prompt_reaches_the_template(capsys, folders):
 
 @pytest.mark.parametrize(
     "command",
-    ["", "generate", "chat", "race", "bench", "models", "models download", "models import"],
+    ["", "generate", "chat", "race", "bench", "models", "models download", "models import", "cache-prompt"],
 )
 def test_help_at_80_columns_shows_metavars_not_types(capsys, monkeypatch, command):
     monkeypatch.setenv("COLUMNS", "80")
@@ -333,6 +333,7 @@ def test_output_paths_are_checked_before_any_work(capsys):
         ["race", "--html", "/nonexistent/dir/x.html"],
         ["bench", "--csv", "/nonexistent/dir/x.csv"],
         ["bench", "--plot", "/nonexistent/dir/x.png"],
+        ["cache-prompt", "text", "--out", "/nonexistent/dir/x.safetensors"],
     ):
         code, out, err = run(capsys, *args, "-t", "/no/such/model")
         assert code == 2 and "no folder /nonexistent/dir" in err and len(err.strip().splitlines()) == 1, args

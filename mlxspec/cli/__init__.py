@@ -15,6 +15,7 @@ import typer
 
 from ..errors import MlxspecError
 from .bench import bench
+from .cache_prompt import cache_prompt
 from .chat import chat
 from .common import error
 from .generate import generate
@@ -68,6 +69,7 @@ app.command()(generate)
 app.command()(chat)
 app.command()(race)
 app.command()(bench)
+app.command("cache-prompt")(cache_prompt)
 app.add_typer(models_app, name="models")
 
 

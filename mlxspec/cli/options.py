@@ -249,16 +249,32 @@ def model_options(fn: Callable | None = None, *, exclude: tuple[str, ...] = (), 
     return wrap(fn) if fn else wrap
 
 
-def decoding_options(fn: Callable | None = None, **defaults):
-    """The command gets `options: Options` from the sampling, drafting and length options;
-    `defaults` override the shared ones (chat samples at temperature 0.7, for instance)."""
+def decoding_options(fn: Callable | None = None, *, exclude: tuple[str, ...] = (), **defaults):
+    """The command gets `options: Options` from the sampling, drafting and length options
+    (but those it `exclude`s); `defaults` override the shared ones (chat samples at
+    temperature 0.7, for instance)."""
 
     def wrap(fn):
-        return _inject(fn, "options", DECODING_OPTIONS, defaults, _build_options)
+        return _inject(fn, "options", DECODING_OPTIONS, defaults, _build_options, exclude)
 
     return wrap(fn) if fn else wrap
 
 
 def _build_options(values: dict) -> Options:
-    gamma = values.pop("gamma")
-    return Options.build(gamma="auto" if gamma is None else gamma, stop=values.pop("stop") or (), **values)
+    gamma = values.pop("gamma", None)
+    return Options.build(gamma="auto" if gamma is None else gamma, stop=values.pop("stop", None) or (), **values)
+
+
+# For the commands that read a prompt cache (generate, chat).
+PromptCacheOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompt-cache",
+        metavar="FILE",
+        help=(
+            "Start from a prompt cache made by `mlxspec cache-prompt` (its text, system prompt and both models' "
+            "caches): the prompt follows its text, and only what follows is read."
+        ),
+        show_default=False,
+    ),
+]
