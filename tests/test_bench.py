@@ -36,6 +36,7 @@ def quick_report(factory, tmp_path_factory):
     return exit_info.value.code, out
 
 
+@pytest.mark.slow
 def test_quick_bench_reports_every_measurement(quick_report, capsys):
     code, _ = quick_report
     assert code == 0
@@ -106,6 +107,7 @@ def test_the_peer_is_the_same_computation_at_temperature_zero(load_pair):
     assert abs(peer.stats.accepted - ours.stats.accepted) <= 1 and peer.stats.rounds == ours.stats.rounds
 
 
+@pytest.mark.slow
 def test_csv_and_plot_are_written(quick_report):
     _, out = quick_report
     with open(out / "runs.csv") as f:

@@ -192,6 +192,7 @@ def test_prompt_longer_than_the_context(capsys, bad_folders):
     assert code == 1 and "reads at most 32" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_as_a_process(folders):
     """Once through a real process: the console entry point, stdout/stderr and exit code."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
