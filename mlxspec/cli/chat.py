@@ -44,7 +44,7 @@ def chat(
     conversation = Conversation(
         pair, options.system, options, cache_options=models.cache_options(), prompt_cache=cached
     )
-    console.print(banner(pair, options))
+    console.print(banner(pair, options), soft_wrap=not console.is_terminal)  # piped: lines whole
     if cached:
         console.print(Text(f"(started from {cached.path}: {cached.describe()})", style="dim"))
     raise typer.Exit(ChatApp(conversation, read=input, console=console, show_drafts=show_drafts).run())

@@ -143,7 +143,7 @@ def category_table(report) -> Table:
         for key in keys:
             s = by_key.get(key)
             cell = _speedup(s.speedup if s else None)
-            if s and s.stats.acceptance_rate is not None:
+            if s and s.speedup is not None and s.stats.acceptance_rate is not None:  # "–": nothing decoded
                 cell.append(f" ({s.stats.acceptance_rate:.2f})", style="dim")
             cells.append(cell)
         table.add_row(category, *cells)
