@@ -30,11 +30,11 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models import cache as mlx_cache
 
-from .errors import InvalidOption, UnsupportedCache
+from .errors import UnsupportedCache
 
-KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize accepts
-KV_GROUP_SIZES = (32, 64, 128)
-KEPT_TOKENS = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens past max_kv_size
+# checked without MLX (options.py), so that a command refuses them before loading models
+from .options import KEPT_TOKENS, KV_BITS, KV_GROUP_SIZES  # noqa: F401
+from .options import check_cache_options as _check_cache_options
 
 
 class KeptRotatingKVCache(mlx_cache.RotatingKVCache):
@@ -337,21 +337,6 @@ def _with_options(layer, kv_bits: int | None, kv_group_size: int):
     if type(layer) is mlx_cache.RotatingKVCache and layer.keep:
         return KeptRotatingKVCache(max_size=layer.max_size, keep=layer.keep)
     return layer
-
-
-def _check_cache_options(max_kv_size, kv_bits, kv_group_size) -> None:
-    whole = isinstance(max_kv_size, int) and not isinstance(max_kv_size, bool)
-    if max_kv_size is not None and not (whole and max_kv_size > KEPT_TOKENS):
-        raise InvalidOption(
-            f"max KV size must be a whole number above {KEPT_TOKENS} (the first {KEPT_TOKENS} tokens are always "
-            f"kept), got {max_kv_size!r}"
-        )
-    if kv_bits is not None and kv_bits not in KV_BITS:
-        raise InvalidOption(f"KV bits must be one of {', '.join(map(str, KV_BITS))}, got {kv_bits!r}")
-    if kv_group_size not in KV_GROUP_SIZES:
-        raise InvalidOption(
-            f"KV group size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got {kv_group_size!r}"
-        )
 
 
 def check_supported(model, model_name: str) -> None:

@@ -205,9 +205,60 @@ def read_config(path: Path) -> dict:
     if not config_file.exists():
         raise ModelLoadError(f"{path} has no config.json: not an mlx-lm model folder")
     try:
-        return json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{config_file} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(
+            f'{config_file} holds a JSON {_json_kind(config)}, not an object of model settings ({{"model_type": ...}})'
+        )
+    return config
+
+
+def _json_kind(value) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def config_problem(config_file: Path, config: dict) -> str | None:
+    """What is wrong in a config.json that mlx-lm could not build a model from: no
+    model_type, a field its model class requires and the file lacks, or a number that is
+    not one. None when nothing is found (the failure lies elsewhere)."""
+    import dataclasses
+    import typing
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return f'{config_file} has no model_type (e.g. "llama", "qwen3"): mlx-lm picks the architecture by it'
+    try:
+        from mlx_lm.utils import _get_classes
+
+        _, args_class = _get_classes(config)
+    except Exception:  # an unknown model type: mlx-lm's own message says so
+        return None
+    if not dataclasses.is_dataclass(args_class):
+        return None
+    fields = dataclasses.fields(args_class)
+    missing = [
+        f.name
+        for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in config
+    ]
+    if missing:
+        return f"{config_file} lacks {', '.join(missing)}, which mlx-lm's {model_type} models need"
+    try:
+        hints = typing.get_type_hints(args_class)
+    except Exception:
+        return None
+    for f in fields:
+        value, expected = config.get(f.name), hints.get(f.name)
+        if value is None or expected not in (int, float):
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if (expected is int and not whole) or (expected is float and not (whole or isinstance(value, float))):
+            kind = "a whole number" if expected is int else "a number"
+            return f"{config_file}: {f.name} is {value!r}, not {kind}"
+    return None
 
 
 def context_length(config: dict) -> int | None:
@@ -237,7 +288,8 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
     try:
         model, tokenizer = mlx_lm.load(str(path))
     except Exception as e:  # mlx-lm and safetensors raise many types for a bad folder
-        raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
+        problem = config_problem(path / "config.json", config)
+        raise ModelLoadError(f"cannot load {name}: {problem or _first_line(e)}") from None
     from .subset_draft import SubsetVocabModel, read_subset
 
     subset = read_subset(path)
@@ -252,7 +304,8 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
 
         width = model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1]
     except Exception as e:
-        raise ModelLoadError(f"cannot run {name}: {_first_line(e)}") from None
+        problem = config_problem(path / "config.json", config)
+        raise ModelLoadError(f"cannot run {name}: {problem or _first_line(e)}") from None
     return LoadedModel(
         name=name,
         path=path,

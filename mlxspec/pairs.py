@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import loading
-from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, ModelNotFound
+from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, MlxspecError, ModelNotFound
 from .loading import LoadedModel
 
 ASSETS = Path(__file__).parent / "assets"
@@ -233,6 +233,42 @@ def check_compatible(target_tokenizer, draft_tokenizer) -> None:
         raise IncompatiblePair(
             f"draft and target end sequences on different ids: target {sorted(target_eos)}, draft {sorted(draft_eos)}"
         )
+
+
+def compatible_drafts(target: LoadedModel) -> list[str]:
+    """Presets' drafts that share this target's tokenizer, among those already on this machine
+    (bundled, a folder, or in the Hugging Face cache): nothing downloaded, no model loaded,
+    only their tokenizer.json read and compared entry by entry."""
+    from .presets import load_presets, resolve_name
+
+    try:
+        presets = load_presets()
+    except MlxspecError:  # a broken user file is reported where presets are asked for
+        return []
+    vocab, found = target.tokenizer.get_vocab(), []
+    for preset in presets.values():
+        name = resolve_name(preset.draft)
+        if name in found:
+            continue
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            path = None if loading.looks_like_path(name) else loading.cached_snapshot(name)
+        if path is None or path.resolve() == Path(target.path).resolve():
+            continue
+        if _tokenizer_vocab(path / "tokenizer.json") == vocab:
+            found.append(name)
+    return found
+
+
+def _tokenizer_vocab(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    except Exception:
+        return None
 
 
 def _token(t: str | None) -> str:

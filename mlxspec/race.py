@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from .caches import CacheOptions
 from .events import Done
-from .generation import stream
+from .generation import Session, stream
 from .options import Options
 from .pairs import Pair
 from .sides import Side
@@ -25,9 +26,17 @@ from .sides import Side
 SLICE = 0.05  # seconds of its own time a side runs before the other may take a turn
 
 
-def race(pair: Pair, prompt, options: Options, *, slice_seconds: float = SLICE) -> Iterator[tuple[Side, Side]]:
+def race(
+    pair: Pair,
+    prompt,
+    options: Options,
+    *,
+    slice_seconds: float = SLICE,
+    cache_options: CacheOptions = CacheOptions(),
+) -> Iterator[tuple[Side, Side]]:
     """Yields (standard, speculative) after every event of either side. Ctrl-C in either
-    side stops both (KeyboardInterrupt, after the state is updated)."""
+    side stops both (KeyboardInterrupt, after the state is updated). Each side has its own
+    caches, built with `cache_options`."""
     target_label = pair.target.label
     drafts = ([pair.draft.label] if pair.draft else []) + (["n-gram"] if pair.ngram else [])
     standard = Side("standard", target_label, 0)
@@ -35,8 +44,10 @@ def race(pair: Pair, prompt, options: Options, *, slice_seconds: float = SLICE) 
         "speculative", " + ".join([target_label, *drafts]), options.gamma if isinstance(options.gamma, int) else "auto"
     )
     generators = {
-        id(standard): stream(pair, prompt, options.replace(gamma=0)),
-        id(speculative): stream(pair, prompt, options),
+        id(standard): stream(
+            pair, prompt, options.replace(gamma=0), session=Session(pair, cache_options=cache_options)
+        ),
+        id(speculative): stream(pair, prompt, options, session=Session(pair, cache_options=cache_options)),
     }
     current = None
     try:

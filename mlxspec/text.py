@@ -89,3 +89,40 @@ def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
         if any(stop.startswith(text[-n:]) for stop in stops):
             return n
     return 0
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def opens_thinking(text: str) -> bool:
+    """Whether a prompt ends inside a reasoning block (templates that open <think> for the model)."""
+    return text.rstrip().endswith(THINK_OPEN)
+
+
+class Reasoning:
+    """Splits streamed text into (text, thinking) parts: thinking runs from <think> to
+    </think>, the tags included. A tag spread over several pieces switches the state where it
+    ends (what came before was shown already). Plain Python: views style the parts."""
+
+    def __init__(self, thinking: bool = False):
+        self.thinking = thinking
+        self._tail = ""  # the last few characters, to find a tag that began in an earlier piece
+
+    def split(self, piece: str) -> list[tuple[str, bool]]:
+        text, offset = self._tail + piece, len(self._tail)
+        parts, shown, search = [], 0, 0
+        while True:
+            tag = THINK_CLOSE if self.thinking else THINK_OPEN
+            at = text.find(tag, search)
+            if at < 0:
+                break
+            # an opening tag is thinking already; a closing one still is
+            boundary = max((at if not self.thinking else at + len(tag)) - offset, shown)
+            if boundary > shown:
+                parts.append((piece[shown:boundary], self.thinking))
+            shown, search = boundary, at + len(tag)
+            self.thinking = not self.thinking
+        if shown < len(piece):
+            parts.append((piece[shown:], self.thinking))
+        self._tail = text[-(len(THINK_CLOSE) - 1) :]
+        return parts

@@ -36,6 +36,7 @@ def quick_report(factory, tmp_path_factory):
     return exit_info.value.code, out
 
 
+@pytest.mark.slow
 def test_quick_bench_reports_every_measurement(quick_report, capsys):
     code, _ = quick_report
     assert code == 0
@@ -106,6 +107,7 @@ def test_the_peer_is_the_same_computation_at_temperature_zero(load_pair):
     assert abs(peer.stats.accepted - ours.stats.accepted) <= 1 and peer.stats.rounds == ours.stats.rounds
 
 
+@pytest.mark.slow
 def test_csv_and_plot_are_written(quick_report):
     _, out = quick_report
     with open(out / "runs.csv") as f:
@@ -191,3 +193,55 @@ def test_a_setting_named_twice_runs_once():
     config = BenchConfig(prompts=suite(quick=True)[:1], gammas=[2, "auto", 2], temps=[0.0, 0.0], repeats=1, peers=False)
     assert config.gammas == [2, "auto"] and config.temps == [0.0]
     assert plan_size(config) == 3  # standard, gamma 2, auto
+
+
+def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
+    """A measured/predicted ratio far from 1 gets a mark and a footnote; a category whose
+    speculative run ended on its first token (a sampled end-of-sequence) shows "–", not a
+    slowdown, and stays out of the means."""
+    import io
+
+    from rich.console import Console
+
+    from mlxspec.bench import BenchConfig, BenchReport, Run, speed, summarize
+    from mlxspec.costs import Costs
+    from mlxspec.stats import Stats
+    from mlxspec.views import bench as view
+
+    def run_of(category, gamma, stats):
+        return Run(category, category, "mlxspec", gamma, 1.0, repeats=[stats])
+
+    standard = Stats(tokens=100, emitted=100, rounds=100, decode_seconds=1.0, plain_rounds=100)
+    fast = Stats(tokens=100, emitted=100, rounds=40, drafted=80, tested=60, accepted=30, decode_seconds=0.4)
+    fast.gamma, fast.model_rounds = 2, 40
+    empty = Stats(tokens=0, emitted=1, rounds=1, drafted=2, tested=1, decode_seconds=0.01, model_rounds=1, gamma=2)
+    runs = [
+        run_of("code", 0, standard),
+        run_of("code", 2, fast),
+        run_of("chat", 0, standard),
+        run_of("chat", 2, empty),
+    ]
+    costs = Costs(target_step=0.01, draft_step=0.004, verify_curve=(1.0, 1.1, 1.2))
+    config = BenchConfig(prompts=[], gammas=[2], temps=[1.0], peers=False)
+    settings = summarize(runs, costs, config)
+    chat = next(s for s in settings if s.category == "chat")
+    overall = next(s for s in settings if s.category == "all")
+    assert chat.speedup is None and speed(chat.speculative) is None
+    assert overall.speculative_tps == pytest.approx(250.0)  # the empty run is not counted as slow
+    assert view.doubtful(overall.vs_predicted) and overall.vs_predicted > 1.5
+    report = BenchReport(
+        machine={"device": "cpu", "mlx": "0", "mlx_lm": "0"},
+        pair={"target": "T", "draft": "D"},
+        config={},
+        costs=costs,
+        runs=runs,
+        settings=settings,
+    )
+    for width in (160, 100):
+        out = io.StringIO()
+        Console(file=out, width=width).print(view.render(report, width))
+        text = out.getvalue()
+        assert f"{overall.vs_predicted:.2f}†" in text and "† measured/predicted outside 0.5–1.5" in text
+        row = next(line for line in text.splitlines() if line.strip().startswith("chat"))
+        assert row.split() == ["chat", "–"]  # no speed, no slowdown, no acceptance figure
+    assert not view.doubtful(1.2) and not view.doubtful(None) and view.doubtful(0.4)

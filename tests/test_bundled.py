@@ -62,5 +62,20 @@ def test_generate_with_no_model_arguments_offline():
 
 
 def test_race_on_the_bundled_pair(capsys):
-    code, out, _ = run(capsys, "race", "-m", "32")
+    """The README's first command (shorter): both texts, identical, and a note on stderr that
+    says what the bundled pair is and how to get a real one."""
+    code, out, err = run(capsys, "race", "-m", "32")
     assert code == 0 and "speculative (" in out and "Outputs identical." in out
+    assert err.count("The bundled pair is a 4M-parameter toy") == 1 and "--pair smollm2" in err
+
+
+def test_cache_options_on_the_command_line_stay_exact(capsys):
+    """--max-kv-size (a window with kept tokens, wrapping here) and --kv-bits (quantized KV;
+    the bundled pair's 64-wide heads take the default group of 64): every draft length gives
+    standard decoding's ids."""
+    for extra in (["--max-kv-size", "12"], ["--kv-bits", "4"]):
+        runs = [
+            json.loads(run(capsys, "generate", "import os\n\ndef main(", "-m", "32", "--json", "-g", g, *extra)[1])
+            for g in ("0", "3", "auto")
+        ]
+        assert runs[0]["tokens"] == runs[1]["tokens"] == runs[2]["tokens"] and len(runs[0]["tokens"]) == 32, extra

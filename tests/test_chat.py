@@ -216,3 +216,134 @@ def test_undo_comes_back_to_the_turn_before(load_pair):
         pass
     events = exact_reply(conversation, "from the top")
     assert isinstance(events[-1], Done) and len(conversation.turns) == 1
+
+
+# A ChatML template that reads enable_thinking as Qwen3's does: told not to think, the
+# generation prompt holds an empty thinking block, which the history's turns then lack.
+THINK_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def thinking_pair(factory, tmp_path_factory):
+    from mlxspec import synthetic
+    from tests.conftest import stdlib_texts
+
+    root = tmp_path_factory.mktemp("thinking")
+    synthetic.train_tokenizer(stdlib_texts(), 512, root / "tokenizer", chat_template=THINK_TEMPLATE)
+    build = dict(arch="llama", tokenizer_dir=root / "tokenizer", eos_token_ids=factory.eos)
+    synthetic.build_model(out_dir=root / "target", seed=1, head_scale=4.0, **build)
+    synthetic.build_model(out_dir=root / "draft", seed=2, like=root / "target", noise=0.1, **build)
+    return mlxspec.load_pair(str(root / "target"), str(root / "draft"))
+
+
+def tail_ids(conversation, user: str) -> int:
+    """How many ids the template adds after the last reply for `user`: what a turn must read."""
+    turn = conversation.turns[-1]
+    held_text, held_ids = turn.held
+    full = conversation.render(conversation.messages(user))
+    return len(conversation._tokens(full[len(held_text) :]))
+
+
+@pytest.mark.parametrize("model", ["no template (bundled)", "ChatML"])
+def test_each_turn_reads_only_what_follows_the_last_reply(load_pair, model):
+    """The token history is append-only: a turn reads the template's few ids after the last
+    reply and the new message (plus the reply's last id, which no cache has read yet), never
+    the reply again; and every reply is exact."""
+    pair = mlxspec.load_pair() if model.startswith("no template") else load_pair("llama")
+    conversation = Conversation(pair, settings=Options.build(**EXACT, gamma=3))
+    exact_reply(conversation, MESSAGES[0])
+    for user in MESSAGES[1:4]:
+        expected = tail_ids(conversation, user)
+        exact_reply(conversation, user)
+        turn = conversation.turns[-1]
+        assert turn.appended and turn.prompt_tokens - turn.reused_tokens <= expected + 1, user
+
+
+def test_a_template_that_rewrites_history_falls_back_and_says_so(thinking_pair):
+    """Told not to think, this template opens each reply with an empty thinking block that the
+    history then lacks: the turn is rendered whole (exact still), and the chat says so once."""
+    out = io.StringIO()
+    conversation = Conversation(thinking_pair, settings=Options.build(**EXACT, gamma=2, think=False))
+    app = ChatApp(conversation, read=script(MESSAGES[:3]), console=Console(file=out, width=120, color_system=None))
+    app.run()
+    assert [t.appended for t in conversation.turns] == [False, False, False]
+    assert out.getvalue().count("renders earlier turns differently") == 1
+    assert "<think>\n\n</think>" in conversation.render(conversation.messages("next"))
+    # thinking on: no empty block, and the history is append-only again
+    conversation.update(think=True)
+    exact_reply(conversation, "and now")
+    exact_reply(conversation, "once more")
+    assert conversation.turns[-1].appended
+
+
+def test_think_switch_in_chat(thinking_pair):
+    code, out, conversation = drive(thinking_pair, ["/think off", "hello", "/think maybe", "/think on", "again"])
+    assert "(thinking off)" in out and "(thinking on)" in out and "error: /think takes on or off" in out
+    assert conversation.settings.think is True
+    assert "<think>" not in conversation.render(conversation.messages("x"))
+    conversation.update(think=False)
+    assert conversation.render(conversation.messages("x")).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_no_think_reaches_the_template_from_the_command_line(capsys, thinking_pair):
+    from tests.test_cli import run
+
+    folders = [str(thinking_pair.target.path), str(thinking_pair.draft.path)]
+    lengths = {}
+    for flag in ("--think", "--no-think"):
+        code, out, _ = run(capsys, "generate", "hi", "-t", folders[0], "-d", folders[1], "-m", "2", "--json", flag)
+        lengths[flag] = json.loads(out)["prompt_tokens"]
+    assert code == 0 and lengths["--no-think"] > lengths["--think"]
+
+
+def test_reasoning_is_dimmed_in_chat():
+    from types import SimpleNamespace
+
+    out = io.StringIO()
+    app = ChatApp(
+        SimpleNamespace(prompt_opens_thinking=False), read=script([]), console=Console(file=out), show_drafts=False
+    )
+    text = app._styled([("<think>", "target"), ("\nhmm, ", "target"), ("ok</think>", "target"), ("\n\nYes.", "target")])
+    dim = "".join(text.plain[span.start : span.end] for span in text.spans if "dim" in str(span.style))
+    assert dim == "<think>\nhmm, ok</think>" and text.plain.endswith("\n\nYes.")
+    app.show_drafts = True
+    text = app._styled([("<think>a", "accepted"), ("</think>b", "bonus")])
+    styles = {text.plain[span.start : span.end]: str(span.style) for span in text.spans}
+    assert styles["<think>a"].endswith("dim") and "dim" not in styles["b"]
+
+
+def test_retry_and_undo(load_pair, tmp_path):
+    code, out, conversation = drive(
+        load_pair("llama"), ["/retry", "hello there", "/retry", "/undo", "/undo", f"/save {tmp_path}/no/such/x.json"]
+    )
+    assert code == 0 and "error: nothing to retry" in out
+    assert out.count("prefill") == 2  # the message, and its retry
+    assert "(forgot the last exchange: 'hello there')" in out and "error: nothing to undo" in out
+    assert f"error: cannot write {tmp_path}/no/such/x.json: no folder" in out
+    assert conversation.turns == []
+
+
+def test_retry_is_exact_and_reuses_the_prompt(load_pair):
+    conversation = Conversation(load_pair("gemma3_text"), settings=Options.build(**EXACT, gamma=2))
+    for user in MESSAGES[:2]:
+        exact_reply(conversation, user)
+    first = conversation.turns[-1]
+    events = list(conversation.retry())
+    again = conversation.turns[-1]
+    assert isinstance(events[-1], Done) and len(conversation.turns) == 2
+    assert again.assistant == first.assistant  # temperature 0
+    assert again.reused_tokens >= again.prompt_tokens - 1  # the checkpoint of its own prompt
+
+
+def test_chat_stat_line_is_one_line_when_not_a_terminal(load_pair):
+    _, out, conversation = drive(load_pair("llama"), ["hello"], gamma=2)
+    line = next(line for line in out.splitlines() if "prefill" in line)
+    assert line.startswith(f"{conversation.turns[0].stats.tokens} tokens · ")
+    assert " τ " not in line or float(line.split(" τ ")[1].split()[0]) >= 1

@@ -119,12 +119,24 @@ def bad_folders(factory, folders, tmp_path_factory):
     synthetic.build_model("llama", foreign, tokenizer_dir=other_tok, seed=3, eos_token_ids=factory.eos)
     chunked = factory.model("llama4-chunked", arch="llama4", seed=1)
     short = factory.model("short-context", arch="llama", seed=1, overrides={"max_position_embeddings": 32})
+    configs = {}
+    for name, edit in (
+        ("config-list", lambda config: [config]),
+        ("no-heads", lambda config: {k: v for k, v in config.items() if k != "num_attention_heads"}),
+        ("heads-text", lambda config: {**config, "num_attention_heads": "four"}),
+    ):
+        folder = root / name
+        shutil.copytree(folders[0], folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(edit(config)))
+        configs[name.replace("-", "_")] = str(folder)
     return {
         "corrupt": str(corrupt),
         "no_weights": str(no_weights),
         "foreign": str(foreign),
         "chunked": str(chunked),
         "short": str(short),
+        **configs,
     }
 
 
@@ -143,6 +155,12 @@ BAD_INPUTS = {
     "gamma not a number": (["-t", "{target}", "-g", "lots"], "must be a whole number >= 0 or 'auto', got 'lots'"),
     "draft without target": (["-d", "{draft}"], "--draft needs a --target"),
     "not enough memory": (["-t", "{target}", "-d", "{draft}", "ENV:MLXSPEC_MEMORY_LIMIT=10MB"], "needs about"),
+    "config.json a list": (["-t", "{config_list}", "--no-draft"], "config.json holds a JSON list, not an object"),
+    "config.json lacks a field": (["-t", "{no_heads}", "--no-draft"], "config.json lacks num_attention_heads"),
+    "config.json field not a number": (
+        ["-t", "{heads_text}", "--no-draft"],
+        "config.json: num_attention_heads is 'four', not a whole number",
+    ),
 }
 
 
@@ -174,6 +192,7 @@ def test_prompt_longer_than_the_context(capsys, bad_folders):
     assert code == 1 and "reads at most 32" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_as_a_process(folders):
     """Once through a real process: the console entry point, stdout/stderr and exit code."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -207,3 +226,115 @@ def test_the_installed_command_runs_as_a_process(folders):
         timeout=120,
     )
     assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder or .gguf file at /no/such"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seed", "-1"], "seed must be a whole number from 0 to 2^64 - 1, got -1"),
+        (["--seed", str(2**64)], "seed must be a whole number from 0 to 2^64 - 1"),
+        (["--stop", ""], "a stop text is empty"),
+        (["--max-kv-size", "2"], "max KV size must be a whole number above 4"),
+        (["--kv-bits", "7"], "KV bits must be one of"),
+    ],
+)
+def test_bad_options_are_refused_before_loading(capsys, args, message):
+    """Exit 2 and one line before any model loads (the target named does not exist)."""
+    code, out, err = run(capsys, "generate", "hello", "-t", "/no/such/model", *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_a_target_alone_drafts_by_prompt_lookup_and_says_so(capsys, folders, tmp_path, monkeypatch):
+    target, draft = folders
+    code, out, err = run(capsys, "generate", "def main(", "-t", target, "-m", "16", "--json")
+    assert code == 0 and json.loads(out)["prompt_lookup"] is True and json.loads(out)["draft"] is None
+    assert "drafting by prompt lookup" in err and "--draft MODEL" in err and "--no-draft" in err
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "16")
+    assert code == 0 and "drafting by prompt lookup (" in err.strip().splitlines()[-1]  # the stats line
+    # a preset's draft with the same tokenizer, already on this machine, is named
+    presets = tmp_path / "models.toml"
+    presets.write_text(f'[mine]\ntarget = "{target}"\ndraft = "{draft}"\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(presets))
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "4")
+    assert code == 0 and f"--draft {draft}" in err
+
+
+def test_the_stats_line_is_one_line_under_a_pipe(capsys, folders):
+    """stderr is not a terminal here: the stats line is never wrapped, however long."""
+    target, draft = folders
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-d", draft, "--ngram", "-m", "24")
+    line = err.strip().splitlines()[-1]
+    assert code == 0 and line.startswith("24 tokens · ") and "γ auto" in line and "prefill" in line
+
+
+def test_stats_line_wraps_only_between_parts():
+    import io
+
+    from rich.console import Console
+
+    from mlxspec.stats import Stats
+    from mlxspec.views.summary import stats_line
+
+    stats = Stats(tokens=64, emitted=70, rounds=20, drafted=60, tested=40, accepted=30, decode_seconds=0.5)
+    stats.gamma, stats.prompt_tokens, stats.prefill_seconds = "auto", 120, 0.04
+    stats.plain_rounds, stats.ngram_rounds = 4, 3
+    line = stats_line(stats, estimate=1.2, reused=100, lookup=True)
+    parts = line.plain.split(" · ")
+    for width in (40, 50, 80, 160):
+        out = io.StringIO()
+        Console(file=out, width=width).print(line)
+        rows = out.getvalue().splitlines()
+        assert all(len(row) <= width for row in rows) and len(rows) == len(line.lines(width))
+        assert [p for row in rows for p in row.strip().split(" · ")] == parts  # no part cut
+    out = io.StringIO()
+    Console(file=out, width=30).print(line, soft_wrap=True)
+    assert out.getvalue() == line.plain + "\n"
+    assert stats.tokens_per_round == 70 / 20  # emitted ids over rounds: >= 1 always
+
+
+def test_json_tokens_per_round_is_at_least_one(capsys, folders):
+    target, draft = folders
+    for extra in ([], ["--temp", "1", "--seed", "3"], ["--no-draft"]):
+        code, out, _ = run(capsys, "generate", "x", "-t", target, "-d", draft, "-m", "12", "--json", *extra)
+        stats = json.loads(out)["stats"]
+        assert code == 0 and stats["tokens_per_round"] >= 1 and stats["rounds"] > 0
+
+
+def test_system_prompt_reaches_the_template(capsys, folders):
+    target, draft = folders
+    plain = json.loads(run(capsys, "generate", "hi", "-t", target, "-d", draft, "-m", "2", "--json")[1])
+    told = json.loads(
+        run(capsys, "generate", "hi", "-t", target, "-d", draft, "-m", "2", "--json", "--system", "Be brief.")[1]
+    )
+    assert told["prompt_tokens"] > plain["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["", "generate", "chat", "race", "bench", "models", "models download", "models import", "cache-prompt"],
+)
+def test_help_at_80_columns_shows_metavars_not_types(capsys, monkeypatch, command):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(capsys, *command.split(), "--help")
+    assert code == 0 and out.startswith("Usage: mlxspec")
+    for noise in ("<bool>", "<str>", "<int>", "<float>", "[default: ("):
+        assert noise not in out, (command, noise)
+    assert "{" not in out.splitlines()[0]
+    assert all(len(line) <= 80 for line in out.splitlines())
+    if command in ("generate", "race"):
+        assert ("PROMPT" if command == "generate" else "[PROMPT]") in out.splitlines()[0]
+
+
+def test_output_paths_are_checked_before_any_work(capsys):
+    """A folder that does not exist: exit 2, one line, before the models load (the target
+    named does not exist either, and is not what is reported)."""
+    for args in (
+        ["race", "--svg", "/nonexistent/dir/x.svg"],
+        ["race", "--html", "/nonexistent/dir/x.html"],
+        ["bench", "--csv", "/nonexistent/dir/x.csv"],
+        ["bench", "--plot", "/nonexistent/dir/x.png"],
+        ["cache-prompt", "text", "--out", "/nonexistent/dir/x.safetensors"],
+    ):
+        code, out, err = run(capsys, *args, "-t", "/no/such/model")
+        assert code == 2 and "no folder /nonexistent/dir" in err and len(err.strip().splitlines()) == 1, args

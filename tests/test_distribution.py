@@ -105,6 +105,7 @@ def fits(counts: Counter, law: dict) -> tuple[bool, float, float]:
     return statistic <= threshold, statistic, threshold
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_speculative_sampling_has_the_targets_joint_law(small_pair, name):
     params = SETTINGS[name]
@@ -114,6 +115,7 @@ def test_speculative_sampling_has_the_targets_joint_law(small_pair, name):
     assert ok, f"{name}: chi2 {statistic:.1f} > {threshold:.1f}"
 
 
+@pytest.mark.slow
 def test_standard_decoding_has_the_targets_joint_law(small_pair):
     """The harness itself: plain sampling through the same code passes the same test."""
     params = SETTINGS["temp1"]
@@ -146,6 +148,7 @@ def test_the_pair_exercises_every_path(small_pair):
     assert all(fates[f"accepted={n}"] > 10 for n in range(GAMMA + 1)), fates
 
 
+@pytest.mark.slow
 def test_harness_rejects_always_accepting(small_pair, monkeypatch):
     monkeypatch.setattr(verify, "acceptance_probability", lambda p, q: mx.ones_like(p))
     params = SETTINGS["temp1"]
@@ -154,6 +157,7 @@ def test_harness_rejects_always_accepting(small_pair, monkeypatch):
     assert not ok, f"a rule that accepts everything passed: chi2 {statistic:.1f} <= {threshold:.1f}"
 
 
+@pytest.mark.slow
 def test_harness_rejects_missing_rewind(small_pair, monkeypatch):
     """Caches that keep rejected drafts give later tokens the wrong context."""
 
@@ -168,6 +172,7 @@ def test_harness_rejects_missing_rewind(small_pair, monkeypatch):
     assert not ok, f"an engine that never rewinds passed: chi2 {statistic:.1f} <= {threshold:.1f}"
 
 
+@pytest.mark.slow
 def test_harness_rejects_unclamped_residual(small_pair, monkeypatch):
     """Sampling the correction from p - q without max(0, .) (renormalised |p - q|) is wrong."""
     monkeypatch.setattr(verify, "residual", lambda p, q: mx.abs(p - q) / mx.abs(p - q).sum(axis=-1, keepdims=True))
@@ -220,6 +225,7 @@ def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, n
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(ADAPTIVE))
 def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode):
     """Auto draft lengths, early stops and point-mass (prompt lookup) proposals, through the

@@ -130,3 +130,21 @@ def test_a_presets_gamma_is_where_auto_starts():
     pair = mlxspec.load_pair(pair="tiny")
     assert pair.gamma_hint == presets.find_preset("tiny").gamma
     assert Session(pair).controller.best() == pair.gamma_hint
+
+
+def test_models_on_a_narrow_terminal_is_a_list_no_repo_id_folded(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mlxspec.views.models import inventory, models_list
+
+    monkeypatch.setenv("MLXSPEC_MODELS", "/no/such/models.toml")
+    rows = inventory()
+    out = io.StringIO()
+    Console(file=out, width=80).print(models_list(rows))
+    text = out.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for row in rows:  # every name whole, on one line
+        assert row["target"] in text and row["draft"] in text and row["name"] in text
+    assert "needs 10.0 GB" in text

@@ -102,7 +102,12 @@ def test_divergence_is_flagged_at_temperature_zero():
 def test_summary_says_speedup_and_slowdown_plainly():
     standard, speculative = recorded_sides()
     speculative.apply(Done("length", speculative.stats.frozen("length")))
-    assert "2.40x faster" in view.summary(standard, speculative, temp=0).plain
+    summary = view.summary(standard, speculative, temp=0).plain
+    assert "2.40x faster" in summary
+    # measured 2.40x where the theory says 1.72x: within 1.5x of it, no warning
+    assert "theory predicted" not in summary and view.doubtful(2.4 / 1.72) is False
+    standard.stats.decode_seconds *= 3  # now 7.2x measured: noise, and said so
+    assert "The theory predicted" in view.summary(standard, speculative, temp=0).plain
     slow = racing.Side("speculative", "Big + Small", 3)
     slow.apply(round_event(0, [10, 11, 12], 0, [10], ["The"], 0.5, discarded=" x"))
     summary = view.summary(standard, slow, temp=0.7).plain
@@ -146,7 +151,7 @@ def test_race_command_plain_summary_and_svg(capsys, factory, tmp_path):
         capsys, "race", "hello", "-t", str(target), "-d", str(draft), "-m", "20", "--svg", str(svg), "--html", str(html)
     )
     assert code == 0, err
-    assert out.startswith("standard (") and "speculative (" in out and "Outputs identical." in out
+    assert out.startswith("prompt:\nhello\n\nstandard (") and "speculative (" in out and "Outputs identical." in out
     assert svg.read_text().startswith("<svg") and "Speculative" in svg.read_text()
     assert "<html" in html.read_text().lower()
 
@@ -155,3 +160,73 @@ def test_race_refuses_gamma_zero(capsys, factory):
     target, draft = factory.pair("llama")
     code, _, err = run(capsys, "race", "-t", str(target), "-d", str(draft), "-g", "0")
     assert code == 2 and "--gamma >= 1 or auto" in err
+
+
+def test_panel_figures_are_never_cut():
+    """Long figures (auto's plain steps, n-gram) at 160, 100 and 80 columns: every figure is on
+    the screen whole, in the border where it fits, else below the text; no line overflows."""
+    standard, speculative = recorded_sides()
+    speculative.gamma = "auto"
+    for i in range(3):
+        plain = round_event(2 + i, (), 0, [16 + i], ["!"], 0.01)
+        speculative.apply(
+            Round(**{**plain.__dict__, "source": "target", "draft_seconds": None, "verify_seconds": None})
+        )
+    figures = view._figures(speculative)
+    assert figures.endswith("γ auto→0 (plain)")
+    for width in (160, 100, 80):
+        text = screen(standard, speculative, width).export_text()
+        assert all(len(line) <= width for line in text.splitlines())
+        flat = " ".join(line.strip("│╭╮╰╯─ ") for line in text.splitlines())
+        for part in figures.split(" · "):
+            assert part in flat, (width, part)
+    for height in (12, 20):  # live frames keep the figures too
+        text = screen(standard, speculative, 100, height=height).export_text()
+        assert "γ auto→0 (plain)" in text and len(text.splitlines()) <= height
+
+
+def test_reasoning_is_dimmed_in_the_race():
+    segments = [("<think>", "accepted"), ("\nweighing it", "bonus"), ("</think>", "recovered"), ("\n\nDone.", "bonus")]
+    text = view.fate_text(segments)
+    dim = "".join(text.plain[s.start : s.end] for s in text.spans if "dim" in str(s.style))
+    assert dim == "<think>\nweighing it</think>" and text.plain.endswith("Done.")
+
+
+def test_a_prompt_lookup_slowdown_names_no_draft_cost():
+    standard, _ = recorded_sides()
+    lookup = racing.Side("speculative", "Big + n-gram", 3)
+    event = round_event(0, [10, 11, 12], 0, [10], ["The"], 0.5, discarded=" x")
+    lookup.apply(Round(**{**event.__dict__, "source": "ngram", "draft_seconds": None, "verify_seconds": None}))
+    summary = view.summary(standard, lookup, temp=0).plain
+    assert "slower here" in summary and "draft costs" not in summary
+
+
+def test_race_json_no_draft_and_cache_options(capsys, factory, monkeypatch):
+    """race takes generate's options: --json, --stop, --min-p; --no-draft is refused in one
+    line; --max-kv-size reaches both sides' caches, and the outputs stay identical."""
+    import json
+
+    from mlxspec.caches import CacheOptions
+
+    target, draft = factory.pair("llama")
+    made = []
+    original = racing.Session
+
+    def session(pair, *, cache_options=CacheOptions()):
+        made.append(cache_options)
+        return original(pair, cache_options=cache_options)
+
+    monkeypatch.setattr(racing, "Session", session)
+    code, out, err = run(
+        capsys, "race", "hello", "-t", str(target), "-d", str(draft), "-m", "40", "--json", "--max-kv-size", "16"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["identical"] is True and result["standard"]["tokens"] == result["speculative"]["tokens"]
+    assert made == [CacheOptions(max_kv_size=16)] * 2
+    code, out, err = run(capsys, "race", "-t", str(target), "-d", str(draft), "--no-draft")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--draft ngram" in err
+    code, out, _ = run(
+        capsys, "race", "a", "-t", str(target), "-d", str(draft), "-m", "8", "--min-p", "0.05", "--stop", "zz", "--json"
+    )
+    assert code == 0 and json.loads(out)["identical"] is True

@@ -295,6 +295,7 @@ def walk(family: Family, walks: settings) -> None:
     run_state_machine_as_test(lambda: SessionWalk(family), settings=walks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_random_sessions_stay_exact(load_pair, name):
     family = load_family(load_pair, name)

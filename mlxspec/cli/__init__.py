@@ -15,12 +15,34 @@ import typer
 
 from ..errors import MlxspecError
 from .bench import bench
+from .cache_prompt import cache_prompt
 from .chat import chat
 from .common import error
 from .generate import generate
 from .models import models_app
 from .race import race
 from .serve import serve
+
+
+def _plain_arguments() -> None:
+    """Typer 0.2x writes a required argument as {PROMPT} in the usage line and puts its type
+    beside its name (PROMPT <str>); the metavars already say what to type. Usage: PROMPT,
+    [PROMPT] when optional. (Guarded: a typer without these methods keeps its own.)"""
+    from typer import core
+
+    argument = getattr(core, "TyperArgument", None)
+    if argument is None or not hasattr(argument, "_usage_display_name"):
+        return
+
+    def usage(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    argument._usage_display_name = usage
+    argument.display_type_rich = lambda self, ctx: None
+
+
+_plain_arguments()
 
 app = typer.Typer(
     help="Speculative decoding on MLX: a small draft model proposes, the big target verifies. "
@@ -49,6 +71,7 @@ app.command()(chat)
 app.command()(race)
 app.command()(bench)
 app.command()(serve)
+app.command("cache-prompt")(cache_prompt)
 app.add_typer(models_app, name="models")
 
 

@@ -40,13 +40,16 @@ def bench(
             "--gamma",
             "-g",
             metavar="LIST",
-            help="Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4.",
-            show_default=DEFAULT_GAMMAS,
+            help=f"Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4. Default: {DEFAULT_GAMMAS} (--quick: "
+            "auto,2,4).",
+            show_default=False,
         ),
     ] = None,
     temp: Annotated[
         Optional[str],
-        typer.Option("--temp", metavar="LIST", help="Temperatures to sweep, e.g. 0,0.7,1.0.", show_default="0,1"),
+        typer.Option(
+            "--temp", metavar="LIST", help="Temperatures to sweep, e.g. 0,0.7,1.0. Default: 0,1.", show_default=False
+        ),
     ] = None,
     prompts: Annotated[
         Optional[str],
@@ -59,12 +62,21 @@ def bench(
     ] = None,
     max_tokens: Annotated[
         Optional[int],
-        typer.Option("--max-tokens", "-m", metavar="N", help="Tokens per generation.", show_default="128"),
+        typer.Option(
+            "--max-tokens",
+            "-m",
+            metavar="N",
+            help="Tokens per generation. Default: 128 (--quick: 64).",
+            show_default=False,
+        ),
     ] = None,
     repeats: Annotated[
         Optional[int],
         typer.Option(
-            "--repeats", metavar="N", help="Runs per setting; the median speed is reported.", show_default="3"
+            "--repeats",
+            metavar="N",
+            help="Runs per setting; the median speed is reported. Default: 3 (--quick: 1).",
+            show_default=False,
         ),
     ] = None,
     no_peers: Annotated[bool, typer.Option("--no-peers", help="Skip mlx-lm's own generation.")] = False,

@@ -6,10 +6,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ..options import Options
 from .common import load
-from .options import Models, decoding_options, model_options
+from .generate import read_prompt_cache
+from .options import Models, PromptCacheOption, decoding_options, model_options
 
 
 @decoding_options(temp=0.7, top_p=0.95, max_tokens=512)
@@ -21,6 +23,7 @@ def chat(
     show_drafts: Annotated[
         bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")
     ] = False,
+    prompt_cache_file: PromptCacheOption = None,
 ):
     """Chat with a model, speculative decoding on, caches kept between turns.
 
@@ -35,8 +38,13 @@ def chat(
         pass
     if models.no_draft:
         options = options.replace(gamma=0)
-    pair = load(models, speculative=options.speculative)
+    cached = read_prompt_cache(prompt_cache_file, options)
+    pair = load(models, speculative=options.speculative, note_bundled=False)  # the banner says it
     console = Console(highlight=False)
-    console.print(banner(pair, options))
-    conversation = Conversation(pair, options.system, options, cache_options=models.cache_options())
+    conversation = Conversation(
+        pair, options.system, options, cache_options=models.cache_options(), prompt_cache=cached
+    )
+    console.print(banner(pair, options), soft_wrap=not console.is_terminal)  # piped: lines whole
+    if cached:
+        console.print(Text(f"(started from {cached.path}: {cached.describe()})", style="dim"))
     raise typer.Exit(ChatApp(conversation, read=input, console=console, show_drafts=show_drafts).run())

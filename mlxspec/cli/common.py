@@ -31,7 +31,7 @@ class ConsoleReporter:
             err.print(Text(f"{message}…", style="dim"))
 
     def note(self, message: str) -> None:
-        err.print(Text(message, style="dim"), soft_wrap=True)
+        err.print(Text(message, style="dim"), soft_wrap=not err.is_terminal)
 
     def progress(self, what: str, done: int, total: int) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -55,16 +55,41 @@ class ConsoleReporter:
             self._bar = None
 
 
-def load(models: Models, *, speculative: bool = True):
-    """Load the pair the options name (only the target when not speculative)."""
-    from ..pairs import load_pair
+BUNDLED_NOTE = (
+    "The bundled pair is a 4M-parameter toy trained on Python's standard library: it completes code for a line or "
+    "two, then repeats itself. It shows the method, not a useful model. Real ones: --pair smollm2, "
+    "--target/--draft (a repo id or folder), or the presets of `mlxspec models`."
+)
+
+
+def load(models: Models, *, speculative: bool = True, note_bundled: bool = True):
+    """Load the pair the options name (only the target when not speculative). A --target with
+    no draft and no preset drafts by prompt lookup, and says so; the bundled toy pair says
+    what it is (`note_bundled`, unless the command shows it itself)."""
+    from ..pairs import NGRAM, compatible_drafts, load_pair
 
     reporter = ConsoleReporter()
+    lookup = speculative and models.target is not None and models.draft is None and not models.pair
+    lookup = lookup and not models.no_draft
     loaded = load_pair(
-        models.target, models.draft, pair=models.pair, no_draft=models.no_draft or not speculative, reporter=reporter
+        models.target,
+        NGRAM if lookup else models.draft,
+        pair=models.pair,
+        no_draft=models.no_draft or not speculative,
+        reporter=reporter,
     )
     if models.ngram and not models.no_draft:
         loaded.ngram = True
+    if lookup:
+        drafts = compatible_drafts(loaded.target)
+        hint = (
+            f"a draft model with the same tokenizer is on this machine: --draft {drafts[0]}"
+            if drafts
+            else "a draft model of the same family (same tokenizer) is usually faster: --draft MODEL"
+        )
+        reporter.note(f"no --draft named: drafting by prompt lookup (no draft model); {hint}; --no-draft: target alone")
+    if loaded.bundled and note_bundled:
+        reporter.note(BUNDLED_NOTE)
     return loaded
 
 

@@ -11,7 +11,7 @@ import typer
 from ..errors import InvalidOption
 from ..options import Options
 from .common import err, load
-from .options import Models, decoding_options, model_options
+from .options import Models, PromptCacheOption, decoding_options, model_options
 
 
 @decoding_options
@@ -24,13 +24,14 @@ def generate(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")
     ] = False,
+    prompt_cache_file: PromptCacheOption = None,
 ):
     """Generate one completion, streaming it to stdout, with statistics on stderr.
 
     Example: mlxspec generate "Explain KV caches in two sentences." --pair qwen3-14b
     """
     from .. import generation
-    from ..events import Done, Round
+    from ..events import Done, Prefill, Round
     from ..views.summary import stats_line
 
     if prompt == "-":
@@ -39,8 +40,14 @@ def generate(
         raise InvalidOption("the prompt is empty")
     if models.no_draft:
         options = options.replace(gamma=0)
+    cached = read_prompt_cache(prompt_cache_file, options)
     pair = load(models, speculative=options.speculative)
     session = generation.Session(pair, cache_options=models.cache_options())
+    if cached:
+        from .. import prompt_cache
+
+        prompt_cache.restore(cached, session)
+        prompt = prompt_cache.prompt_ids(cached, pair, prompt, think=options.think)
     if as_json:
         result = generation.generate(pair, prompt, options, session=session)
         out = {
@@ -53,9 +60,11 @@ def generate(
         if result.finish_reason == "interrupted":
             raise typer.Exit(130)
         return
-    done = None
+    done, reused = None, None
     for event in generation.stream(pair, prompt, options, session=session):
-        if isinstance(event, Round):
+        if isinstance(event, Prefill) and cached:
+            reused = event.prompt_tokens - event.processed_tokens
+        elif isinstance(event, Round):
             sys.stdout.write(event.text)
             sys.stdout.flush()
         elif isinstance(event, Done):
@@ -63,6 +72,20 @@ def generate(
             sys.stdout.write(event.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    err.print(stats_line(done.stats), soft_wrap=not err.is_terminal)
+    line = stats_line(done.stats, lookup=pair.draft is None and pair.ngram, reused=reused)
+    err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)
+
+
+def read_prompt_cache(path: str | None, options: Options):
+    """The --prompt-cache file's description, before any model loads; its system prompt is
+    the one the prompt follows."""
+    if path is None:
+        return None
+    from .. import prompt_cache
+
+    cached = prompt_cache.read(path)
+    if options.system is not None and options.system != cached.system:
+        raise InvalidOption(f"{path} was made with {'another' if cached.system else 'no'} system prompt: drop --system")
+    return cached

@@ -28,13 +28,14 @@ def models(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..views.models import inventory, models_table
+    from ..views.models import WIDE, inventory, models_list, models_table
 
     rows = inventory()
     if as_json:
         print(json.dumps(rows, indent=2))
     else:
-        wide_console().print(models_table(rows))
+        console = wide_console()
+        console.print(models_table(rows) if console.width >= WIDE else models_list(rows))
 
 
 @models_app.command("download")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 
-from ..options import Options
+from ..options import Options, check_cache_options
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class Models:
     ngram: bool = False
     max_kv_size: int | None = None
     kv_bits: int | None = None
+
+    def __post_init__(self):
+        check_cache_options(self.max_kv_size, self.kv_bits)  # before anything loads
 
     def cache_options(self):
         from ..caches import CacheOptions  # MLX: loaded by the command, not by --help
@@ -189,7 +192,8 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
         _option(
             "--think/--no-think",
             help=(
-                "Let a reasoning model think first (enable_thinking in its chat template); default: the template's own."
+                "Let a reasoning model think first (enable_thinking in its chat template); default: on when the "
+                "tokenizer has thinking tokens (as mlx-lm does)."
             ),
             show_default=False,
         ),
@@ -259,3 +263,18 @@ def decoding_options(fn: Callable | None = None, *, exclude: tuple[str, ...] = (
 def _build_options(values: dict) -> Options:
     gamma = values.pop("gamma", None)
     return Options.build(gamma="auto" if gamma is None else gamma, stop=values.pop("stop", None) or (), **values)
+
+
+# For the commands that read a prompt cache (generate, chat).
+PromptCacheOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompt-cache",
+        metavar="FILE",
+        help=(
+            "Start from a prompt cache made by `mlxspec cache-prompt` (its text, system prompt and both models' "
+            "caches): the prompt follows its text, and only what follows is read."
+        ),
+        show_default=False,
+    ),
+]

@@ -16,8 +16,10 @@ from .common import load, writable, write_text
 from .options import Models, decoding_options, model_options
 
 DEFAULT_CHAT_PROMPT = "Explain how a hash map works, with a short example in Python."
+# For code models (the bundled toy pair among them): a stub the toy continues plausibly for a
+# few lines at temperature 0 (it repeats itself after that).
 DEFAULT_CODE_PROMPT = (
-    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n'
+    'def copy_file(source, target):\n    """Copy the file source to target."""\n    with open(source, "rb") as src:'
 )
 REFRESH = 1 / 15  # seconds between frames
 
@@ -75,14 +77,23 @@ def race(
         or (DEFAULT_CHAT_PROMPT if pair.tokenizer.has_chat_template and not options.raw else DEFAULT_CODE_PROMPT)
     )
     temp = options.sampling.temp
+    # shown before the completions: a raw prompt is continued as it is, a chat message answered below it
+    shown_prompt = prompt + "\n\n" if pair.tokenizer.has_chat_template and not options.raw else prompt
     console = Console()
     live = console.is_terminal and not as_json
     state, interrupted = None, False
 
     def screen(state, done: bool):
-        # one line short of the terminal: a frame of exactly its height scrolls by a line
+        # live, one line short of the terminal (a frame of exactly its height scrolls by a
+        # line); the final screen as tall as the texts, left in the scrollback whole
         return view.render(
-            *state, width=console.width, height=console.height - 1, temp=temp, show_rejected=show_rejected, done=done
+            *state,
+            width=console.width,
+            height=None if done else console.height - 1,
+            temp=temp,
+            show_rejected=show_rejected,
+            done=done,
+            prompt=shown_prompt,
         )
 
     try:
@@ -91,13 +102,13 @@ def race(
 
             with Live(console=console, auto_refresh=False, transient=True) as frame:
                 shown = 0.0
-                for latest in racing.race(pair, prompt, options):
+                for latest in racing.race(pair, prompt, options, cache_options=models.cache_options()):
                     state = latest
                     if time.monotonic() - shown > REFRESH:
                         frame.update(screen(state, False), refresh=True)
                         shown = time.monotonic()
         else:
-            for latest in racing.race(pair, prompt, options):
+            for latest in racing.race(pair, prompt, options, cache_options=models.cache_options()):
                 state = latest
     except KeyboardInterrupt:
         interrupted = True
@@ -108,14 +119,22 @@ def race(
     elif live:
         console.print(screen(state, True))
     else:
-        print(view.plain_summary(*state, temp=temp))
+        print(view.plain_summary(*state, temp=temp, prompt=prompt))
     for kind, path in outputs.items():
         if path:
             record = Console(
                 record=True, width=max(console.width, 120) if console.is_terminal else 140, file=io.StringIO()
             )
             record.print(
-                view.render(*state, width=record.width, height=None, temp=temp, show_rejected=show_rejected, done=True)
+                view.render(
+                    *state,
+                    width=record.width,
+                    height=None,
+                    temp=temp,
+                    show_rejected=show_rejected,
+                    done=True,
+                    prompt=shown_prompt,
+                )
             )
             text = record.export_svg(title="mlxspec race") if kind == "svg" else record.export_html()
             write_text(path, text, kind.upper())

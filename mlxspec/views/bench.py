@@ -19,6 +19,35 @@ def _speedup(value: float | None) -> Text:
     return Text(f"{value:.2f}x", style=style)
 
 
+# measured / predicted outside this range: the cost model probably does not describe the run
+PLAUSIBLE_VS_PREDICTED = (0.5, 1.5)
+DOUBTFUL_MARK = "†"
+
+
+def doubtful(vs_predicted: float | None) -> bool:
+    low, high = PLAUSIBLE_VS_PREDICTED
+    return vs_predicted is not None and not low <= vs_predicted <= high
+
+
+def _vs_predicted(value: float | None) -> Text:
+    if value is None:
+        return Text("–")
+    return Text(f"{value:.2f}{DOUBTFUL_MARK}", style="yellow") if doubtful(value) else Text(f"{value:.2f}")
+
+
+def doubt_note(report) -> Text:
+    """Under the table, when a measured/predicted ratio is implausible."""
+    if not any(doubtful(s.vs_predicted) for s in report.settings if s.category == "all"):
+        return Text("")
+    low, high = PLAUSIBLE_VS_PREDICTED
+    return Text(
+        f"{DOUBTFUL_MARK} measured/predicted outside {low:g}–{high:g}: the cost model (c, v) measured before the "
+        "sweep probably does not describe it (the machine busy or idle then, unlike during the runs): run the "
+        "bench again before trusting the prediction",
+        style="yellow",
+    )
+
+
 def costs_line(report) -> Text:
     costs = report.costs
     curve = " ".join(f"{v:.2f}" for v in costs.verify_curve)
@@ -56,7 +85,7 @@ def settings_table(report, *, wide: bool = True) -> Table:
             _num(s.stats.acceptance_rate, ".2f"),
             _num(s.stats.tokens_per_round, ".2f"),
             _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
-            _num(s.vs_predicted, ".2f"),
+            _vs_predicted(s.vs_predicted),
         ]
         if extras:
             row.append(_drafting(s))
@@ -114,7 +143,7 @@ def category_table(report) -> Table:
         for key in keys:
             s = by_key.get(key)
             cell = _speedup(s.speedup if s else None)
-            if s and s.stats.acceptance_rate is not None:
+            if s and s.speedup is not None and s.stats.acceptance_rate is not None:  # "–": nothing decoded
                 cell.append(f" ({s.stats.acceptance_rate:.2f})", style="dim")
             cells.append(cell)
         table.add_row(category, *cells)
@@ -155,8 +184,15 @@ def render(report, width: int = 160) -> Group:
     )
     wide = width >= 140
     tables = [settings_table(report, wide=wide)] + ([] if wide else [peer_table(report)])
+    note = doubt_note(report)
     return Group(
-        header, costs_line(report), *tables, category_table(report), standard_line(report), recommendation(report)
+        header,
+        costs_line(report),
+        *tables,
+        *([note] if note.plain else []),
+        category_table(report),
+        standard_line(report),
+        recommendation(report),
     )
 
 

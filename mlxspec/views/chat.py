@@ -14,8 +14,9 @@ from rich.text import Text
 from ..errors import MlxspecError
 from ..events import ContextTrimmed, Done, Prefill, Round
 from ..options import parse_gamma
+from ..text import Reasoning
 from ..theory import cost_ratio, predicted_speedup_of
-from .summary import stats_line
+from .summary import PartsLine, stats_line
 
 if TYPE_CHECKING:
     from ..chat import Conversation
@@ -26,7 +27,10 @@ HELP = """\
 /stats             session totals: tokens, acceptance, tokens per round, per-position acceptance, time
 /gamma N|auto      draft tokens per round (0: standard decoding; auto: chosen each round)
 /temp X            temperature (0: greedy); also /top-p X, /top-k N, /min-p X, /seed N, /max-tokens N
+/think on|off      let a reasoning model think first (its template's enable_thinking); shown dimmed
 /system TEXT       set the system prompt (starts a new conversation)
+/retry             answer the last message again (a new sample when sampling)
+/undo              forget the last exchange
 /reset             forget the conversation (and both models' caches)
 /save FILE         save the transcript, with per-turn statistics, as JSON
 /quit              leave (or Ctrl-D; Ctrl-C stops a reply)
@@ -60,8 +64,8 @@ def estimated_speedup(stats) -> float | None:
     return predicted_speedup_of(stats, c=c) if c is not None else None
 
 
-def stat_line(stats, reused: int) -> Text:
-    return stats_line(stats, estimate=estimated_speedup(stats), reused=reused)
+def stat_line(stats, reused: int, *, lookup: bool = False) -> PartsLine:
+    return stats_line(stats, estimate=estimated_speedup(stats), reused=reused, lookup=lookup)
 
 
 def banner(pair, options) -> Text:
@@ -70,6 +74,8 @@ def banner(pair, options) -> Text:
     label = "no draft" if gamma == 0 else f"γ {gamma}" if isinstance(gamma, int) else "γ auto"
     if pair.draft is None and pair.ngram and gamma != 0:
         label += ", drafting by prompt lookup"
+    if options.think is not None:
+        label += ", thinking " + ("on" if options.think else "off")
     text = Text(f"{pair.description} · {label}", style="bold")
     if pair.bundled:
         text.append(
@@ -89,6 +95,9 @@ class ChatApp:
         self.read = read
         self.console = console
         self.show_drafts = show_drafts
+        self._reasoning = Reasoning()
+        self._reused, self._trimmed = 0, False
+        self._told_rewrites = False  # said once that the template makes turns re-read the last reply
 
     def run(self) -> int:
         """The loop; returns the exit code (0: the user left)."""
@@ -123,10 +132,10 @@ class ChatApp:
             lines.append(self.read("... "))
         return "\n".join(lines)
 
-    def answer(self, message: str) -> None:
-        self._reused = 0
+    def answer(self, message: str | None, *, retry: bool = False) -> None:
+        self._reused, self._trimmed = 0, False
         try:
-            events = self.conversation.reply(message)
+            events = self.conversation.retry() if retry else self.conversation.reply(message)
             try:
                 for event in events:
                     self.show(event)
@@ -141,6 +150,7 @@ class ChatApp:
 
     def show(self, event) -> None:
         if isinstance(event, ContextTrimmed):
+            self._trimmed = True
             self.console.print(
                 Text(
                     f"(the conversation nears the {event.context_length}-token context: dropped the oldest "
@@ -150,23 +160,42 @@ class ChatApp:
             )
         elif isinstance(event, Prefill):
             self._reused = event.prompt_tokens - event.processed_tokens
+            self._reasoning = Reasoning(thinking=self.conversation.prompt_opens_thinking)
         elif isinstance(event, Round):
             self.print_round(event)
         elif isinstance(event, Done):
-            self.console.print(event.text, end="", markup=False, highlight=False)
+            self.console.print(self._styled([(event.text, "target")]), end="", soft_wrap=True)
             self.console.print()
             if event.finish_reason == "interrupted":
                 self.console.print(Text("[interrupted]", style="yellow"))
-            self.console.print(stat_line(event.stats, self._reused))
+            pair = self.conversation.pair
+            self.console.print(
+                stat_line(event.stats, self._reused, lookup=pair.draft is None and pair.ngram),
+                soft_wrap=not self.console.is_terminal,
+            )
+            turns = self.conversation.turns
+            rewritten = len(turns) > 1 and not turns[-1].appended and turns[-2].held and not self._trimmed
+            if rewritten and not self._told_rewrites:
+                self._told_rewrites = True
+                self.console.print(
+                    Text(
+                        "(this chat template renders earlier turns differently from how they were generated, e.g. "
+                        "without their thinking: each turn re-reads the conversation from the first change)",
+                        style="dim",
+                    )
+                )
 
     def print_round(self, event: Round) -> None:
-        if not self.show_drafts:
-            self.console.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
-            return
+        self.console.print(self._styled(zip(event.pieces, event.fates)), end="", soft_wrap=True)
+
+    def _styled(self, pieces) -> Text:
+        """The pieces' text: reasoning dimmed, and with --show-drafts each token by its fate."""
         text = Text()
-        for piece, fate in zip(event.pieces, event.fates):
-            text.append(piece, style=STYLES.get(fate, ""))
-        self.console.print(text, end="", soft_wrap=True)
+        for piece, fate in pieces:
+            for part, thinking in self._reasoning.split(piece):
+                style = STYLES.get(fate, "") if self.show_drafts else ""
+                text.append(part, style=f"{style} dim".strip() if thinking else style)
+        return text
 
     def command(self, line: str) -> str | None:
         name, _, argument = line.partition(" ")
@@ -192,6 +221,23 @@ class ChatApp:
                         style="dim",
                     )
                 )
+            elif name == "/think":
+                value = {"on": True, "off": False}.get(argument.lower())
+                if value is None:
+                    now = {True: "on", False: "off", None: "the template's default"}[self.conversation.settings.think]
+                    raise ValueError(f"/think takes on or off (now {now})")
+                self.conversation.update(think=value)
+                template = getattr(self.conversation.pair.tokenizer, "chat_template", None) or ""
+                unread = "" if "enable_thinking" in template else "; this model's template has no such switch"
+                self.console.print(Text(f"(thinking {argument.lower()}{unread})", style="dim"))
+            elif name == "/retry":
+                self.answer(None, retry=True)
+            elif name == "/undo":
+                turn = self.conversation.undo()
+                if turn is None:
+                    raise ValueError("nothing to undo")
+                shown = turn.user if len(turn.user) <= 40 else turn.user[:39] + "…"
+                self.console.print(Text(f"(forgot the last exchange: {shown!r})", style="dim"))
             elif name == "/save":
                 if not argument:
                     raise ValueError("/save needs a file name")

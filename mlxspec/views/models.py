@@ -3,8 +3,11 @@ size on disk, and whether the pair fits this machine."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+
+WIDE = 120  # columns from which the presets are a table; below, a list
 
 
 def inventory() -> list[dict]:
@@ -73,3 +76,32 @@ def models_table(rows: list[dict]) -> Table:
         )
     table.caption = "✓ downloaded  · not yet (mlxspec models download NAME)"
     return table
+
+
+def _fits(row: dict) -> Text:
+    return {True: Text("fits", style="green"), False: Text("does not fit", style="red"), None: Text("fits?")}[
+        row["fits"]
+    ]
+
+
+def models_list(rows: list[dict]) -> Group:
+    """The presets for a narrow terminal: a line of figures per preset, then its two models
+    on lines of their own, so that no repo id is folded."""
+    lines = [Text("Model-pair presets (--pair NAME)", style="bold")]
+    for row in rows:
+        on_disk = None
+        if row["target_bytes"] is not None or row["draft_bytes"] is not None:
+            on_disk = (row["target_bytes"] or 0) + (row["draft_bytes"] or 0)
+        memory = f"needs {row['memory_gb']:.1f} GB" if row["memory_gb"] else "needs ? GB"
+        figures = [f"γ {row['gamma']}", memory, _fits(row)] + ([f"{_size(on_disk)} on disk"] if on_disk else [])
+        lines.append(
+            Text.assemble(
+                (row["name"], "bold"),
+                "  ",
+                Text(" · ").join(Text(str(f)) if isinstance(f, str) else f for f in figures),
+            )
+        )
+        for role in ("target", "draft"):
+            lines.append(Text.assemble("  ", _have(row[f"{role}_downloaded"]), f" {role:<6} ", row[role]))
+    lines.append(Text("✓ downloaded  · not yet (mlxspec models download NAME)", style="dim"))
+    return Group(*lines)

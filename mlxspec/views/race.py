@@ -6,18 +6,25 @@ from __future__ import annotations
 
 import io
 
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from .. import sides as model
+from .bench import doubtful
+from .summary import SEPARATOR, PartsLine
 from .tokens import fate_text, legend
 
 NARROW = 100  # columns below which the panels stack
 
 
 def _figures(side: model.Side) -> str:
+    return SEPARATOR.join(_figure_parts(side))
+
+
+def _figure_parts(side: model.Side) -> list[str]:
     parts = [f"{side.stats.tokens} tokens", f"{side.elapsed:.2f} s"]
     if side.tokens_per_second:
         parts.append(f"{side.tokens_per_second:.1f} tok/s")
@@ -28,7 +35,7 @@ def _figures(side: model.Side) -> str:
         if side.stats.tokens_per_round:
             parts.append(f"τ {side.stats.tokens_per_round:.2f}")
         parts.append(gamma_label(side.gamma, side.last))
-    return " · ".join(parts)
+    return parts
 
 
 def gamma_label(gamma, last) -> str:
@@ -46,19 +53,33 @@ def gamma_label(gamma, last) -> str:
     return label
 
 
-def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool) -> Panel:
-    body = fate_text(side.segments, show_rejected=show_rejected)
+def _body(side: model.Side, show_rejected: bool, prompt: str) -> Text:
+    """The prompt (dim), then what this side wrote, coloured by fate."""
+    return Text.assemble(Text(prompt, style="dim"), fate_text(side.segments, show_rejected=show_rejected))
+
+
+def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool, prompt: str = "") -> Panel:
+    inner = max(width - 4, 10)
+    body = _body(side, show_rejected, prompt)
+    # the figures go in the bottom border while they fit there, else below the text (wrapped
+    # between figures), so that none is cut
+    figures = PartsLine(_figure_parts(side))
+    below = [] if cell_len(figures.plain) <= width - 6 else figures.lines(inner)
     if height is not None:  # keep the newest lines that fit
-        measure = Console(width=max(width - 4, 10), file=io.StringIO())
-        lines = body.wrap(measure, max(width - 4, 10))
-        lines = lines[-max(height - 2, 1) :]
+        measure = Console(width=inner, file=io.StringIO())
+        lines = body.wrap(measure, inner)
+        lines = lines[-max(height - 2 - len(below), 1) :]
         body = Text("\n").join(lines)
+    if below:
+        figure_lines = Text("\n").join(below)
+        figure_lines.stylize("dim")
+        body = Text.assemble(body, "\n" if body.plain else "", figure_lines)
     title = Text.assemble((side.method.capitalize(), "bold"), f" · {side.models}")
     return Panel(
         body,
         title=title,
         title_align="left",
-        subtitle=Text(_figures(side), style="dim"),
+        subtitle=None if below else Text(figures.plain, style="dim"),
         subtitle_align="left",
         height=height,
         width=width,
@@ -91,7 +112,7 @@ def footer(standard: model.Side, speculative: model.Side, *, temp: float, show_r
             if differs is None
             else Text(f"outputs differ at token {differs} ✗", style="bold red")
         )
-    lines.append(Text(" · ").join(parts))
+    lines.append(PartsLine(parts, style=""))
     return Group(*lines)
 
 
@@ -121,6 +142,13 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
         text = Text.assemble(
             ("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({detail}).{why}"
         )
+    predicted = model.predicted_speedup(standard, speculative)
+    if predicted and doubtful(now / predicted):
+        text.append(
+            f" The theory predicted {predicted:.2f}x: a gap this wide means the timings are noise (a short run, a "
+            "busy machine); more tokens (-m) or `mlxspec bench` measure it properly.",
+            style="yellow",
+        )
     if temp == 0:
         differs = model.identical_so_far(standard, speculative)
         text.append(
@@ -139,8 +167,10 @@ def render(
     temp: float,
     show_rejected: bool = False,
     done: bool = False,
+    prompt: str = "",
 ) -> RenderableType:
-    """The whole screen. `height` None: panels as tall as their text (final screen, export)."""
+    """The whole screen. `height` None: panels as tall as their text (final screen, export).
+    `prompt`: shown dim at the start of each panel, the completions following it."""
     foot = footer(standard, speculative, temp=temp, show_rejected=show_rejected)
     parts = [foot]
     if done:
@@ -150,27 +180,36 @@ def render(
     if stacked:
         panel_height = None if height is None else max((height - reserved) // 2, 4)
         panels = [
-            _panel(standard, width, panel_height, show_rejected),
-            _panel(speculative, width, panel_height, show_rejected),
+            _panel(standard, width, panel_height, show_rejected, prompt),
+            _panel(speculative, width, panel_height, show_rejected, prompt),
         ]
         return Group(*panels, *parts)
     half = width // 2
     panel_height = None if height is None else max(height - reserved, 4)
     if panel_height is None:  # equal heights, as tall as the longer text
-        measure = Console(width=half - 4, file=io.StringIO())
-        lines = max(
-            len(fate_text(s.segments, show_rejected=show_rejected).wrap(measure, half - 4))
-            for s in (standard, speculative)
+        panel_height = max(
+            _body_lines(standard, half, show_rejected, prompt),
+            _body_lines(speculative, width - half, show_rejected, prompt),
         )
-        panel_height = lines + 2
+        panel_height += 2
     grid = Table.grid(expand=True)
     grid.add_column(ratio=1)
     grid.add_column(ratio=1)
     grid.add_row(
-        _panel(standard, half, panel_height, show_rejected),
-        _panel(speculative, width - half, panel_height, show_rejected),
+        _panel(standard, half, panel_height, show_rejected, prompt),
+        _panel(speculative, width - half, panel_height, show_rejected, prompt),
     )
     return Group(grid, *parts)
+
+
+def _body_lines(side: model.Side, width: int, show_rejected: bool, prompt: str = "") -> int:
+    """Rows of a panel's body at this panel width: its text, and the figures when they do not
+    fit the border."""
+    inner = max(width - 4, 10)
+    measure = Console(width=inner, file=io.StringIO())
+    lines = len(_body(side, show_rejected, prompt).wrap(measure, inner))
+    figures = PartsLine(_figure_parts(side))
+    return lines + (0 if cell_len(figures.plain) <= width - 6 else len(figures.lines(inner)))
 
 
 def _lines(renderable, width: int) -> int:
@@ -179,9 +218,9 @@ def _lines(renderable, width: int) -> int:
     return len(measure.render_lines(renderable, measure.options, pad=False))
 
 
-def plain_summary(standard: model.Side, speculative: model.Side, *, temp: float) -> str:
-    """For a pipe: each side's figures and text, then the summary; no colours."""
-    lines = []
+def plain_summary(standard: model.Side, speculative: model.Side, *, temp: float, prompt: str = "") -> str:
+    """For a pipe: the prompt, each side's figures and text, then the summary; no colours."""
+    lines = ["prompt:", prompt, ""] if prompt else []
     for side in (standard, speculative):
         lines += [f"{side.method} ({side.models}): {_figures(side)}", side.text, ""]
     lines.append(summary(standard, speculative, temp=temp).plain)

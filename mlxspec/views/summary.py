@@ -2,14 +2,56 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from ..events import Stats
 
+SEPARATOR = " · "
 
-def stats_line(stats: Stats, *, estimate: float | None = None, reused: int | None = None) -> Text:
+
+class PartsLine:
+    """Parts joined by a separator (" · ") that wrap only between parts: on a narrow terminal
+    a part moves to the next line whole; printed with soft_wrap (a pipe, a file) it is one
+    line. Parts are text or styled `Text`."""
+
+    def __init__(self, parts: list[str | Text], style: str = "dim", separator: str = SEPARATOR):
+        self.parts = [part if isinstance(part, Text) else Text(part) for part in parts]
+        self.style = style
+        self.separator = separator
+
+    @property
+    def plain(self) -> str:
+        return self.separator.join(part.plain for part in self.parts)
+
+    def __str__(self) -> str:
+        return self.plain
+
+    def lines(self, width: int) -> list[Text]:
+        """The parts packed into lines of at most `width` cells (a longer part alone on one)."""
+        lines, line = [], None
+        for part in self.parts:
+            if line is not None and cell_len(line.plain + self.separator + part.plain) > width:
+                lines.append(line)
+                line = None
+            line = part.copy() if line is None else Text.assemble(line, self.separator, part)
+        return lines + ([line] if line is not None else [])
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = [Text(self.separator).join(self.parts)] if options.no_wrap else self.lines(options.max_width)
+        text = Text("\n").join(lines)
+        text.style = self.style
+        # a part wider than the line still wraps (inside itself): better than cut
+        yield text
+
+
+def stats_line(
+    stats: Stats, *, estimate: float | None = None, reused: int | None = None, lookup: bool = False
+) -> PartsLine:
     """e.g. `64 tokens · 41.3 tok/s · α 0.72 · τ 3.10 · γ 4 · prefill 0.05 s (12 tokens)`.
-    `estimate`: a speedup estimate to show; `reused`: prompt tokens the caches already held."""
+    `estimate`: a speedup estimate to show; `reused`: prompt tokens the caches already held;
+    `lookup`: the pair drafts by prompt lookup alone (no draft model)."""
     parts = [f"{stats.tokens} tokens"]
     if stats.tokens_per_second:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
@@ -26,7 +68,9 @@ def stats_line(stats: Stats, *, estimate: float | None = None, reused: int | Non
         parts.append(f"γ auto ({detail})" if detail else "γ auto")
     else:
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
-    if stats.ngram_rounds:
+    if lookup and stats.gamma:
+        parts.append(f"drafting by prompt lookup ({stats.ngram_rounds} rounds)")
+    elif stats.ngram_rounds:
         parts.append(f"{stats.ngram_rounds} n-gram rounds")
     if stats.early_stops:
         parts.append(f"{stats.early_stops} early stops")
@@ -38,4 +82,4 @@ def stats_line(stats: Stats, *, estimate: float | None = None, reused: int | Non
     parts.append(f"prefill {stats.prefill_seconds:.2f} s ({read} tokens)")
     if stats.finish_reason not in (None, "eos", "length", "stop"):
         parts.append(stats.finish_reason)
-    return Text(" · ".join(parts), style="dim")
+    return PartsLine(parts)

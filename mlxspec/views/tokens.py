@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from ..text import Reasoning
+
 STYLES = {
     "accepted": "#5fd75f",
     "recovered": "#ffaf00",
@@ -20,18 +22,29 @@ DESCRIPTIONS = {
 
 
 def fate_text(segments: list[tuple[str, str]], *, show_rejected: bool = False) -> Text:
-    """Concatenate (text, fate) segments with each fate's style."""
-    text = Text()
+    """Concatenate (text, fate) segments with each fate's style, reasoning (<think> to
+    </think>) dimmed."""
+    text, reasoning = Text(), Reasoning()
     for piece, fate in segments:
-        if fate == "rejected" and not show_rejected:
+        if fate == "rejected":  # not part of the text: shown (or not), never a tag
+            if show_rejected:
+                text.append(piece, style=_dimmed(STYLES[fate], reasoning.thinking))
             continue
-        text.append(piece, style=STYLES.get(fate, ""))
+        for part, thinking in reasoning.split(piece):
+            text.append(part, style=_dimmed(STYLES.get(fate, ""), thinking))
     return text
 
 
-def legend(show_rejected: bool = False) -> Text:
+def _dimmed(style: str, thinking: bool) -> str:
+    return f"{style} dim".strip() if thinking else style
+
+
+def legend(show_rejected: bool = False):
+    """One entry per fate; on a narrow screen an entry moves to the next line whole."""
+    from .summary import PartsLine
+
     fates = ["accepted", "recovered", "bonus"] + (["rejected"] if show_rejected else [])
-    parts = []
-    for fate in fates:
-        parts += [("■ ", STYLES[fate].replace("strike ", "")), (DESCRIPTIONS[fate], "dim"), ("   ", "")]
-    return Text.assemble(*parts[:-1])
+    entries = [
+        Text.assemble(("■ ", STYLES[fate].replace("strike ", "")), (DESCRIPTIONS[fate], "dim")) for fate in fates
+    ]
+    return PartsLine(entries, style="", separator="   ")
