@@ -119,8 +119,13 @@ def init_group():
 
 
 def group_size() -> int:
-    """How many ranks this process runs with (1 when not launched)."""
-    return init_group().size() if ranks.launched() else 1
+    """How many ranks this process runs with (1 when not launched, or launched alone)."""
+    if not ranks.launched():
+        return 1
+    try:
+        return mx.distributed.init().size()
+    except RuntimeError as e:
+        raise DistributedError(f"cannot connect the ranks: {str(e).strip().splitlines()[0]}") from None
 
 
 # --- splitting the target ----------------------------------------------------------------
@@ -239,6 +244,20 @@ def probe(model, mode: str) -> tuple[int, ShardInfo]:
     return logits.shape[-1], info
 
 
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends: once a header is queued, the forward it announces
+    must be queued too, or the other ranks would run a forward rank 0 never joins."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def barrier() -> None:
     mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
 
@@ -282,7 +301,7 @@ class Leader:
             raise NotImplementedError("a target split across ranks reads one sequence at a time")
         if self._stopped:
             raise DistributedError("the other ranks were already released (finish() was called)")
-        with self._lock, mx.stream(generation_stream):
+        with self._lock, interrupts_deferred(), mx.stream(generation_stream):
             ids = self._announce(inputs, cache)
             # queued apart, before the forward: a pipeline stage's receive depends on no
             # input, and would otherwise be free to run ahead of the header
