@@ -298,6 +298,11 @@ def _parts(layer) -> list:
     return [p for p in parts if isinstance(getattr(p, "offset", None), int)]
 
 
+def layer_length(layer) -> int:
+    """Tokens one layer's cache holds (a CacheList's first part's count)."""
+    return _parts(layer)[0].offset
+
+
 @dataclass(frozen=True)
 class CacheOptions:
     """How a session's caches are built: `make_cache`'s keywords, kept together."""

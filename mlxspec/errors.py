@@ -6,12 +6,16 @@ class MlxspecError(Exception):
     """Base class: anything the user can fix (input, models, machine)."""
 
     exit_code = 1
+    # every rank of a distributed launch finds it alike (from the same command line and model
+    # files), so rank 0 alone says it
+    alike_on_every_rank = False
 
 
 class InvalidOption(MlxspecError, ValueError):
     """A sampling or decoding option out of range, or one the rule cannot keep exact."""
 
     exit_code = 2
+    alike_on_every_rank = True
 
 
 class ModelNotFound(MlxspecError):
@@ -28,6 +32,14 @@ class IncompatiblePair(MlxspecError):
 
 class UnsupportedCache(MlxspecError):
     """A cache layer the engine cannot roll back exactly; refused rather than decoded wrong."""
+
+    alike_on_every_rank = True
+
+
+class UnsupportedShard(MlxspecError):
+    """mlx-lm cannot split this architecture across ranks the way --shard asks."""
+
+    alike_on_every_rank = True
 
 
 class InsufficientMemory(MlxspecError):

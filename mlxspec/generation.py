@@ -255,6 +255,8 @@ def _stream(
         finally:
             tokens.close()
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
+    if pair.target.shard is not None:  # every round and plain step is one target forward
+        stats.transfers = stats.rounds * pair.target.shard.transfers_per_forward
     yield Done(reason, stats.frozen(reason), tail)
 
 

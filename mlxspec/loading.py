@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelLoadError, ModelNotFound
+from .ranks import is_lost_connection
 
 # What mlx-lm needs from a repo (its own download list, minus code files).
 DOWNLOAD_PATTERNS = [
@@ -40,6 +41,7 @@ class LoadedModel:
     weight_bytes: int
     context_length: int | None = None
     extra: dict = field(default_factory=dict)
+    shard: object = None  # distributed.ShardInfo: how this model is split across ranks (None: it is not)
 
     @property
     def label(self) -> str:
@@ -270,11 +272,7 @@ def context_length(config: dict) -> int | None:
     return None
 
 
-def load(name: str, *, offline: bool | None = None) -> LoadedModel:
-    """Load one model and its tokenizer; raises ModelNotFound or ModelLoadError."""
-    import mlx.core as mx
-    import mlx_lm
-
+def _checked_folder(name: str, offline: bool | None) -> tuple[Path, dict]:
     path = resolve(name, offline=offline)
     config = read_config(path)
     if not weight_files(path):
@@ -285,6 +283,15 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
         and not list(path.glob("*.tiktoken"))
     ):
         raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+    return path, config
+
+
+def load(name: str, *, offline: bool | None = None) -> LoadedModel:
+    """Load one model and its tokenizer; raises ModelNotFound or ModelLoadError."""
+    import mlx.core as mx
+    import mlx_lm
+
+    path, config = _checked_folder(name, offline)
     try:
         model, tokenizer = mlx_lm.load(str(path))
     except Exception as e:  # mlx-lm and safetensors raise many types for a bad folder
@@ -315,6 +322,48 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
         width=width,
         weight_bytes=weight_bytes(path),
         context_length=context_length(config),
+    )
+
+
+def load_sharded(name: str, *, mode: str, group, offline: bool | None = None, memory_check=None) -> LoadedModel:
+    """Load this rank's share of a model split across `group` (every rank calls it at once):
+    mlx-lm's `pipeline(group)` (a block of layers per rank) or `shard(group)` (every layer
+    split), as its sharded_load does: loaded lazily, split, and only this rank's weights read
+    from disk. `memory_check(bytes)` may refuse this rank's share before it is read. Every
+    rank needs the model's files (each downloads what it lacks)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from . import distributed
+
+    path, config = _checked_folder(name, offline)
+    try:
+        model, tokenizer = mlx_lm.load(str(path), lazy=True)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
+    distributed.split(model, mode, group, name)
+    distributed.check_mirrorable(model, name)
+    share = distributed.local_bytes(model)
+    if memory_check:
+        memory_check(share)
+    try:
+        mx.eval(model.parameters())
+        width, info = distributed.probe(model, mode)
+    except RuntimeError as e:
+        if is_lost_connection(e):
+            raise distributed.lost_connection(e) from None
+        raise ModelLoadError(f"cannot run {name} split over {group.size()} ranks: {_first_line(e)}") from None
+    distributed.barrier()
+    return LoadedModel(
+        name=name,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        width=width,
+        weight_bytes=share,
+        context_length=context_length(config),
+        shard=info,
     )
 
 

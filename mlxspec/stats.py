@@ -5,7 +5,9 @@ the figures derived from them, each defined once. Plain Python: views read them 
   its round was accepted (vLLM's and Leviathan et al.'s alpha), not accepted / drafted;
 - tokens per round tau = ids emitted / rounds, end-of-sequence ids included (>= 1 always);
 - mean gamma = proposals per drafting round (plain steps excluded);
-- the draft step and the verify pass, in seconds, from the rounds timed apart.
+- the draft step and the verify pass, in seconds, from the rounds timed apart;
+- with the target split across ranks, the transfers between them while decoding: each
+  round (and each plain step) is one target forward, whose transfers are counted at load.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Stats:
     ngram_rounds: int = 0  # rounds proposed by prompt lookup
     plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
     early_stops: int = 0  # rounds the draft cut short (draft min-p)
+    transfers: int = 0  # cross-rank transfers while decoding, on rank 0 (a target split across ranks)
     generations: int = 0
     gamma: int | str = 0  # the setting: a draft length, or "auto"
     seed: int | None = None
@@ -143,6 +146,11 @@ class Stats:
         return self.verify_seconds / self.timed_rounds if self.timed_rounds else None
 
     @property
+    def transfers_per_token(self) -> float | None:
+        """What matters on a network: each transfer waits at least one round trip."""
+        return self.transfers / self.tokens if self.transfers and self.tokens else None
+
+    @property
     def per_position_acceptance(self) -> list[float | None]:
         return [a / t if t else None for a, t in zip(self.position_accepted, self.position_tested)]
 
@@ -155,5 +163,6 @@ class Stats:
             "draft_step",
             "verify_step",
             "per_position_acceptance",
+            "transfers_per_token",
         )
         return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in derived}}

@@ -15,6 +15,7 @@ PLAIN = [
     "mlxspec.drafting",
     "mlxspec.theory",
     "mlxspec.events",
+    "mlxspec.ranks",
     "mlxspec.cli",
     "mlxspec.server.schema",
 ]

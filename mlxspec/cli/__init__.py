@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from .. import ranks
 from ..errors import MlxspecError
 from .bench import bench
 from .cache_prompt import cache_prompt
@@ -81,22 +82,34 @@ def _is_usage_error(e: Exception) -> bool:
     return hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)
 
 
+def _report(message: str, label: str = "error", *, every_rank: bool = True) -> None:
+    """One line on stderr. Under mlx.launch it names its rank, and what every rank finds
+    alike (a bad option) is said by rank 0 alone."""
+    if not ranks.launched():
+        error(message, label)
+    elif every_rank or ranks.is_main():
+        error(f"rank {ranks.rank()}: {message}", label)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every expected failure into one line."""
     try:
         code = app(args=argv, prog_name="mlxspec", standalone_mode=False)
     except MlxspecError as e:
-        error(str(e))
+        _report(str(e), every_rank=not e.alike_on_every_rank)
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as e:
         if _is_usage_error(e):
-            error(e.format_message())
+            _report(e.format_message(), every_rank=False)
             sys.exit(e.exit_code)
+        if ranks.is_lost_connection(e):
+            _report(ranks.lost_connection_message(e))
+            sys.exit(1)
         # a bug: say so in one line, the traceback on request
         if os.environ.get("MLXSPEC_DEBUG"):
             raise
-        error(f"{type(e).__name__}: {e} (MLXSPEC_DEBUG=1 shows the traceback)", "internal error")
+        _report(f"{type(e).__name__}: {e} (MLXSPEC_DEBUG=1 shows the traceback)", "internal error")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

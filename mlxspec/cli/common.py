@@ -9,7 +9,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from .. import ranks
 from ..errors import InvalidOption
+from ..loading import Reporter
 from .options import Models
 
 err = Console(stderr=True, highlight=False)
@@ -65,10 +67,14 @@ BUNDLED_NOTE = (
 def load(models: Models, *, speculative: bool = True, note_bundled: bool = True):
     """Load the pair the options name (only the target when not speculative). A --target with
     no draft and no preset drafts by prompt lookup, and says so; the bundled toy pair says
-    what it is (`note_bundled`, unless the command shows it itself)."""
+    what it is (`note_bundled`, unless the command shows it itself).
+
+    Under mlx.launch with --shard, only rank 0 returns: the other ranks run their share of
+    the target as rank 0 asks, and exit when it is done (pairs.load_pair)."""
     from ..pairs import NGRAM, compatible_drafts, load_pair
 
-    reporter = ConsoleReporter()
+    check_launch(models)
+    reporter = ConsoleReporter() if ranks.is_main() else Reporter()
     lookup = speculative and models.target is not None and models.draft is None and not models.pair
     lookup = lookup and not models.no_draft
     loaded = load_pair(
@@ -77,6 +83,7 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
         pair=models.pair,
         no_draft=models.no_draft or not speculative,
         reporter=reporter,
+        shard=models.shard,
     )
     if models.ngram and not models.no_draft:
         loaded.ngram = True
@@ -91,6 +98,25 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
     if loaded.bundled and note_bundled:
         reporter.note(BUNDLED_NOTE)
     return loaded
+
+
+def check_launch(models: Models) -> None:
+    """--shard and mlx.launch go together; a window's rollback cannot be mirrored by trimming."""
+    if models.shard is None:
+        if ranks.launched():
+            from ..distributed import group_size
+
+            if group_size() > 1:
+                raise InvalidOption(
+                    "this is one of several ranks mlx.launch started: add --shard pipeline or --shard tensor to "
+                    "split the target across them"
+                )
+        return
+    if models.max_kv_size is not None:
+        raise InvalidOption(
+            "--max-kv-size cannot be used with --shard: the other ranks follow rank 0's rollbacks by trimming, "
+            "which a rotating window cannot do"
+        )
 
 
 def wide_console() -> Console:

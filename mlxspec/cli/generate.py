@@ -35,6 +35,10 @@ def generate(
     from ..views.summary import stats_line
 
     if prompt == "-":
+        if models.shard:
+            raise InvalidOption(
+                "PROMPT - cannot be read under mlx.launch (it never closes the ranks' input): give the text"
+            )
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")

@@ -27,6 +27,7 @@ class Models:
     ngram: bool = False
     max_kv_size: int | None = None
     kv_bits: int | None = None
+    shard: str | None = None
 
     def __post_init__(self):
         check_cache_options(self.max_kv_size, self.kv_bits)  # before anything loads
@@ -114,6 +115,19 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             "--kv-bits",
             metavar="4|8",
             help="Quantize the KV caches to this many bits (less memory for long contexts).",
+            show_default=False,
+        ),
+    ),
+    "shard": (
+        Optional[str],
+        None,
+        _option(
+            "--shard",
+            metavar="pipeline|tensor",
+            help=(
+                "Split the target across the ranks mlx.launch starts (one per Mac): by layers (pipeline) or "
+                "every layer's matrices (tensor), where mlx-lm supports it. Rank 0 drafts, decides and prints."
+            ),
             show_default=False,
         ),
     ),
@@ -241,7 +255,7 @@ def _inject(
 
 def model_options(fn: Callable | None = None, *, exclude: tuple[str, ...] = (), **defaults):
     """The command gets `models: Models` from --target, --draft, --pair, --no-draft, --ngram,
-    --max-kv-size and --kv-bits (but those it `exclude`s)."""
+    --max-kv-size, --kv-bits and --shard (but those it `exclude`s)."""
 
     def wrap(fn):
         return _inject(fn, "models", MODEL_OPTIONS, defaults, lambda values: Models(**values), exclude)

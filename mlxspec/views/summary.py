@@ -74,6 +74,8 @@ def stats_line(
         parts.append(f"{stats.ngram_rounds} n-gram rounds")
     if stats.early_stops:
         parts.append(f"{stats.early_stops} early stops")
+    if stats.transfers_per_token:
+        parts.append(f"{stats.transfers_per_token:.2f} transfers/token")
     read = (
         f"{stats.prompt_tokens - reused} new of {stats.prompt_tokens}"
         if reused is not None

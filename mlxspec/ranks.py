@@ -1,0 +1,47 @@
+"""Which rank of a distributed launch this process is, read from the environment the
+launcher sets (no MLX: the command line reads it before anything loads, to decide who
+prints), and the errors that mean a lost connection between ranks.
+
+mlx.launch sets MLX_RANK for the ring, JACCL and NCCL backends; mpirun sets its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+SHARD_MODES = ("pipeline", "tensor")
+_RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# how MLX's backends start the message of a failed send or receive
+_BACKEND_PREFIXES = ("[ring]", "[jaccl]", "[mpi]", "[nccl]")
+
+
+def launched() -> bool:
+    """Whether a distributed launcher started this process (it may still be alone: -n 1)."""
+    return any(name in os.environ for name in _RANK_VARIABLES)
+
+
+def rank() -> int:
+    """This process's rank (0 when not launched)."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def is_main() -> bool:
+    """Rank 0: the one that prints, serves and decides."""
+    return rank() == 0
+
+
+def is_lost_connection(error: BaseException) -> bool:
+    """An MLX backend's error for a peer that went away (the ring backend raises
+    "[ring] connection to a peer was lost" at the next transfer when a socket closes)."""
+    return isinstance(error, RuntimeError) and str(error).lstrip().startswith(_BACKEND_PREFIXES)
+
+
+def lost_connection_message(error: BaseException) -> str:
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (
+        f"the connection to another rank was lost ({first}): a rank stopped or the network failed, so every rank stops"
+    )
