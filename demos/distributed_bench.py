@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import mlxspec  # noqa: E402
 from mlxspec.events import Prefill  # noqa: E402
 from mlxspec.pairs import BUNDLED_DRAFT, BUNDLED_TARGET  # noqa: E402
 from mlxspec.prompts import suite  # noqa: E402
+from mlxspec.ranks import free_ring_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,21 +130,6 @@ def _gammas(text: str) -> list:
     return [g if g == "auto" else int(g) for g in (part.strip() for part in text.split(",")) if g]
 
 
-def free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports")
-
-
 def two_ranks(target: str, draft: str, shard: str, args) -> dict:
     launcher = Path(sys.executable).with_name("mlx.launch")
     with tempfile.TemporaryDirectory() as folder:
@@ -156,7 +141,7 @@ def two_ranks(target: str, draft: str, shard: str, args) -> dict:
             "-n",
             "2",
             "--starting-port",
-            str(free_port_pair()),
+            str(free_ring_ports()),
             "--python",
             sys.executable,
             str(Path(__file__).resolve()),

@@ -194,21 +194,13 @@ def stream(
     same session closes this one."""
     if session is not None and session.pair is not pair:
         raise InvalidOption("this session belongs to another pair: make one for this pair (Session(pair))")
-    events = _stream(pair, prompt, options, session=session, **overrides)
+    events = _stream(pair, prompt, options_of(options, overrides), session)
     if session is not None:
         session.claim(events)
     return events
 
 
-def _stream(
-    pair: Pair,
-    prompt: str | Sequence[int],
-    options: Options | None = None,
-    *,
-    session: Session | None = None,
-    **overrides,
-) -> Iterator[Event]:
-    options = options_of(options, overrides)
+def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: Session | None) -> Iterator[Event]:
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")
     ids = encode_prompt(pair, prompt, raw=options.raw, system=options.system, think=options.think)

@@ -45,3 +45,24 @@ def lost_connection_message(error: BaseException) -> str:
     return (
         f"the connection to another rank was lost ({first}): a rank stopped or the network failed, so every rank stops"
     )
+
+
+def free_ring_ports() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1: `mlx.launch --backend ring -n 2
+    --starting-port p` on one machine listens on one per rank (tests, demos)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")

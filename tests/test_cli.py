@@ -338,3 +338,17 @@ def test_output_paths_are_checked_before_any_work(capsys):
     ):
         code, out, err = run(capsys, *args, "-t", "/no/such/model")
         assert code == 2 and "no folder /nonexistent/dir" in err and len(err.strip().splitlines()) == 1, args
+
+
+def test_max_kv_size_on_a_model_with_its_own_caches_says_it_does_not_apply(capsys, factory):
+    """mlx-lm hands max_kv_size only to models without a make_cache of their own (gemma3_text
+    builds its sliding windows itself; this mlx-lm's llama builds its layers too, so SmolLM2
+    is one): the run goes on, exact, and one line says the option did nothing. qwen3 takes it."""
+    target, draft = (str(p) for p in factory.pair("gemma3_text"))
+    code, out, err = run(capsys, "generate", "def f(", "-t", target, "-d", draft, "-m", "8", "--max-kv-size", "16")
+    assert code == 0 and out.strip()
+    assert "--max-kv-size does not apply to" in err and "own caches" in err
+    code, out, err = run(
+        capsys, "generate", "def f(", "-t", *(factory.pair("qwen3")[:1]), "--no-draft", "-m", "4", "--max-kv-size", "16"
+    )
+    assert code == 0 and "does not apply" not in err

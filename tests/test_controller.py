@@ -343,3 +343,29 @@ def test_stopping_before_the_first_proposal_still_costs_a_forward():
             threshold=0.0, confidences=tuple(pattern[:size]), accepted=0, forwards=size, draft_seconds=seconds
         )
     assert c.stop.next_threshold() == 0.0
+
+
+def test_an_observation_cut_short_by_ctrl_c_leaves_the_controller_usable():
+    """A session's controller outlives a Ctrl-C. One that landed inside observe_round, after
+    the round count and before the first acceptance rate, made the next choose() raise
+    IndexError (found by the session walk). Every landing point in a session's first two
+    observations: choosing and observing go on without an error afterwards."""
+    from tests.conftest import ctrl_c_at
+
+    landings = 0
+    for at in range(1, 200):
+        c = Controller(ControllerConfig())
+        with ctrl_c_at(at) as landed:
+            try:
+                drafted(c, drafted=2, accepted=2, draft=0.002, verify=0.015)
+                drafted(c, drafted=4, accepted=1, draft=0.004, verify=0.02)
+            except KeyboardInterrupt:
+                pass
+        if not landed:
+            break
+        landings += 1
+        for _ in range(3):
+            gamma = c.choose()
+            assert 0 <= gamma <= c.config.max_gamma
+            drafted(c, drafted=max(gamma, 1), accepted=1, draft=0.003, verify=0.02)
+    assert landings > 10

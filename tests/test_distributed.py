@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import mlxspec
+from mlxspec.ranks import free_ring_ports
 from mlxspec.sampling import SamplingParams
 from mlxspec.synthetic import ARCHITECTURES
 from tests.chisquare import critical_value, goodness_of_fit
@@ -50,28 +50,10 @@ def launcher() -> list[str]:
     return [str(found)] if found.exists() else [shutil.which("mlx.launch") or "mlx.launch"]
 
 
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free on 127.0.0.1 (the ring listens on one per rank)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port >= 65535:
-            continue
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports")
-
-
 def start(*command: str) -> subprocess.Popen:
     """mlx.launch 2 ranks on 127.0.0.1 running `command` (after the python interpreter)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    args = [*launcher(), "--backend", "ring", "-n", "2", "--starting-port", str(free_port_pair())]
+    args = [*launcher(), "--backend", "ring", "-n", "2", "--starting-port", str(free_ring_ports())]
     return subprocess.Popen(
         [*args, "--python", sys.executable, *command],
         cwd=ROOT,

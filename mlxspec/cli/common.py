@@ -97,6 +97,10 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
         reporter.note(f"no --draft named: drafting by prompt lookup (no draft model); {hint}; --no-draft: target alone")
     if loaded.bundled and note_bundled:
         reporter.note(BUNDLED_NOTE)
+    own = [m.name for m in filter(None, (loaded.target, loaded.draft)) if hasattr(m.model, "make_cache")]
+    if models.max_kv_size is not None and own:
+        # mlx-lm's make_prompt_cache gives max_kv_size only to models without caches of their own
+        reporter.note(f"--max-kv-size does not apply to {' and '.join(own)}: it builds its own caches, kept as built")
     return loaded
 
 

@@ -103,7 +103,8 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             metavar="N",
             help=(
                 "Keep at most N tokens in each KV cache (a rotating window, the first tokens kept), for long "
-                "chats in bounded memory."
+                "chats in bounded memory. Models with caches of their own (sliding windows, recurrent state) "
+                "keep them."
             ),
             show_default=False,
         ),
@@ -113,8 +114,11 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
         None,
         _option(
             "--kv-bits",
-            metavar="4|8",
-            help="Quantize the KV caches to this many bits (less memory for long contexts).",
+            metavar="BITS",
+            help=(
+                "Quantize the KV caches to this many bits from the first token (less memory for long contexts; "
+                "windows and recurrent states stay as built)."
+            ),
             show_default=False,
         ),
     ),

@@ -52,7 +52,9 @@ class AcceptanceModel:
     prior: float
     decay: float
     rates: list[float] = field(default_factory=list)
-    _seen: list[int] = field(default_factory=list)
+    # observations per position; a dict, not a second list beside `rates`, so that an
+    # interrupt between two appends cannot leave them out of step
+    _seen: dict[int, int] = field(default_factory=dict)
 
     def observe(self, *, drafted: int, accepted: int, fresh_weight: float | None = None) -> None:
         """`fresh_weight`: how much this round counts at least (a probe after a stretch)."""
@@ -60,10 +62,9 @@ class AcceptanceModel:
         for i in range(min(accepted + 1, drafted)):  # positions tested: up to the first rejection
             while len(self.rates) <= i:
                 self.rates.append(self.prior)
-                self._seen.append(0)
             # a running mean (the prior counting once) until the decay takes over
-            self._seen[i] += 1
-            weight = max(1 / (self._seen[i] + 1), 1 - keep)
+            self._seen[i] = seen = self._seen.get(i, 0) + 1
+            weight = max(1 / (seen + 1), 1 - keep)
             self.rates[i] += weight * ((i < accepted) - self.rates[i])
 
     def at(self, gamma: int) -> list[float]:
@@ -102,11 +103,11 @@ class Controller:
         if not outcome.drafted:
             self.probes.observe_empty()
             return
-        self.rounds += 1
         drafted, probing = len(outcome.drafted), self.probes.probing
         self.acceptance.observe(
             drafted=drafted, accepted=outcome.accepted, fresh_weight=self.config.probe_weight if probing else None
         )
+        self.rounds += 1  # after the rates: a Ctrl-C in between leaves no round without one
         if outcome.draft_seconds is not None:
             if not waited:
                 self.times.observe_draft(drafted, outcome.draft_seconds)
@@ -144,6 +145,7 @@ class Controller:
             self.rounds == 1
             and not self.times.draft_fitted
             and config.start_gamma > 1
+            and self.acceptance.rates
             and self.acceptance.rates[0] > 0.5
         ):
             # the first round's leading draft was accepted: a second size, so that both lines
