@@ -128,7 +128,6 @@ class ModelCache:
             for j, part in enumerate(_all_parts(layer))
             if _kind(part) != "trim"
         ]
-        self._has_state = any(_kind(part) == "state" for _, _, part in self._restorable)
 
     @property
     def state(self):
@@ -139,24 +138,21 @@ class ModelCache:
         """Whether some layer may need restoring rather than trimming."""
         return bool(self._restorable)
 
-    def mark(self, *, reads: int | None = None, block: bool = False) -> Mark:
+    def mark(self, *, reads: int | None = None) -> Mark:
         """Remember the current length, with snapshots (zero-copy views) of the parts that
-        may not trim back to it. A view keeps the buffer it shows alive, so the part's next
-        write copies that buffer: snapshot only what rollback may need.
+        may not trim back to it.
 
-        `block`: what follows is one forward of several ids (the target's verify), after
-        which a sliding window is in time order and always trims back exactly.
-        `reads`: what follows is at most this many single-id forwards (the draft), which a
-        window trims back from while it does not wrap. None: anything may follow (a
-        checkpoint): every part that cannot be trimmed at every length is snapshotted."""
-        # a recurrent state sends every rewind back to the mark: a window must then drop the
-        # whole block, which it cannot once wrapped
-        block = block and not self._has_state
+        `reads`: what follows reads at most this many ids (a verify block, or the draft's
+        single steps); None: anything may follow (a checkpoint). A window those ids cannot
+        wrap trims back exactly and is not snapshotted: a live view of a buffer makes the
+        next in-place write (a single-id step) copy it. One they may wrap is: after a block
+        the buffer is new (mlx-lm's concatenating update never writes into the old one, so
+        the view costs nothing), and an interrupt inside that update can leave the keys
+        reordered and the values not, which only a snapshot undoes."""
         states = {}
         for i, j, part in self._restorable:
-            if _kind(part) == "rotating":
-                if block or (reads is not None and part.offset + reads < part.max_size):
-                    continue
+            if _kind(part) == "rotating" and reads is not None and part.offset + reads < part.max_size:
+                continue
             states[i, j] = tree_map(_view, part.state)
         return Mark(self.length, states)
 

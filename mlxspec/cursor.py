@@ -152,19 +152,20 @@ class Cursor:
 
     def recover(self, history: list[int]) -> None:
         """After an interruption: back to the ids known to be read (`tokens`) when every
-        layer can be trimmed there exactly, else to the longest checkpoint among them, else
-        an empty cache; `history` minus what is kept becomes pending."""
+        part can be trimmed there exactly (restore refuses a part left mid-update, or one
+        that cannot drop its tail), else to the longest checkpoint among them, else an empty
+        cache; `history` minus what is kept becomes pending."""
         try:
             if self.tokens != history[: len(self.tokens)]:
                 raise CacheRollbackError("the ids read are not a prefix of the history")
-            if self.cache.needs_snapshots:
+            try:
+                self.cache.restore(Mark(len(self.tokens)))  # every part by its own count
+            except CacheRollbackError:
                 checkpoint = self._checkpoint_within(self.tokens)
                 if checkpoint is None:
-                    raise CacheRollbackError("no checkpoint to come back to")
+                    raise
                 self.cache.restore(checkpoint.mark)
                 del self.tokens[len(checkpoint.ids) :]
-            else:  # plain KV caches: every layer by its own count, mid-forward or not
-                self.cache.restore(Mark(len(self.tokens)))
             self.pending = history[len(self.tokens) :]
         except BaseException:
             self.invalidate(history)

@@ -119,8 +119,8 @@ def run_round(
     caught_up = drafter.catch_up_if_behind() if use_model else 0.0
     start = time.perf_counter()
     draft_key, rule_key = mx.random.split(key)
-    # the target reads one block (its window stays trimmable), the draft single ids
-    target_mark, target_pending = target.cache.mark(block=True), list(target.pending)
+    verify_reads = len(target.pending) + (plan.draft if use_model else len(plan.proposal))
+    target_mark, target_pending = target.cache.mark(reads=verify_reads), list(target.pending)
     if use_model:
         draft_mark, draft_pending = drafter.cache.mark(reads=len(drafter.pending) + plan.draft), list(drafter.pending)
     try:

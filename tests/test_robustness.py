@@ -1,7 +1,8 @@
 """What an independent review of sessions and rollback found, each kept fixed: a second
 Ctrl-C during the first one's cleanup, a session used with another pair or by two streams
 at once, Ctrl-C in plain decoding keeping the cache, KV options a model cannot take, round
-marks that pinned whole KV buffers, and a refused chat message that dropped earlier turns."""
+marks that pinned whole KV buffers, a verify interrupted mid-update, and a refused chat
+message that dropped earlier turns."""
 
 from __future__ import annotations
 
@@ -169,59 +170,64 @@ def test_a_round_mark_does_not_pin_a_cache_lists_kv_part(load_pair):
     cache = mlxspec.caches.make_cache(pair.target.model)
     pair.target.model(mx.array([PROMPT]), cache=cache.layers)
     cache.length = len(PROMPT)
-    for mark in (cache.mark(), cache.mark(block=True), cache.mark(reads=5)):
+    for mark in (cache.mark(), cache.mark(reads=5)):
         pinned = [(i, j) for i, j in mark.states if type(cache.layers[i].caches[j]).__name__ == "KVCache"]
         assert not pinned, f"parts {pinned}: the mark holds views of whole KV buffers"
         assert mark.states, "the recurrent parts must still be snapshotted"
 
 
-def test_a_verify_mark_does_not_pin_sliding_windows(load_pair):
-    """The target's verify is one block, after which a wrapped window is in time order and
-    trims back exactly: its round mark needs no view of the window buffers (each would make
-    the next write copy a whole window); the draft's does once its steps may wrap."""
+def test_a_mark_pins_a_window_only_where_what_follows_may_wrap_it(load_pair):
+    """A live view of a window buffer makes the next single-id write copy the whole window:
+    a round's mark holds one only where the ids the round reads may wrap the window (then
+    a snapshot is the only exact way back from an interrupt mid-update)."""
     import mlx.core as mx
 
     pair = load_pair("gemma3_text")  # window 8
     cache = mlxspec.caches.make_cache(pair.target.model)
     pair.target.model(mx.array([PROMPT]), cache=cache.layers)
     cache.length = len(PROMPT)
-    assert cache.mark(block=True).states == {}
-    assert cache.mark(reads=3).states  # already wrapped: single steps overwrite rows a rewind needs
+    assert cache.mark(reads=3).states  # already wrapped
     fresh = mlxspec.caches.make_cache(pair.target.model)
     pair.target.model(mx.array([PROMPT[:2]]), cache=fresh.layers)
     fresh.length = 2
     assert fresh.mark(reads=3).states == {}  # 2 + 3 ids stay inside the window: a trim suffices
+    assert fresh.mark(reads=6).states  # 2 + 6 reach the window's edge
 
 
 @pytest.mark.parametrize("arch, options", [("qwen3", CacheOptions(max_kv_size=12)), ("gemma3_text", CacheOptions())])
-def test_a_verify_interrupted_anywhere_rolls_back_exactly_or_not_at_all(load_pair, arch, options):
-    """Wrong tokens. A Ctrl-C inside mlx-lm's RotatingKVCache update of a block (in its
-    _temporal_order or _trim, between the keys and the values) left a layer with its keys
-    grown, its values not, and its counters at the old length; a verify mark holds no
-    window snapshot, so the rollback trimmed that layer by its counters and the next
-    forward read rows no fresh cache has (a matmul shape error, or quietly other ids).
-    Every landing point inside one 7-id forward over 8 ids (the window wraps in it): the
-    rollback either restores exactly what a fresh cache of the 8 ids gives, or says it
-    cannot (the session then reads the history again)."""
+@pytest.mark.parametrize("steps", [0, 10], ids=["read as one block", "wrapped by single steps"])
+def test_a_verify_interrupted_anywhere_rolls_back_exactly_or_not_at_all(load_pair, arch, options, steps):
+    """Wrong tokens, twice. A Ctrl-C inside mlx-lm's RotatingKVCache update of a block (in
+    its _temporal_order or _trim, between the keys and the values) left a layer with its
+    keys grown and its values not, its counters at the old length, and, where single steps
+    had wrapped the window, its keys reordered and its values not (same row counts: no
+    check of the part can tell). Trimmed by its counters, the layer then fed the next
+    forward rows no fresh cache has (a matmul shape error, or quietly other ids). Every
+    landing point inside one 7-id forward that wraps the window, over a history read as one
+    block or ended by single steps: the rollback restores exactly what a fresh cache of the
+    history gives, or says it cannot (the session then reads the history again)."""
     import mlx.core as mx
 
     from mlxspec.caches import CacheRollbackError
     from tests.conftest import ctrl_c_at
 
     model = load_pair(arch).target.model
-    history, block = PROMPT[:8], PROMPT[8:] + [50, 51, 52]
+    history = list(range(30, 30 + 8 + steps))
+    block = [50, 51, 52, 53, 54, 55, 56]
 
-    def fresh_cache():
+    def read_history():
         cache = options.make(model)
-        model(mx.array([history]), cache=cache.layers)
+        model(mx.array([history[:8]]), cache=cache.layers)
+        for token in history[8:]:
+            model(mx.array([[token]]), cache=cache.layers)
         cache.length = len(history)
         return cache
 
-    expected = model(mx.array([[60]]), cache=fresh_cache().layers)
+    expected = model(mx.array([[60]]), cache=read_history().layers)
     landings, refused = 0, 0
     for at in range(1, 400):
-        cache = fresh_cache()
-        mark = cache.mark(block=True)
+        cache = read_history()
+        mark = cache.mark(reads=len(block))
         with ctrl_c_at(at) as landed:
             try:
                 mx.eval(model(mx.array([block]), cache=cache.layers))
