@@ -262,7 +262,11 @@ def _intact(part) -> bool:
     if _kind(part) == "rotating":
         # a block update leaves the buffer in time order with _idx at its end; past the
         # window, nothing else does
-        return part._idx <= rows and (rows <= part.max_size or part._idx == rows)
+        if part._idx > rows or (rows > part.max_size and part._idx != rows):
+            return False
+        # a wrapped buffer out of time order (single steps wrote into it) looks the same
+        # whether or not a block update was cut between reordering its keys and its values
+        return not (part.offset >= part.max_size and part._idx != rows)
     return True
 
 
