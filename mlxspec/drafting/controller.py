@@ -94,6 +94,12 @@ class Controller:
         self.times.observe_plain(seconds)
         self.probes.observe_plain(1)
 
+    def observe_verify(self, outcome: Outcome) -> None:
+        """Only the verify time of a round (one whose proposals did not come from the
+        draft model this controller models)."""
+        if outcome.verify_seconds is not None:
+            self.times.observe_verify(outcome.verified, outcome.verify_seconds)
+
     def observe_round(self, outcome: Outcome, *, waited: bool = False) -> None:
         """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
         its confidence at every step (a learned threshold was on), so its drafting time is

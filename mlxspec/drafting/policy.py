@@ -13,6 +13,7 @@ from .lookup import PromptLookup
 from .plan import Outcome, Plan
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
+LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,16 @@ class Policy:
         """The next round, `remaining` ids before max tokens."""
         gamma = min(self.controller.choose() if self.gamma is AUTO else self.gamma, remaining - 1)
         if self.gamma is AUTO and gamma == 0 and remaining > 1:
-            # plain decoding wins for now: a pipelined stretch, as fast as standard decoding,
-            # until the controller wants to probe again (timed: its length has changed)
+            # the draft model loses for now, but a prompt-lookup match costs no drafting
+            found = self.lookup.propose(min(self.controller.config.start_gamma, remaining - 1)) if self.lookup else ()
+            if found:
+                return Plan(proposal=found, timed=self._timed(len(found)))
+            # a pipelined stretch, as fast as standard decoding, until the controller wants
+            # to probe again (timed: its length has changed); with lookup on, short enough
+            # that a match the text makes is tried soon
             self._last_gamma = 0
-            return Plan(plain=min(self.controller.plain_stretch(), remaining))
+            stretch = self.controller.plain_stretch()
+            return Plan(plain=min(stretch, LOOKUP_STRETCH if self.lookup else stretch, remaining))
         timed = self._timed(gamma)
         proposal = self.lookup.propose(gamma) if self.lookup else ()
         if proposal or not self.draft_model or gamma == 0:
@@ -74,7 +81,11 @@ class Policy:
         if self.lookup:
             self.lookup.extend(outcome.emitted)
         plan = outcome.plan
-        self.controller.observe_round(outcome, waited=self._learning and plan.stop_below > 0)
+        if plan.proposal and self.draft_model:
+            # beside a draft model, a lookup round tells the verify's cost, not the model's rates
+            self.controller.observe_verify(outcome)
+        else:
+            self.controller.observe_round(outcome, waited=self._learning and plan.stop_below > 0)
         if self._learning and plan.draft:
             self.controller.stop.observe(
                 threshold=plan.stop_below,
