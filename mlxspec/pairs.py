@@ -84,9 +84,12 @@ def load_pair(
     if shard is not None and shard not in ranks.SHARD_MODES:
         raise InvalidOption(f"--shard takes {' or '.join(ranks.SHARD_MODES)}, got {shard!r}")
     targets, draft_name = choose_names(target, draft, pair)
-    hint = _preset_gamma(pair) if pair else 4
-    ngram = draft_name == NGRAM
-    if no_draft or ngram:
+    preset = _preset(pair) if pair else None
+    hint = (preset.gamma or 4) if preset else 4
+    lookup_alone = draft_name == NGRAM
+    # a preset may add prompt lookup beside its own draft (not beside a draft named instead)
+    ngram = lookup_alone or bool(preset and preset.ngram and draft is None)
+    if no_draft or lookup_alone:
         draft_name = None
     main = shard is None or ranks.is_main()
 
@@ -168,10 +171,10 @@ def resolve_first(names: list[str], offline: bool | None, reporter: loading.Repo
     raise ModelNotFound(f"{first}{tried}") from None
 
 
-def _preset_gamma(name: str) -> int:
+def _preset(name: str):
     from .presets import find_preset
 
-    return find_preset(name).gamma or 4
+    return find_preset(name)
 
 
 def _names(target: str, draft: str | None) -> str:

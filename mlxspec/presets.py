@@ -29,6 +29,7 @@ class Preset:
     # where the hub cannot be reached: a registry package (pypi:NAME) or a .gguf file
     target_fallback: str | None = None
     gamma: int = 4
+    ngram: bool = False  # prompt-lookup proposals beside the draft by default (--no-ngram: off)
     memory_gb: float | None = None
     suits: tuple[str, ...] = ()
     description: str = ""
@@ -75,6 +76,9 @@ def read_file(path: Path) -> dict[str, Preset]:
         fallback = table.get("target_fallback")
         if fallback is not None and not isinstance(fallback, str):
             raise PresetError(f"{path}: preset [{name}]: target_fallback must be a string (pypi:NAME or a .gguf file)")
+        ngram = table.get("ngram", False)
+        if not isinstance(ngram, bool):
+            raise PresetError(f"{path}: preset [{name}]: ngram must be true or false")
         suits = table.get("suits", [])
         if not isinstance(suits, list) or not all(isinstance(s, str) for s in suits):
             raise PresetError(f"{path}: preset [{name}]: suits must be a list of strings")
@@ -84,6 +88,7 @@ def read_file(path: Path) -> dict[str, Preset]:
             draft=table["draft"],
             target_fallback=fallback,
             gamma=gamma,
+            ngram=ngram,
             memory_gb=float(memory) if memory is not None else None,
             suits=tuple(suits),
             description=str(table.get("description", "")),

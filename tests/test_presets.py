@@ -61,6 +61,7 @@ def test_default_user_file_location(tmp_path, monkeypatch):
         ('[a]\ntarget = "x"\ndraft = \n', "line 3"),
         ('[a]\ntarget = "x"\n', "preset [a] needs draft"),
         ('[a]\ntarget = "x"\ndraft = "y"\ngamma = -1\n', "gamma must be"),
+        ('[a]\ntarget = "x"\ndraft = "y"\nngram = "yes"\n', "ngram must be true or false"),
         ("a = 3\n", "'a' must be a table"),
     ],
 )
@@ -148,3 +149,21 @@ def test_models_on_a_narrow_terminal_is_a_list_no_repo_id_folded(monkeypatch):
     for row in rows:  # every name whole, on one line
         assert row["target"] in text and row["draft"] in text and row["name"] in text
     assert "needs 10.0 GB" in text
+
+
+def test_a_preset_can_add_prompt_lookup_beside_its_draft(tmp_path, monkeypatch, capsys, factory):
+    """smollm2's draft alone does not pay on a CPU, beside prompt lookup it does: its preset
+    turns lookup on. A draft named instead of the preset's gets none; --no-ngram turns it off."""
+    import mlxspec
+
+    target, draft = factory.pair("llama")
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[withlookup]\ntarget = "{target}"\ndraft = "{draft}"\nngram = true\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    assert presets.find_preset("smollm2").ngram and not presets.find_preset("tiny").ngram
+    pair = mlxspec.load_pair(pair="withlookup")
+    assert pair.draft is not None and pair.ngram
+    assert not mlxspec.load_pair(draft=str(draft), pair="withlookup").ngram  # a draft named: as named
+    for flag, on in ((), True), (("--no-ngram",), False):
+        code, out, err = run(capsys, "generate", "def f(", "--pair", "withlookup", "-m", "6", "--json", *flag)
+        assert code == 0 and json.loads(out)["prompt_lookup"] is on

@@ -85,8 +85,8 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
         reporter=reporter,
         shard=models.shard,
     )
-    if models.ngram and not models.no_draft:
-        loaded.ngram = True
+    if models.ngram is not None and not models.no_draft and loaded.draft is not None:
+        loaded.ngram = models.ngram  # --ngram / --no-ngram beside a draft model
     if lookup:
         drafts = compatible_drafts(loaded.target)
         hint = (

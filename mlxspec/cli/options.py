@@ -24,7 +24,7 @@ class Models:
     draft: str | None = None
     pair: str | None = None
     no_draft: bool = False
-    ngram: bool = False
+    ngram: bool | None = None  # None: as the pair's preset says
     max_kv_size: int | None = None
     kv_bits: int | None = None
     shard: str | None = None
@@ -89,10 +89,15 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
         _option("--no-draft", help="Standard decoding with the target alone (same as --gamma 0)."),
     ),
     "ngram": (
-        bool,
-        False,
+        Optional[bool],
+        None,
         _option(
-            "--ngram", help="Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise."
+            "--ngram/--no-ngram",
+            help=(
+                "Also propose by prompt lookup (n-gram matches of 3+ tokens), the draft model otherwise. "
+                "Default: as the preset says (smollm2: on), else off."
+            ),
+            show_default=False,
         ),
     ),
     "max_kv_size": (
