@@ -352,3 +352,12 @@ def test_max_kv_size_on_a_model_with_its_own_caches_says_it_does_not_apply(capsy
         capsys, "generate", "def f(", "-t", *(factory.pair("qwen3")[:1]), "--no-draft", "-m", "4", "--max-kv-size", "16"
     )
     assert code == 0 and "does not apply" not in err
+
+
+def test_no_ngram_with_nothing_else_to_draft_with_is_refused(capsys, folders):
+    target, _ = folders
+    for args in (["-t", target, "--no-ngram"], ["-t", target, "-d", "ngram", "--no-ngram"]):
+        code, _, err = run(capsys, "generate", "x", *args)
+        assert code == 2 and "--no-ngram leaves nothing to draft with" in err and len(err.strip().splitlines()) == 1
+    code, _, _ = run(capsys, "generate", "x", "-t", target, "--no-ngram", "--no-draft", "-m", "2")
+    assert code == 0

@@ -369,3 +369,45 @@ def test_an_observation_cut_short_by_ctrl_c_leaves_the_controller_usable():
             assert 0 <= gamma <= c.config.max_gamma
             drafted(c, drafted=max(gamma, 1), accepted=1, draft=0.003, verify=0.02)
     assert landings > 10
+
+
+def test_while_plain_wins_a_lookup_match_beside_a_draft_model_is_still_tried():
+    """Beside a draft model the controller judges the model's drafts, not prompt lookup's
+    (free to propose): while plain decoding wins, a match is verified, and plain stretches
+    stay short enough to look for one. With lookup alone the controller judged lookup
+    itself: its verdict stands. Lookup rounds beside a model teach the verify's cost only."""
+    from mlxspec.drafting import Policy, PromptLookup
+    from mlxspec.drafting.policy import AUTO, LOOKUP_STRETCH
+
+    def losing_controller():
+        c = Controller(ControllerConfig(start_gamma=4))
+        for _ in range(12):
+            drafted(c, drafted=2, accepted=0, draft=0.010, verify=0.02)
+            c.observe_plain(0.005)
+        assert c.choose() == 0
+        return c
+
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]  # ends with a match: 8, 9, 10 followed 5, 6, 7
+    beside = Policy(gamma=AUTO, stop=0.0, controller=losing_controller(), lookup=PromptLookup(prompt, min_match=3))
+    plan = beside.plan(remaining=50)
+    assert plan.proposal == (8, 9, 10, 5) and not plan.draft
+    beside.lookup.extend([99])  # no match any more: a short plain stretch
+    assert 0 < beside.plan(remaining=50).plain <= LOOKUP_STRETCH
+    rates = list(beside.controller.acceptance.rates)
+    beside.observe_round(
+        Outcome(
+            plan=plan,
+            drafted=plan.proposal,
+            accepted=0,
+            next_id=1,
+            emitted=(1,),
+            verified=5,
+            seconds=0.02,
+            draft_seconds=None,
+            verify_seconds=0.02,
+        )
+    )
+    assert beside.controller.acceptance.rates == rates  # the model's rates: untouched
+
+    alone = Policy(gamma=AUTO, stop=0.0, controller=losing_controller(), lookup=PromptLookup(prompt), draft_model=False)
+    assert alone.plan(remaining=50).plain > LOOKUP_STRETCH

@@ -77,6 +77,10 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
     reporter = ConsoleReporter() if ranks.is_main() else Reporter()
     lookup = speculative and models.target is not None and models.draft is None and not models.pair
     lookup = lookup and not models.no_draft
+    if speculative and models.ngram is False and not models.no_draft and (lookup or models.draft == NGRAM):
+        raise InvalidOption(
+            "--no-ngram leaves nothing to draft with (no draft model): name a --draft, or use --no-draft"
+        )
     loaded = load_pair(
         models.target,
         NGRAM if lookup else models.draft,

@@ -48,8 +48,10 @@ class Policy:
         """The next round, `remaining` ids before max tokens."""
         gamma = min(self.controller.choose() if self.gamma is AUTO else self.gamma, remaining - 1)
         if self.gamma is AUTO and gamma == 0 and remaining > 1:
-            # the draft model loses for now, but a prompt-lookup match costs no drafting
-            found = self.lookup.propose(min(self.controller.config.start_gamma, remaining - 1)) if self.lookup else ()
+            # the draft model loses for now, but a prompt-lookup match beside it costs no
+            # drafting (alone, lookup is what the controller judged, and it said no)
+            beside = self.lookup is not None and self.draft_model
+            found = self.lookup.propose(min(self.controller.config.start_gamma, remaining - 1)) if beside else ()
             if found:
                 return Plan(proposal=found, timed=self._timed(len(found)))
             # a pipelined stretch, as fast as standard decoding, until the controller wants
@@ -57,7 +59,7 @@ class Policy:
             # that a match the text makes is tried soon
             self._last_gamma = 0
             stretch = self.controller.plain_stretch()
-            return Plan(plain=min(stretch, LOOKUP_STRETCH if self.lookup else stretch, remaining))
+            return Plan(plain=min(stretch, LOOKUP_STRETCH if beside else stretch, remaining))
         timed = self._timed(gamma)
         proposal = self.lookup.propose(gamma) if self.lookup else ()
         if proposal or not self.draft_model or gamma == 0:
