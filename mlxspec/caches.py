@@ -260,13 +260,12 @@ def _intact(part) -> bool:
     if rows != _rows(values):
         return False
     if _kind(part) == "rotating":
-        # a block update leaves the buffer in time order with _idx at its end; past the
-        # window, nothing else does
-        if part._idx > rows or (rows > part.max_size and part._idx != rows):
-            return False
-        # a wrapped buffer out of time order (single steps wrote into it) looks the same
-        # whether or not a block update was cut between reordering its keys and its values
-        return not (part.offset >= part.max_size and part._idx != rows)
+        # Past the window (a buffer grown beyond it, or counters that say so), only a
+        # finished block update leaves the buffer in time order, _idx at its end. Out of
+        # order (single steps wrote into it), it looks the same whether or not a block
+        # update was cut between reordering its keys and its values: not trusted.
+        past_window = rows > part.max_size or part.offset >= part.max_size
+        return part._idx <= rows and not (past_window and part._idx != rows)
     return True
 
 

@@ -56,9 +56,8 @@ class Cursor:
         self.reset()
 
     def reset(self) -> None:
-        cache = self.cache_options.make(
-            self.model, self.name
-        )  # before anything changes: a Ctrl-C here leaves all as it was
+        # built before anything changes: a Ctrl-C while building leaves all as it was
+        cache = self.cache_options.make(self.model, self.name)
         self.cache: ModelCache = cache
         self.tokens: list[int] = []
         self.pending: list[int] = []

@@ -83,8 +83,10 @@ def load_pair(
     reporter = reporter or loading.Reporter()
     if shard is not None and shard not in ranks.SHARD_MODES:
         raise InvalidOption(f"--shard takes {' or '.join(ranks.SHARD_MODES)}, got {shard!r}")
-    targets, draft_name = choose_names(target, draft, pair)
-    preset = _preset(pair) if pair else None
+    from .presets import find_preset
+
+    preset = find_preset(pair) if pair else None
+    targets, draft_name = choose_names(target, draft, preset)
     hint = (preset.gamma or 4) if preset else 4
     lookup_alone = draft_name == NGRAM
     # a preset may add prompt lookup beside its own draft (not beside a draft named instead)
@@ -140,12 +142,9 @@ def _load_share(name: str, path: Path, mode: str, draft_bytes: int, what: str) -
     return loaded
 
 
-def choose_names(target: str | None, draft: str | None, pair: str | None) -> tuple[list[str], str | None]:
+def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[str], str | None]:
     """The target's names to try in order (a preset's fallback after its first), and the draft's."""
-    if pair:
-        from .presets import find_preset
-
-        preset = find_preset(pair)
+    if preset is not None:
         if target:
             return [target], draft or preset.draft
         return [preset.target] + ([preset.target_fallback] if preset.target_fallback else []), draft or preset.draft
@@ -169,12 +168,6 @@ def resolve_first(names: list[str], offline: bool | None, reporter: loading.Repo
             first = first or e
     tried = f" (also tried {', '.join(names[1:])})" if len(names) > 1 else ""
     raise ModelNotFound(f"{first}{tried}") from None
-
-
-def _preset(name: str):
-    from .presets import find_preset
-
-    return find_preset(name)
 
 
 def _names(target: str, draft: str | None) -> str:

@@ -95,8 +95,8 @@ class Controller:
         self.probes.observe_plain(1)
 
     def observe_verify(self, outcome: Outcome) -> None:
-        """Only the verify time of a round (one whose proposals did not come from the
-        draft model this controller models)."""
+        """A round's verify time. Alone: a round whose proposals did not come from the draft
+        model this controller models (prompt lookup beside it)."""
         if outcome.verify_seconds is not None:
             self.times.observe_verify(outcome.verified, outcome.verify_seconds)
 
@@ -104,8 +104,7 @@ class Controller:
         """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
         its confidence at every step (a learned threshold was on), so its drafting time is
         kept out of the draft line."""
-        if outcome.verify_seconds is not None:
-            self.times.observe_verify(outcome.verified, outcome.verify_seconds)
+        self.observe_verify(outcome)
         if not outcome.drafted:
             self.probes.observe_empty()
             return
