@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .caches import CacheOptions, CacheRollbackError, Mark, ModelCache
+from .features import FeatureStore
 
 PREFILL_STEP = 512
 # Prompt ends remembered per cursor, for caches that cannot trim back: the last one serves
@@ -47,18 +48,33 @@ class Cursor:
     refilled with other ids describes another text, and is passed over, never restored.
     """
 
-    def __init__(self, model, name: str, table: int, width: int, *, cache_options: CacheOptions = CacheOptions()):
+    def __init__(
+        self,
+        model,
+        name: str,
+        table: int,
+        width: int,
+        *,
+        cache_options: CacheOptions = CacheOptions(),
+        taps=None,
+    ):
+        """`taps` (capture.Taps on `model`): keep the tapped layers' hidden states of every
+        position read, for a drafter that reads them (`features`)."""
         self.model = model
         self.name = name
         self.table = table
         self.width = width
         self.cache_options = cache_options
+        self.taps = taps
+        self.features: FeatureStore | None = None
         self.reset()
 
     def reset(self) -> None:
         # built before anything changes: a Ctrl-C while building leaves all as it was
         cache = self.cache_options.make(self.model, self.name)
         self.cache: ModelCache = cache
+        if self.taps is not None:
+            self.features = FeatureStore()
         self.tokens: list[int] = []
         self.pending: list[int] = []
         self.heard = 0  # pending ids it did not draft itself (a plain stretch, prompt lookup)
@@ -88,8 +104,11 @@ class Cursor:
         """Feed ids (n,) to the model; returns logits (n, width)."""
         if self.table < self.width:
             ids = mx.where(ids < self.table, ids, 0)
+        start = self.cache.length
         logits = self.model(ids[None], cache=self.cache.layers)[0]
         self.cache.length += ids.shape[0]
+        if self.features is not None:
+            self.features.write(start, self.taps.take()[0])
         return _to_width(logits, self.width)
 
     def sync(self, ids: list[int]) -> int:

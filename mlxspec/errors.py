@@ -52,3 +52,13 @@ class PromptTooLong(MlxspecError):
 
 class PresetError(MlxspecError):
     """A models.toml preset that is unknown or a file that does not parse."""
+
+
+class UnsupportedModel(MlxspecError):
+    """An architecture a drafter cannot serve (hidden-state capture, a head's family)."""
+
+    alike_on_every_rank = True
+
+
+class IncompatibleHead(MlxspecError):
+    """A draft head whose shapes, layer ids or vocabulary do not fit its target."""

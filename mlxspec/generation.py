@@ -16,9 +16,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import generation_stream, wired_limit
 
-from . import engine
+from . import capture, engine
 from .caches import CacheOptions
 from .cursor import Cursor
+from .drafters import EAGLE3
+from .drafters.base import Drafter
+from .drafters.eagle3 import Eagle3Drafter
+from .drafters.model import ModelDrafter
 from .drafting import Controller, ControllerConfig, Policy, PromptLookup
 from .errors import InvalidOption, PromptTooLong
 from .events import Done, Prefill, Round
@@ -64,18 +68,11 @@ class Session:
         conversations, one generation at a time); default: a fresh one."""
         self.pair = pair
         self.controller = controller or Controller(ControllerConfig(start_gamma=pair.gamma_hint))
-        width = pair.target.width
-        self.target = Cursor(
-            pair.target.model, f"target {pair.target.name}", pair.target.width, width, cache_options=cache_options
-        )
-        self.draft = (
-            Cursor(pair.draft.model, f"draft {pair.draft.name}", pair.draft.width, width, cache_options=cache_options)
-            if pair.draft
-            else None
-        )
+        self.target, self.draft = make_cursors(pair, cache_options=cache_options)
         if cache_options.kv_bits is not None:
             for cursor in filter(None, (self.target, self.draft)):
-                _check_runs(cursor, cache_options)
+                if isinstance(cursor, Cursor):
+                    _check_runs(cursor, cache_options)
         self._live = None  # a weak reference to the stream now on it: its cursors are that stream's
 
     def claim(self, events: Iterator[Event]) -> None:
@@ -91,6 +88,27 @@ class Session:
         self.target.reset()
         if self.draft:
             self.draft.reset()
+
+
+def make_cursors(pair: Pair, *, cache_options: CacheOptions) -> tuple[Cursor, Drafter | None]:
+    """The target's cursor and the pair's drafter over it: a draft model's own cursor, or a
+    head that reads the target's features (the target's cursor then keeps them)."""
+    width = pair.target.width
+    head = pair.draft is not None and pair.draft.kind == EAGLE3
+    target = Cursor(
+        pair.target.model,
+        f"target {pair.target.name}",
+        width,
+        width,
+        cache_options=cache_options,
+        taps=capture.taps_of(pair.target.model) if head else None,
+    )
+    if pair.draft is None:
+        return target, None
+    name = f"draft {pair.draft.name}"
+    if head:
+        return target, Eagle3Drafter(pair.draft.model, target, name=name)
+    return target, ModelDrafter(pair.draft.model, name, pair.draft.width, width, cache_options=cache_options)
 
 
 def _check_runs(cursor: Cursor, cache_options: CacheOptions) -> None:

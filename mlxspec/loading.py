@@ -42,6 +42,7 @@ class LoadedModel:
     context_length: int | None = None
     extra: dict = field(default_factory=dict)
     shard: object = None  # distributed.ShardInfo: how this model is split across ranks (None: it is not)
+    kind: str = "model"  # as a draft: "model", or "eagle3" for a head over the target's features
 
     @property
     def label(self) -> str:

@@ -115,11 +115,16 @@ def load_pair(
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
     if draft_name:
+        from .drafters.heads import is_head, load_eagle3
+
         reporter.status(f"Loading draft {draft_name}")
-        draft_model = loading.load(str(draft_path))
-        draft_model.name = draft_name
-        caches.check_supported(draft_model.model, f"draft {draft_name}")
-        check_compatible(target_model.tokenizer, draft_model.tokenizer)
+        if is_head(draft_path):  # a head over the target's own hidden states, its tokenizer the target's
+            draft_model = load_eagle3(draft_name, draft_path, target_model)
+        else:
+            draft_model = loading.load(str(draft_path))
+            draft_model.name = draft_name
+            caches.check_supported(draft_model.model, f"draft {draft_name}")
+            check_compatible(target_model.tokenizer, draft_model.tokenizer)
     return Pair(target_model, draft_model, ngram=ngram and not no_draft, gamma_hint=hint)
 
 

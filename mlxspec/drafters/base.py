@@ -1,0 +1,43 @@
+"""What the round loop asks of a drafter, whatever proposes: a draft model, an EAGLE-3 head.
+
+A round asks `catch_up_if_behind` (read a backlog in a forward of its own, outside the
+round's timing), `begin` (a state to come back to), `propose` (up to `count` ids with the
+distributions q they were drawn from), then `settle` (keep what the rule accepted) or, on
+any exception, `undo`. Ids emitted without the drafter (plain steps, prompt lookup) are
+`hear`d. A session also `sync`s it to each prompt, `prefill`s and `reset`s it. Exactness
+never depends on a drafter: the rule needs only that q is what the ids were drawn from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import mlx.core as mx
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class Drafts:
+    ids: mx.array  # (n,) the proposals, target ids
+    rows: mx.array | None  # (n, target vocab) q: the rows they were sampled from (None when greedy)
+    read_all: bool  # the drafter read all of them (it stopped early), not all but the last
+    confidences: mx.array | None  # (n,) its top probability at each, left on the device
+
+
+class Drafter(Protocol):
+    name: str
+    kind: str  # "model", "eagle3"
+
+    def reset(self) -> None: ...
+    def sync(self, ids: list[int]) -> int: ...
+    def prefill(self) -> None: ...
+    def hear(self, ids) -> None: ...
+    def catch_up_if_behind(self) -> float: ...
+    def begin(self, count: int): ...
+    def propose(
+        self, *, count: int, params: SamplingParams, key: mx.array, stop_below: float, read_confidences: bool
+    ) -> Drafts: ...
+    def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None: ...
+    def undo(self, state) -> None: ...

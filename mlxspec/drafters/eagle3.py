@@ -1,0 +1,174 @@
+"""An EAGLE-3 head as the drafter: it reads the target's own hidden states.
+
+The head's row j reads token j+1 beside the target's features at position j and predicts
+token j+2 (eagle3_head.py). The target writes the features of every position it reads into
+its cursor's FeatureStore, so the head follows the target's history instead of keeping ids
+of its own: before proposing it reads a row for each position the target has read since,
+the last of which predicts the id after the target's pending one, which is exactly the
+first id a verify places. Then it chains on its own output for the rest. Rows it made from
+its own outputs are thrown away when the round settles: next round it reads the target's
+true features for whatever was accepted (as EAGLE's and vLLM's implementations do).
+
+The head's KV cache is plain, so forgetting rows is a trim. After an interruption the head
+starts again from the target's features, which the store keeps for everything the target's
+cache holds. q is the head's warped distribution over its draft vocabulary placed at the
+target ids its rows stand for, zero elsewhere: an id outside the draft vocabulary is never
+proposed but is still emitted with exactly the target's probability.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+
+from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor
+from ..sampling import SamplingParams
+from .base import Drafts
+from .eagle3_head import Eagle3Head
+from .model import stack_drafts
+from .sampling import confidence_of, pick
+
+
+class Eagle3Drafter:
+    kind = "eagle3"
+
+    def __init__(self, head: Eagle3Head, target: Cursor, *, name: str):
+        if target.features is None:
+            raise ValueError("an EAGLE-3 drafter needs a target cursor that keeps its features")
+        self.head = head
+        self.target = target
+        self.name = name
+        self.width = target.width
+        self.reset()
+
+    def reset(self) -> None:
+        from mlx_lm.models.cache import KVCache
+
+        self.cache = KVCache()
+        # the target's ids through the one the last row read (rows + 1 of them; none when no
+        # row is read): row j is valid while ids 0 .. j+1 are still the target's
+        self.ids: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return self.cache.offset
+
+    # -- a session's calls
+    def sync(self, ids: list[int]) -> int:
+        """Nothing to do until the target has read the prompt: rows follow its history."""
+        return 0
+
+    def prefill(self) -> None:
+        """After the target's prefill: read the prompt's rows but the last."""
+        self._ensure_features()
+        self._read_behind()
+
+    def hear(self, ids) -> None:
+        """Ids emitted without the head are in the target's history already."""
+
+    def catch_up_if_behind(self) -> float:
+        self._align()
+        if self.target_rows - self.rows <= CATCH_UP_AFTER:
+            return 0.0
+        start = time.perf_counter()
+        self._ensure_features()
+        self._read_behind()
+        return time.perf_counter() - start
+
+    # -- a round's calls
+    def begin(self, count: int):
+        return None
+
+    def propose(
+        self,
+        *,
+        count: int,
+        params: SamplingParams,
+        key: mx.array,
+        stop_below: float = 0.0,
+        read_confidences: bool = False,
+    ) -> Drafts:
+        """Up to `count` ids, the first from the rows for the target's newest positions, the
+        rest chained on the head's own output."""
+        self._align()
+        end = self.target_rows
+        if end == 0:  # a one-id prompt: no position read, nothing to draft from
+            return stack_drafts([], [], [], params=params, stopped=False, read_confidences=read_confidences)
+        if self.rows >= end:  # nothing new: read the last row again for its output
+            self._trim(end - 1)
+        history = self.target.history
+        begin = self.rows
+        tokens = mx.array(history[begin + 1 : end + 1], dtype=TOKEN)[None]
+        hidden = self.target.features.read(begin, end)[None]
+        self.ids = history[: end + 1]
+        keys = mx.random.split(key, count)
+        ids, rows, confidences = [], [], []
+        stopped = False
+        to_target = self.head.draft_to_target
+        for i in range(count):
+            logits, out = self.head(tokens, hidden, self.cache)
+            logits = logits[0, -1]
+            choice, probs = pick(logits, params, keys[i])
+            if stop_below > 0 or read_confidences:
+                confidence = confidence_of(logits, probs)
+                if stop_below > 0 and confidence.item() < stop_below:
+                    stopped = True
+                    break
+                confidences.append(confidence)
+            token = to_target[choice]
+            mx.async_eval(token)
+            ids.append(token)
+            rows.append(None if probs is None else mx.zeros((self.width,), dtype=probs.dtype).at[to_target].add(probs))
+            if i + 1 < count:
+                tokens, hidden = token.reshape(1, 1), out[:, -1:]
+        return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
+
+    def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
+        """Keep the rows read from the target's features; drop the chained ones."""
+        self._trim(min(self.rows, max(len(self.ids) - 1, 0)))
+
+    def undo(self, state) -> None:
+        self.reset()
+
+    # -- rows
+    @property
+    def target_rows(self) -> int:
+        """Rows the target's features allow: one per position it has read."""
+        return len(self.target.tokens)
+
+    def _align(self) -> None:
+        """Forget rows whose ids are no longer the target's (a rejection, a new prompt)."""
+        history = self.target.history
+        common = 0
+        limit = min(len(self.ids), len(history))
+        while common < limit and self.ids[common] == history[common]:
+            common += 1
+        self._trim(min(self.rows, max(common - 1, 0), self.target_rows))
+
+    def _trim(self, rows: int) -> None:
+        if rows < self.rows:
+            self.cache.trim(self.rows - rows)
+        self.ids = self.ids[: rows + 1] if rows else []
+
+    def _read_behind(self) -> None:
+        """Read every row the target allows but the last (propose reads that one)."""
+        self._align()
+        end = self.target_rows - 1
+        if end <= self.rows:
+            return
+        history = self.target.history
+        tokens = mx.array(history[self.rows + 1 : end + 1], dtype=TOKEN)[None]
+        self.head(tokens, self.target.features.read(self.rows, end)[None], self.cache)
+        self.ids = history[: end + 1]
+        mx.eval(self.cache.state)
+
+    def _ensure_features(self) -> None:
+        """The store lacks positions the target holds only where its cache came from elsewhere
+        (a prompt-cache file): have the target read them again."""
+        if not self.target.features.covers(self.rows, self.target_rows):
+            self.reset()
+            if not self.target.features.covers(0, self.target_rows):
+                history = self.target.history
+                self.target.invalidate(history)
+                self.target.prefill()

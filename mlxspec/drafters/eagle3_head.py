@@ -1,0 +1,379 @@
+"""An EAGLE-3 draft head (Li et al., arXiv 2503.01840) in the layout its trainers publish.
+
+One decoder layer reads, at each position j, the embedding of token j+1 beside a fusion of
+three of the target's hidden states at j (low, middle, high: `fc`, 3·hidden -> hidden), and
+predicts token j+2 over a reduced vocabulary. Chained, it reads its own pre-norm output in
+place of the fused features. The forward follows vLLM's `llama_eagle3.py` and SafeAILab's
+EAGLE (`eagle/model/cnets.py`):
+
+    residual = fc(features)                       (or its own last output, already hidden-wide)
+    x = concat(input_layernorm(embed(token)), hidden_norm(residual))   -> 2·hidden
+    residual = residual + self_attn(x)            q, k, v read 2·hidden
+    out = residual + mlp(post_attention_layernorm(residual))           (pre-norm: fed back)
+    logits = lm_head(norm(out))                   over draft_vocab_size ids; id i is target
+                                                  id i + d2t[i]
+
+Files: `config.json` with `architectures: ["LlamaForCausalLMEagle3"]` (EAGLE, SpecForge) or
+`["Eagle3Speculator"]` (speculators, the layer config under `transformer_layer_config`),
+weights `fc`, `midlayer.*` (or `layers.0.*`; either with a `model.` prefix), `norm`,
+`lm_head`, `d2t`, `t2d`, and `embed_tokens` when the head does not share the target's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..errors import ModelLoadError
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator")
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...] | None  # None: EAGLE-3's default for the target's depth
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 8192
+    attention_bias: bool = False
+    norm_before_residual: bool = False  # speculators: the residual taken after hidden_norm
+    extra: dict = field(default_factory=dict)  # what else the file said (kept when re-saved)
+
+    @property
+    def feature_width(self) -> int:
+        return self.target_hidden_size * len(self.aux_layer_ids or (0, 0, 0))  # three by default
+
+
+def is_head_folder(path: Path) -> bool:
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return any(a in ARCHITECTURES for a in json.loads(config.read_text()).get("architectures") or ())
+    except (ValueError, OSError):
+        return False
+
+
+def read_config(path: Path) -> HeadConfig:
+    file = Path(path) / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"{file}: not a readable EAGLE-3 config ({e})") from None
+    layer = raw.get("transformer_layer_config") or raw  # speculators nests the layer's config
+    eagle = raw.get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
+    try:
+        hidden = int(layer["hidden_size"])
+        heads = int(layer["num_attention_heads"])
+        return HeadConfig(
+            hidden_size=hidden,
+            intermediate_size=int(layer["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads),
+            vocab_size=int(layer.get("vocab_size") or raw["vocab_size"]),
+            draft_vocab_size=int(raw.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]),
+            aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
+            target_hidden_size=int(raw.get("target_hidden_size") or layer.get("target_hidden_size") or hidden),
+            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(layer.get("rope_theta", 10000.0)),
+            rope_scaling=layer.get("rope_scaling"),
+            max_position_embeddings=int(layer.get("max_position_embeddings") or 8192),
+            attention_bias=bool(layer.get("attention_bias", False)),
+            norm_before_residual=bool(raw.get("norm_before_residual", False)),
+            extra={k: v for k, v in raw.items() if k in ("mlxspec", "torch_dtype")},
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{file}: an EAGLE-3 config needs {e} (hidden_size, heads, vocabularies)") from None
+
+
+def config_dict(config: HeadConfig) -> dict:
+    """The published layout (EAGLE / SpecForge), as vLLM and SGLang read it."""
+    out = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "max_position_embeddings": config.max_position_embeddings,
+        "attention_bias": config.attention_bias,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "tie_word_embeddings": False,
+    }
+    if config.aux_layer_ids is not None:
+        out["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        }
+    return out | config.extra
+
+
+class Attention(nn.Module):
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        from mlx_lm.models.rope_utils import initialize_rope
+
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        wide, bias = 2 * config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(wide, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+        self.rope = initialize_rope(
+            self.head_dim, config.rope_theta, False, config.rope_scaling, config.max_position_embeddings
+        )
+        self.scale = self.head_dim**-0.5
+
+    def project(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array, mx.array]:
+        """q (B, heads, L, d), k and v (B, kv_heads, L, d), rotated for positions offset.."""
+        b, length, _ = x.shape
+
+        def split(t, n):
+            return t.reshape(b, length, n, self.head_dim).transpose(0, 2, 1, 3)
+
+        q = self.rope(split(self.q_proj(x), self.heads), offset=offset)
+        k = self.rope(split(self.k_proj(x), self.kv_heads), offset=offset)
+        return q, k, split(self.v_proj(x), self.kv_heads)
+
+    def __call__(self, x: mx.array, cache) -> mx.array:
+        b, length, _ = x.shape
+        q, k, v = self.project(x, cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal" if length > 1 else None)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
+        self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
+        self.mlp = MLP(config)
+
+
+class Eagle3Head(nn.Module):
+    """The head. `embed` is the target's embedding module when the head has none of its own."""
+
+    def __init__(self, config: HeadConfig, *, own_embedding: bool = False):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(config.feature_width, config.hidden_size, bias=False)
+        self.midlayer = MidLayer(config)
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # draft id -> target id (the published d2t holds target - draft)
+        object.__setattr__(self, "draft_to_target", mx.arange(config.draft_vocab_size, dtype=mx.uint32))
+        object.__setattr__(self, "_shared_embedding", None)
+
+    def share_embedding(self, embedding) -> None:
+        object.__setattr__(self, "_shared_embedding", embedding)
+
+    def embed(self, ids: mx.array) -> mx.array:
+        table = self.embed_tokens if "embed_tokens" in self else self._shared_embedding
+        return table(ids)
+
+    def fuse(self, features: mx.array) -> mx.array:
+        """Target features (…, 3·hidden) to the layer's width; the head's own output passes."""
+        return self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+
+    def layer_input(self, ids: mx.array, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        """(attention input (…, 2·hidden), residual (…, hidden)) for tokens and fused hidden states."""
+        layer = self.midlayer
+        embedded = layer.input_layernorm(self.embed(ids).astype(hidden.dtype))
+        if self.config.norm_before_residual:
+            hidden = layer.hidden_norm(hidden)
+            return mx.concatenate([embedded, hidden], axis=-1), hidden
+        return mx.concatenate([embedded, layer.hidden_norm(hidden)], axis=-1), hidden
+
+    def layer_output(self, residual: mx.array, attended: mx.array) -> mx.array:
+        residual = residual + attended
+        return residual + self.midlayer.mlp(self.midlayer.post_attention_layernorm(residual))
+
+    def __call__(self, ids: mx.array, features: mx.array, cache) -> tuple[mx.array, mx.array]:
+        """ids (B, L), features (B, L, 3·hidden or hidden) -> (logits (B, L, draft vocab),
+        pre-norm output (B, L, hidden), what the next chained step reads)."""
+        x, residual = self.layer_input(ids, self.fuse(features))
+        out = self.layer_output(residual, self.midlayer.self_attn(x, cache))
+        return self.lm_head(self.norm(out)), out
+
+
+def load_head(path: Path, *, dtype=None) -> Eagle3Head:
+    """A head from a folder in the published layout. Raises ModelLoadError in one line."""
+    path = Path(path)
+    config = read_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: an EAGLE-3 head needs its weights (*.safetensors)")
+    weights = {}
+    for file in files:
+        try:
+            weights.update(mx.load(str(file)))
+        except Exception as e:  # a truncated or foreign file: one line, naming it
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
+    weights = _published_to_module(weights)
+    head = Eagle3Head(config, own_embedding="embed_tokens.weight" in weights)
+    d2t = weights.pop("d2t", None)
+    weights.pop("t2d", None)
+    if d2t is not None:
+        if d2t.shape != (config.draft_vocab_size,):
+            raise ModelLoadError(
+                f"{path}: d2t has {d2t.shape[0]} entries, draft_vocab_size is {config.draft_vocab_size}"
+            )
+        targets = (mx.arange(config.draft_vocab_size) + d2t.astype(mx.int64)).astype(mx.uint32)
+        object.__setattr__(head, "draft_to_target", targets)
+    expected = dict(_flat(head.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise ModelLoadError(f"{path}: the head's weights lack {', '.join(missing[:4])}")
+    for name, value in weights.items():
+        want = expected.get(name)
+        if want is None:
+            raise ModelLoadError(f"{path}: unexpected tensor {name} in an EAGLE-3 head")
+        if tuple(value.shape) != tuple(want.shape):
+            raise ModelLoadError(f"{path}: {name} has shape {tuple(value.shape)}, the config says {tuple(want.shape)}")
+    if dtype is not None:
+        weights = {k: v.astype(dtype) for k, v in weights.items()}
+    head.load_weights(list(weights.items()))
+    mx.eval(head.parameters())
+    return head
+
+
+def save_head(head: Eagle3Head, path: Path, *, dtype=mx.bfloat16) -> None:
+    """Write the published layout: config.json and model.safetensors with d2t and t2d."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = head.config
+    weights = {name: value.astype(dtype) for name, value in _flat(head.parameters())}
+    targets = np.array(head.draft_to_target, dtype=np.int64)
+    weights["d2t"] = mx.array(targets - np.arange(config.draft_vocab_size, dtype=np.int64))
+    present = np.zeros(config.vocab_size, dtype=np.bool_)
+    present[targets] = True
+    weights["t2d"] = mx.array(present)
+    mx.save_safetensors(str(path / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
+
+
+def _published_to_module(weights: dict) -> dict:
+    """Published names to this module's: no `model.` prefix, `layers.0.` read as `midlayer.`."""
+    out = {}
+    for name, value in weights.items():
+        if name.startswith("model."):
+            name = name[len("model.") :]
+        if name.startswith("layers.0."):
+            name = "midlayer." + name[len("layers.0.") :]
+        out[name] = value
+    return out
+
+
+def _flat(tree, prefix: str = ""):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree, prefix=prefix)
+
+
+def config_from_target(
+    target_config: dict, *, draft_vocab_size: int, aux_layer_ids: tuple[int, ...], intermediate_size: int | None = None
+) -> HeadConfig:
+    """A head shaped for a target (mlx-lm config dict): its width, heads and rope."""
+    text = target_config.get("text_config") or target_config
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    return HeadConfig(
+        hidden_size=hidden,
+        intermediate_size=int(intermediate_size or text.get("intermediate_size") or 4 * hidden),
+        num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text.get("head_dim") or hidden // heads),
+        vocab_size=int(text["vocab_size"]),
+        draft_vocab_size=draft_vocab_size,
+        aux_layer_ids=tuple(aux_layer_ids),
+        target_hidden_size=hidden,
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(text.get("rope_theta", 10000.0)),
+        rope_scaling=text.get("rope_scaling"),
+        max_position_embeddings=int(text.get("max_position_embeddings") or 8192),
+    )
+
+
+__all__ = ["ARCHITECTURES", "Eagle3Head", "HeadConfig", "config_from_target", "load_head", "save_head"]
+
+
+def target_embedding(model):
+    """The target's token embedding module (what a head without its own shares)."""
+    inner = getattr(model, "language_model", model)
+    return inner.model.embed_tokens
+
+
+def check_fits(config: HeadConfig, *, target_config: dict, target_layers: int, name: str) -> tuple[int, ...]:
+    """The aux layer ids the head reads from this target; IncompatibleHead naming the field
+    that does not fit."""
+    from ..errors import IncompatibleHead
+
+    text = target_config.get("text_config") or target_config
+    hidden = int(text["hidden_size"])
+    vocab = int(text["vocab_size"])
+    if config.target_hidden_size != hidden:
+        raise IncompatibleHead(f"{name}: target_hidden_size is {config.target_hidden_size}, the target's is {hidden}")
+    if config.vocab_size != vocab:
+        raise IncompatibleHead(f"{name}: vocab_size is {config.vocab_size}, the target's is {vocab}")
+    ids = config.aux_layer_ids or _default_ids(target_layers)
+    if any(not 0 <= i < target_layers for i in ids):
+        raise IncompatibleHead(
+            f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} do not fit a target of {target_layers} layers"
+        )
+    if hidden * len(ids) != config.feature_width:
+        raise IncompatibleHead(
+            f"{name}: fc reads {config.feature_width} features, the target gives {hidden * len(ids)}"
+        )
+    return tuple(ids)
+
+
+def _default_ids(layers: int) -> tuple[int, ...]:
+    from ..capture import default_aux_layers
+
+    return default_aux_layers(layers)

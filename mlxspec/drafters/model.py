@@ -1,0 +1,79 @@
+"""A separate draft model as the drafter: a cursor over its own cache that reads the ids the
+target emits and proposes the next ones, one forward per id."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..cursor import TOKEN, Cursor
+from ..sampling import SamplingParams
+from .base import Drafts
+from .sampling import confidence_of, pick
+
+
+class ModelDrafter(Cursor):
+    kind = "model"
+
+    def begin(self, count: int):
+        # the draft reads its pending ids and up to `count` drafts
+        return self.cache.mark(reads=len(self.pending) + count), list(self.pending)
+
+    def propose(
+        self,
+        *,
+        count: int,
+        params: SamplingParams,
+        key: mx.array,
+        stop_below: float = 0.0,
+        read_confidences: bool = False,
+    ) -> Drafts:
+        """Up to `count` ids. It reads its pending ids first and each draft but the last after.
+
+        Confidence is the draft's top probability for the id it proposes next. `stop_below` > 0
+        stops early when it falls below: those are the proposals most often rejected. Deciding
+        needs the value on the host, one wait per draft step. The rule stays exact: when to
+        stop depends on the draft alone, never on the target."""
+        keys = mx.random.split(key, count)
+        inputs = mx.array(self.pending, dtype=TOKEN)
+        self.pending, self.heard = [], 0
+        ids, rows, confidences = [], [], []
+        stopped = False
+        for i in range(count):
+            logits = self.forward(inputs)[-1]
+            token, probs = pick(logits, params, keys[i])
+            if stop_below > 0 or read_confidences:
+                confidence = confidence_of(logits, probs)
+                if stop_below > 0 and confidence.item() < stop_below:
+                    stopped = True
+                    break
+                confidences.append(confidence)
+            mx.async_eval(token)
+            ids.append(token)
+            rows.append(probs)
+            inputs = token[None]
+        return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
+
+    def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
+        mark, pending = state
+        n = len(drafted)
+        # it read its pending ids and its drafts but the last (all, if it stopped early)
+        read = n if read_all else max(n - 1, 0)
+        self.tokens += pending + drafted[:read]
+        kept = min(accepted, read)
+        again = self.rewind(len(self.tokens) - (read - kept), mark)
+        self.pending = again + drafted[kept:accepted] + [next_id]
+
+    def undo(self, state) -> None:
+        mark, pending = state
+        self.abandon(mark, pending)
+
+
+def stack_drafts(ids, rows, confidences, *, params: SamplingParams, stopped: bool, read_confidences: bool) -> Drafts:
+    if not ids:
+        return Drafts(mx.array([], dtype=TOKEN), None, stopped, None)
+    return Drafts(
+        mx.stack(ids).astype(TOKEN),
+        None if params.greedy else mx.stack(rows),
+        stopped,
+        mx.stack(confidences) if read_confidences and confidences else None,
+    )
