@@ -19,6 +19,7 @@ proposed but is still emitted with exactly the target's probability.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import mlx.core as mx
 
@@ -61,8 +62,9 @@ class Eagle3Drafter:
 
     def prefill(self) -> None:
         """After the target's prefill: read the prompt's rows but the last."""
-        self._ensure_features()
-        self._read_behind()
+        with self._reset_on_error():
+            self._ensure_features()
+            self._read_behind()
 
     def hear(self, ids) -> None:
         """Ids emitted without the head are in the target's history already."""
@@ -72,8 +74,9 @@ class Eagle3Drafter:
         if self.target_rows - self.rows <= CATCH_UP_AFTER:
             return 0.0
         start = time.perf_counter()
-        self._ensure_features()
-        self._read_behind()
+        with self._reset_on_error():
+            self._ensure_features()
+            self._read_behind()
         return time.perf_counter() - start
 
     # -- a round's calls
@@ -130,6 +133,16 @@ class Eagle3Drafter:
 
     def undo(self, state) -> None:
         self.reset()
+
+    @contextmanager
+    def _reset_on_error(self):
+        """An interrupt inside the head's forward may leave its cache's buffers apart (keys
+        grown, values not): start again from the target's features rather than trust it."""
+        try:
+            yield
+        except BaseException:
+            self.reset()
+            raise
 
     # -- rows
     @property

@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import capture
 from ..errors import IncompatibleHead
 from . import EAGLE3
-from .eagle3_head import check_fits, is_head_folder, load_head, target_embedding
+from .eagle3_head import check_fits, is_head_folder, load_head, read_config, target_embedding
 
 
 def is_head(path: Path) -> bool:
@@ -28,8 +28,9 @@ def load_eagle3(name: str, path: Path, target):
             "does not bring back to rank 0: run it in one process"
         )
     layers = capture.num_layers(target.model)  # refuses a family it cannot tap, naming it
+    # the config against the target first: a misfit is named by its field, not by a shape
+    ids = check_fits(read_config(path), target_config=target.config, target_layers=layers, name=name)
     head = load_head(path, dtype=mx.float32 if mx.default_device() == mx.cpu else None)
-    ids = check_fits(head.config, target_config=target.config, target_layers=layers, name=name)
     if head.draft_to_target.max().item() >= target.width:
         raise IncompatibleHead(f"{name}: d2t maps draft ids past the target's {target.width} logits")
     if "embed_tokens" not in head:

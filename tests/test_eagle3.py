@@ -1,0 +1,304 @@
+"""EAGLE-3 heads as the drafter: written to disk in the published layout, loaded back through
+`--draft DIR`, and exact. Heads fitted for a few seconds to their tiny target's continuations
+of the test prompt accept some proposals and miss others, so both rollback paths run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+import mlxspec
+from mlxspec import capture
+from mlxspec.drafting import Policy
+from mlxspec.errors import IncompatibleHead, UnsupportedModel
+from mlxspec.generation import Session
+from mlxspec.sampling import SamplingParams
+from tests.conftest import ARCH_SETTINGS, ModelFactory
+from tests.heads import make_head
+
+PROMPT = list(range(10, 22))
+MAX_TOKENS = 40
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text"]  # gemma3_text: a window of 8 that wraps
+
+
+class Heads:
+    def __init__(self, factory: ModelFactory):
+        self.factory = factory
+        self.built = {}
+
+    def target(self, arch: str):
+        return self.factory.model(f"{arch}-target", arch=arch, seed=1, head_scale=ARCH_SETTINGS[arch][0])
+
+    def head(self, arch: str, *, vocab: float = 1.0, fit: int = 150, **kwargs):
+        key = (arch, vocab, fit, tuple(sorted(kwargs.items())))
+        if key not in self.built:
+            out = self.factory.root / f"{arch}-eagle3-{vocab}-{fit}-{len(self.built)}"
+            self.built[key] = make_head(
+                self.target(arch), out, draft_vocab=vocab, fit_steps=fit, fit_prompts=[PROMPT], **kwargs
+            )
+        return self.built[key]
+
+    def pair(self, arch: str, **kwargs):
+        return mlxspec.load_pair(str(self.target(arch)), str(self.head(arch, **kwargs)))
+
+
+@pytest.fixture(scope="module")
+def heads(factory) -> Heads:
+    return Heads(factory)
+
+
+@pytest.mark.parametrize("vocab", [1.0, 0.1], ids=["full-vocab", "10%-vocab"])
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_greedy_with_a_head_equals_standard(heads, arch, vocab):
+    pair = heads.pair(arch, vocab=vocab)
+    assert pair.draft.kind == "eagle3"
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    assert len(standard) == MAX_TOKENS
+    rates = []
+    for gamma in (1, 3, 6, "auto"):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma)
+        assert result.tokens == standard, f"gamma={gamma}"
+        rates.append(result.stats.acceptance_rate)
+    # a head right often and wrong sometimes, or both rollback paths would not be exercised
+    assert all(r is not None and 0.05 < r < 1.0 for r in rates[1:3]), rates  # gamma 3 and 6
+
+
+def test_an_untrained_head_is_exact_and_rarely_right(heads):
+    pair = heads.pair("llama", fit=0)
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3)
+    assert result.tokens == standard
+    assert result.stats.acceptance_rate < 0.2
+
+
+def test_the_heads_proposals_are_what_a_fresh_head_proposes(heads):
+    """The head's rows follow the target's history through rejections: each round's greedy
+    proposals equal a fresh head's over the same ids (a stale row costs only acceptance, so
+    the output alone cannot see it)."""
+    pair = heads.pair("gemma3_text")
+    session = Session(pair)
+    rounds = [
+        e
+        for e in mlxspec.stream(pair, PROMPT, session=session, max_tokens=MAX_TOKENS, gamma=4)
+        if hasattr(e, "drafted")
+    ]
+    history = list(PROMPT)
+    checked = 0
+    for r in rounds:
+        if r.source == "model" and r.drafted:
+            assert list(r.drafted) == fresh_head_drafts(pair, history, len(r.drafted)), f"round {r.index}"
+            checked += 1
+        history += list(r.emitted)
+    assert checked > 3
+
+
+def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
+    """What a head that read `history`'s rows in one block proposes greedily."""
+    from mlx_lm.models.cache import KVCache
+
+    model, head = pair.target.model, pair.draft.model
+    model(mx.array([history[:-1]]))
+    features = capture.taps_of(model).take()
+    cache = KVCache()
+    tokens, hidden = mx.array([history[1:]]), features
+    out = []
+    for _ in range(n):
+        logits, pre = head(tokens, hidden, cache)
+        out.append(head.draft_to_target[mx.argmax(logits[0, -1])].item())
+        tokens, hidden = mx.array([[out[-1]]]), pre[:, -1:]
+    return out
+
+
+def test_taps_leave_the_targets_forward_as_it_was(heads):
+    """Tapping records a layer's input and runs it unchanged."""
+    import mlx_lm
+
+    target = heads.target("qwen3")
+    plain, _ = mlx_lm.load(str(target))
+    tapped, _ = mlx_lm.load(str(target))
+    taps = capture.install(tapped, (0, 1, 1))
+    ids = mx.array([PROMPT])
+    assert mx.array_equal(plain(ids), tapped(ids))
+    features = taps.take()
+    assert features.shape == (1, len(PROMPT), 3 * plain.args.hidden_size)
+
+
+def test_prompt_lookup_beside_a_head(heads):
+    pair = heads.pair("llama")
+    prompt = PROMPT + PROMPT[:6]
+    standard = mlxspec.generate(pair, prompt, max_tokens=MAX_TOKENS, gamma=0).tokens
+    for gamma in (3, "auto"):
+        result = mlxspec.generate(pair, prompt, max_tokens=MAX_TOKENS, gamma=gamma, ngram=True)
+        assert result.tokens == standard, f"gamma={gamma}"
+
+
+def test_a_session_with_a_head_stays_exact(heads):
+    """Chat-like calls on one session: extend, diverge, retry, on a window that wraps."""
+    pair = heads.pair("gemma3_text")
+    session = Session(pair)
+    history = []
+    for prompt_of in (
+        lambda h: PROMPT,
+        lambda h: h + [40, 41],
+        lambda h: h[:5] + [50, 51, 52],
+        lambda h: h[:-3],
+        lambda h: h + PROMPT[:4],
+    ):
+        prompt = prompt_of(history)
+        for gamma in (3, "auto"):
+            got = mlxspec.generate(pair, prompt, max_tokens=12, gamma=gamma, session=session).tokens
+            fresh = mlxspec.generate(pair, prompt, max_tokens=12, gamma=0, session=Session(pair)).tokens
+            assert got == fresh, (prompt, gamma)
+        history = prompt + got
+
+
+def test_a_ctrl_c_mid_round_leaves_a_head_session_exact(heads):
+    from tests.conftest import ctrl_c_at
+
+    pair = heads.pair("llama")
+    session = Session(pair)
+    expected = mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=0).tokens
+    for at in (40, 200, 700, 1500):
+        with ctrl_c_at(at):
+            try:
+                for _ in mlxspec.stream(pair, PROMPT, session=session, max_tokens=24, gamma=3):
+                    pass
+            except KeyboardInterrupt:
+                pass
+        assert mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=3, session=session).tokens == expected, at
+
+
+# -- the sampled law: a head over 6 ids, chi-square of the first three emitted ids
+
+
+@pytest.mark.slow
+def test_sampling_with_a_head_has_the_targets_joint_law(factory):
+    from mlxspec import engine
+    from mlxspec.events import Round
+    from mlxspec.synthetic import ARCHITECTURES
+    from tests.test_distribution import LENGTH, fits
+
+    vocab, prompt, runs = 6, [1, 4, 2], 4000
+    config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    target = factory.model("dist-target", arch=config, vocab_size=vocab, seed=11, head_scale=5.0)
+    head = make_head(target, factory.root / "dist-eagle3", seed=3)
+    pair = mlxspec.load_pair(str(target), str(head))
+    params = SamplingParams(temp=1.0)
+    law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
+    counts, fates = Counter(), Counter()
+    for i in range(runs):
+        session = Session(pair)
+        emitted = []
+        for event in engine.decode(
+            session.target,
+            session.draft,
+            prompt,
+            policy=Policy(gamma=2, stop=0.0, controller=session.controller),
+            params=params,
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(7000 + i),
+        ):
+            if isinstance(event, Round):
+                emitted += event.emitted
+                if event.drafted:
+                    fates[event.accepted] += 1
+        counts[tuple(emitted)] += 1
+    assert all(fates[n] > 50 for n in range(3)), fates  # rejections, partial and full acceptance
+    ok, statistic, threshold = fits(counts, law)
+    assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
+
+
+def exact_law_of(model, params, prompt, vocab, length) -> dict:
+    import itertools
+
+    from mlxspec.sampling import warp
+
+    rows = {}
+    for n in range(length):
+        for prefix in itertools.product(range(vocab), repeat=n):
+            rows[prefix] = warp(model(mx.array([prompt + list(prefix)]))[0, -1], params).tolist()
+    law = {}
+    for outcome in itertools.product(range(vocab), repeat=length):
+        p = 1.0
+        for i in range(length):
+            p *= rows[outcome[:i]][outcome[i]]
+        if p > 0:
+            law[outcome] = p
+    return law
+
+
+# -- refusals
+
+
+def _edit_config(head_dir, tmp_path, **changes):
+    import shutil
+
+    out = tmp_path / "edited"
+    shutil.copytree(head_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    for key, value in changes.items():
+        if key == "aux":
+            config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = value
+        else:
+            config[key] = value
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(aux=[0, 1, 9]), "eagle_aux_hidden_state_layer_ids"),
+        (dict(target_hidden_size=128), "target_hidden_size"),
+        (dict(vocab_size=1000), "vocab_size"),
+        (dict(aux=[0, 1]), "fc"),
+    ],
+)
+def test_a_head_that_does_not_fit_is_refused_naming_the_field(heads, tmp_path, changes, field):
+    edited = _edit_config(heads.head("llama", fit=0), tmp_path, **changes)
+    with pytest.raises((IncompatibleHead, mlxspec.errors.ModelLoadError), match=field):
+        mlxspec.load_pair(str(heads.target("llama")), str(edited))
+
+
+def test_a_head_for_a_wider_target_is_refused(heads, factory, tmp_path):
+    wide = factory.model("llama-wide", arch="llama", seed=1, overrides={"hidden_size": 128})
+    with pytest.raises(IncompatibleHead, match="target_hidden_size"):
+        mlxspec.load_pair(str(wide), str(heads.head("llama", fit=0)))
+
+
+def test_an_unsupported_target_family_is_refused(heads, factory):
+    target = factory.model("mamba-target", arch="mamba", seed=1, head_scale=4.0)
+    with pytest.raises(UnsupportedModel, match="mamba"):
+        mlxspec.load_pair(str(target), str(heads.head("llama", fit=0)))
+
+
+def test_the_cli_refuses_a_misfit_head_in_one_line(heads, tmp_path):
+    edited = _edit_config(heads.head("llama", fit=0), tmp_path, aux=[0, 1, 9])
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlxspec",
+            "generate",
+            "hello",
+            "--target",
+            str(heads.target("llama")),
+            "--draft",
+            str(edited),
+            "-m",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "eagle_aux_hidden_state_layer_ids" in lines[0], run.stderr
+    assert "Traceback" not in run.stderr
