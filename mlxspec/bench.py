@@ -294,6 +294,10 @@ def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> list[str]:
     where mlx-lm cannot run the pair."""
     from .peers import PeerUnavailable, mlx_lm_generate
 
+    notes = []
+    if config.peers and pair.draft is not None and pair.draft.kind != "model":
+        config.peers = False  # mlx-lm drafts with a separate model only
+        notes.append(f"mlx-lm not measured: it cannot draft with an {pair.draft.kind} head")
     for temp in config.temps:
         for gamma in [0, *config.gammas]:
             generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp, seed=0)
@@ -303,7 +307,7 @@ def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> list[str]:
             except PeerUnavailable as e:
                 config.peers = False
                 return [f"mlx-lm not measured: {e}"]
-    return []
+    return notes
 
 
 def _interleaved(pair, prompt, ids, temp, config, step) -> list[Run]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .caches import make_cache
+from .drafters import EAGLE3
 from .pairs import Pair
 from .sampling import SamplingParams, warp
 
@@ -79,7 +80,9 @@ def measure(
     ]
 
     draft_step = 0.0
-    if pair.draft is not None:
+    if pair.draft is not None and pair.draft.kind == EAGLE3:
+        draft_step = _head_step_time(pair, prompt, params, repeats)
+    elif pair.draft is not None:
         draft_cache = make_cache(pair.draft.model, "draft")
         readable = [t if t < pair.draft.width else 0 for t in prompt]  # as the engine feeds it
         pair.draft.model(mx.array(readable)[None], cache=draft_cache.layers)
@@ -87,3 +90,32 @@ def measure(
         mx.eval(draft_cache.state)
         draft_step = _forward_time(pair.draft.model, draft_cache, filler[:1], params, repeats)
     return Costs(times[0], draft_step, tuple(t / times[0] for t in times))
+
+
+def _head_step_time(pair: Pair, prompt: list[int], params: SamplingParams, repeats: int) -> float:
+    """Median seconds of one chained step of an EAGLE-3 head after reading the prompt's rows
+    (its features taken from one target pass), with its q placed at target width as the
+    engine does when sampling."""
+    from mlx_lm.models.cache import KVCache
+
+    from . import capture
+
+    head = pair.draft.model
+    pair.target.model(mx.array(prompt[:-1])[None])
+    features = capture.taps_of(pair.target.model).take()
+    cache = KVCache()
+    _, out = head(mx.array(prompt[1:])[None], features, cache)
+    mx.eval(out, cache.state)
+    token, hidden = mx.array([[prompt[-1]]]), out[:, -1:]
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        logits, _ = head(token, hidden, cache)
+        if params.greedy:
+            result = head.draft_to_target[mx.argmax(logits[0, -1])]
+        else:
+            result = mx.zeros((pair.target.width,)).at[head.draft_to_target].add(warp(logits[0, -1], params))
+        mx.eval(result)
+        times.append(time.perf_counter() - start)
+        cache.trim(1)
+    return statistics.median(times[1:])

@@ -91,6 +91,17 @@ def _same(model, made: dict) -> bool:
     return all(mine[key] == made.get(key) for key in ("config", "weight_bytes", "width"))
 
 
+def _refuse_heads(session) -> None:
+    """A head reads the target's hidden states of every cached position, which a file of KV
+    caches does not hold."""
+    draft = session.pair.draft
+    if draft is not None and draft.kind != "model":
+        raise InvalidOption(
+            f"prompt-cache files hold KV caches, not the hidden states the {draft.kind} head {draft.label} reads: "
+            "use them with a draft model, prompt lookup or --no-draft"
+        )
+
+
 def save(path: str | Path, session, text: str, *, system: str | None = None, raw: bool = False) -> PromptCache:
     """Read the start of a prompt beginning with `text` into the session's caches (both
     models') and write them to `path`. Returns what the file says about itself."""
@@ -98,6 +109,7 @@ def save(path: str | Path, session, text: str, *, system: str | None = None, raw
 
     from .engine import prefill
 
+    _refuse_heads(session)
     pair = session.pair
     start, ids = rendering(pair, text, system=system, raw=raw)
     if len(ids) < 2:
@@ -179,6 +191,7 @@ def restore(cache: PromptCache, session) -> list[str]:
     from . import caches
     from .cursor import Checkpoint
 
+    _refuse_heads(session)
     check(cache, session)
     # mlx-lm rebuilds each layer by its class name in its own module: mlxspec's class too
     if not hasattr(mlx_cache, "KeptRotatingKVCache"):
