@@ -279,6 +279,9 @@ def _checked_folder(name: str, offline: bool | None) -> tuple[Path, dict]:
     refuse_custom_code(path)
     if not weight_files(path):
         raise ModelLoadError(f"{path} has no *.safetensors weights")
+    from .gguf_import.record import check_weights
+
+    check_weights(path)  # an import's weights as written (fast: sizes and times unless they changed)
     if (
         not (path / "tokenizer.json").exists()
         and not (path / "tokenizer.model").exists()
