@@ -52,3 +52,7 @@ class PromptTooLong(MlxspecError):
 
 class PresetError(MlxspecError):
     """A models.toml preset that is unknown or a file that does not parse."""
+
+
+class ChatTemplateError(MlxspecError):
+    """The model's chat template failed on the messages (or rendered them as nothing)."""

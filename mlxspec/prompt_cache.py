@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import prompt_cache_checks as checks
 from .errors import InvalidOption, ModelLoadError
+from .templates import render
 
 FORMAT = "mlxspec-prompt-cache/2"  # 2: with the tensors' names and a digest of ids and tensors
 _SENTINEL = "\ue000"  # a private-use character: where the cached text ends in a rendering
@@ -49,13 +50,17 @@ def rendering(pair, text: str, *, system: str | None = None, raw: bool = False) 
     """The start of a prompt that begins with `text`: the chat template's rendering up to the
     end of `text` in the first user message (after the system prompt), or the text itself
     when raw or the model has no template; and its ids."""
+    from .generation import check_text
+
+    check_text(text, "the text to cache")
+    check_text(system, "the system prompt")
     tokenizer = pair.tokenizer
     if raw or not tokenizer.has_chat_template:
         return text, list(tokenizer.encode(text))
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text + _SENTINEL}
     ]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    rendered = render(tokenizer, messages, tokenize=False)
     at = rendered.find(_SENTINEL)
     if at < 0 or not rendered[:at].endswith(text):
         raise InvalidOption("this chat template does not keep a message as written: cache the prompt with --raw")
@@ -73,7 +78,7 @@ def prompt_ids(cache: PromptCache, pair, prompt: str, *, think: bool | None = No
         {"role": "user", "content": cache.user + prompt}
     ]
     extra = {} if think is None else {"enable_thinking": think}
-    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+    full = render(tokenizer, messages, tokenize=False, **extra)
     if not full.startswith(cache.text):  # the template renders the start differently now
         return list(tokenizer.encode(full, add_special_tokens=False))
     return list(cache.ids) + list(tokenizer.encode(full[len(cache.text) :], add_special_tokens=False))
