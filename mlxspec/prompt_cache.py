@@ -137,7 +137,12 @@ def _seal(path: str | Path, meta: dict) -> None:
     import mlx.core as mx
 
     arrays, flat = mx.load(str(path), return_metadata=True)
-    sealed = {"format": FORMAT, **meta, "tensors": sorted(arrays), "digest": checks.digest(meta["ids"], arrays)}
+    sealed = {
+        "format": FORMAT,
+        **meta,
+        "tensors": sorted(arrays),
+        "digest": checks.digest(meta["ids"], arrays, checks.layout(flat)),
+    }
     flat = {**flat, "0.mlxspec": json.dumps(sealed)}
     mx.save_safetensors(str(path), arrays, metadata=flat)
 
@@ -157,7 +162,7 @@ def read(path: str | Path) -> PromptCache:
     if not isinstance(meta, dict) or meta.pop("format", None) != FORMAT:
         raise ModelLoadError(f"{path} is a prompt cache of another format: make it again with `mlxspec cache-prompt`")
     checks.check_metadata(path, meta)
-    checks.check_tensors(path, meta, arrays)
+    checks.check_tensors(path, meta, arrays, metadata)
     fields = {k: meta[k] for k in ("text", "user", "system", "raw", "models", "cache_options")}
     return PromptCache(path=path, ids=tuple(meta["ids"]), **fields)
 

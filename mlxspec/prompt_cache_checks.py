@@ -21,9 +21,10 @@ class DamagedPromptCache(ModelLoadError):
     """A prompt-cache file altered or damaged since it was written."""
 
 
-def digest(ids, arrays: dict) -> str:
-    """sha256 over the ids and every tensor's name, type, shape and bytes."""
-    h = hashlib.sha256(json.dumps([int(i) for i in ids]).encode())
+def digest(ids, arrays: dict, layout: dict) -> str:
+    """sha256 over the ids, mlx-lm's layout metadata (each layer's class and state) and every
+    tensor's name, type, shape and bytes."""
+    h = hashlib.sha256(json.dumps([[int(i) for i in ids], layout], sort_keys=True).encode())
     for name in sorted(arrays):
         array = arrays[name]
         h.update(json.dumps([name, str(array.dtype), list(array.shape)]).encode())
@@ -52,7 +53,12 @@ def check_metadata(path, meta: dict) -> None:
         raise bad("cache_options")
     if not all(options[k] is None or (_is(options[k], int) and options[k] > 0) for k in _OPTION_FIELDS):
         raise bad("cache_options")
-    if not isinstance(meta.get("tensors"), list) or not _is(meta.get("digest"), str):
+    tensors = meta.get("tensors")
+    if (
+        not isinstance(tensors, list)
+        or not all(isinstance(t, str) for t in tensors)
+        or not _is(meta.get("digest"), str)
+    ):
         raise bad("digest")
 
 
@@ -62,7 +68,12 @@ def _is(value, kind) -> bool:
     return isinstance(value, kind)
 
 
-def check_tensors(path, meta: dict, arrays: dict) -> None:
+def layout(flat: dict) -> dict:
+    """The file's metadata besides mlxspec's own: mlx-lm's classes and layer states."""
+    return {key: value for key, value in flat.items() if key != "0.mlxspec"}
+
+
+def check_tensors(path, meta: dict, arrays: dict, flat: dict) -> None:
     """Every tensor written present, finite, and the digest of ids and tensors unchanged."""
     import mlx.core as mx
 
@@ -76,7 +87,7 @@ def check_tensors(path, meta: dict, arrays: dict) -> None:
             raise DamagedPromptCache(
                 f"{path}: tensor {name} holds NaN or infinite values: it is damaged, make it again"
             )
-    if digest(meta["ids"], arrays) != meta["digest"]:
+    if digest(meta["ids"], arrays, layout(flat)) != meta["digest"]:
         raise DamagedPromptCache(
             f"{path} does not match the digest written with it (its ids or tensors were altered): make it again"
         )

@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 from mlxspec import prompt_cache
-from mlxspec.prompt_cache_checks import digest
+from mlxspec.prompt_cache_checks import digest, layout
 from tests.test_cli import run
 from tests.test_prompt_cache import TEXT
 
@@ -39,7 +39,7 @@ def rewrite(source, out, change, *, reseal: bool = False):
     meta = json.loads(flat["0.mlxspec"])
     change(arrays, meta)
     if reseal:
-        meta["tensors"], meta["digest"] = sorted(arrays), digest(meta["ids"], arrays)
+        meta["tensors"], meta["digest"] = sorted(arrays), digest(meta["ids"], arrays, layout(flat))
     mx.save_safetensors(str(out), arrays, metadata={**flat, "0.mlxspec": json.dumps(meta)})
     return out
 

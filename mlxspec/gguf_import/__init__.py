@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import InsufficientMemory, InvalidOption, ModelLoadError
+from ..errors import InsufficientMemory, InvalidOption, MlxspecError, ModelLoadError
 from . import checks
 from . import tensors as conv
 from .architectures import UnsupportedGGUF, architecture, rope_scaling_from_factors, unpermute_rows
@@ -126,11 +126,17 @@ def import_gguf(
         return folder
     reader = _open(source)
     meta = _metadata(reader)
-    arch = architecture(meta)
-    plans = {t.name: _plan(t, dtype) for t in reader.tensors}
-    config = arch.config(meta)
-    total = _check_room(reader, plans, folder, dtype)
-    tokenizer = build_tokenizer(meta, context_length=config.get("max_position_embeddings"))
+    try:
+        arch = architecture(meta)
+        plans = {t.name: _plan(t, dtype) for t in reader.tensors}
+        config = arch.config(meta)
+        total = _check_room(reader, plans, folder, dtype)
+        tokenizer = build_tokenizer(meta, context_length=config.get("max_position_embeddings"))
+    except MlxspecError:
+        raise
+    except Exception as e:  # a field of the wrong kind, or missing, in a damaged header
+        what = f"it lacks {e.args[0]}" if isinstance(e, KeyError) and e.args else f"{type(e).__name__} reading it"
+        raise GGUFError(f"{source}: its metadata is damaged or incomplete ({what})") from None
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = folder.with_name(folder.name + ".partial")
