@@ -26,6 +26,15 @@ from tests import fuzz_targets as fuzz  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
 
 
+def counted(seen: Counter, target_of):
+    """A test of one input that counts how each ended."""
+
+    def run(case):
+        seen[target_of(case)] += 1
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=20000, help="inputs per target")
@@ -65,13 +74,7 @@ def main() -> None:
         }
         for name, (strategy, target_of) in runs.items():
             seen, start = Counter(), time.perf_counter()
-
-            @options
-            @given(strategy)
-            def run(case, seen=seen, target_of=target_of):
-                seen[target_of(case)] += 1
-
-            run()
+            options(given(strategy)(counted(seen, target_of)))()
             ended = ", ".join(f"{kind} {count}" for kind, count in seen.most_common())
             print(f"{name}: {sum(seen.values())} inputs in {time.perf_counter() - start:.0f} s ({ended})", flush=True)
 
