@@ -30,6 +30,7 @@ from .generation import Session, check_drafting, stream
 from .options import Options
 from .pairs import Pair
 from .stats import Stats
+from .templates import render
 from .text import opens_thinking
 
 # A conversation samples by default, as chat front ends do.
@@ -98,7 +99,7 @@ class Conversation:
         tokenizer = self.pair.tokenizer
         if tokenizer.has_chat_template:
             extra = {} if self.settings.think is None else {"enable_thinking": self.settings.think}
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+            return render(tokenizer, messages, tokenize=False, **extra)
         lines = [
             f"Assistant:{m['content']}" if m["role"] == "assistant" else f"{m['role'].capitalize()}: {m['content']}"
             for m in messages

@@ -150,6 +150,8 @@ def split(model, mode: str, group, name: str) -> None:
         how = "by layers (pipeline)" if mode == "pipeline" else "tensor-parallel (shard)"
         instead = f"; use --shard {supported[0]}" if supported else ""
         raise UnsupportedShard(f"{name} ({kind}) cannot be split {how} by mlx-lm{instead}")
+    if mode == "tensor":
+        _check_heads_divide(model, group.size(), name)
     try:
         if mode == "pipeline":
             model.model.pipeline(group)
@@ -157,6 +159,20 @@ def split(model, mode: str, group, name: str) -> None:
             model.shard(group)
     except (ValueError, AssertionError) as e:
         raise ModelLoadError(f"cannot split {name} over {group.size()} ranks: {str(e).splitlines()[0]}") from None
+
+
+def _check_heads_divide(model, size: int, name: str) -> None:
+    """A tensor split gives each rank whole attention heads; mlx-lm splits whatever it is
+    given and fails later, mid-forward, on the shapes that leaves."""
+    args = getattr(model, "args", None) or getattr(getattr(model, "model", None), "args", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    for count, what in ((heads, "attention heads"), (kv_heads, "key-value heads")):
+        if isinstance(count, int) and count % size:
+            raise UnsupportedShard(
+                f"{name} has {count} {what}, which do not divide among {size} ranks: a tensor split gives every "
+                f"rank whole heads (use a rank count that divides {count}, or --shard pipeline)"
+            )
 
 
 def check_mirrorable(model, name: str) -> None:

@@ -62,3 +62,7 @@ class UnsupportedModel(MlxspecError):
 
 class IncompatibleHead(MlxspecError):
     """A draft head whose shapes, layer ids or vocabulary do not fit its target."""
+
+
+class ChatTemplateError(MlxspecError):
+    """The model's chat template failed on the messages (or rendered them as nothing)."""

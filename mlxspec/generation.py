@@ -142,7 +142,9 @@ def apply_template(
     extra = {} if think is None else {"enable_thinking": think}
     if tools:
         extra["tools"] = tools
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
+    from .templates import render
+
+    return render(tokenizer, messages, **extra)
 
 
 def encode_messages(
@@ -218,9 +220,21 @@ def stream(
     return events
 
 
+def check_text(text: str | None, what: str) -> None:
+    """Refuse text that is not Unicode a tokenizer can read: a lone surrogate (from bytes
+    that were not UTF-8 on the command line) makes the tokenizer raise a TypeError."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidOption(f"{what} is not valid UTF-8 text (at character {e.start})") from None
+
+
 def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: Session | None) -> Iterator[Event]:
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")
+    check_text(prompt if isinstance(prompt, str) else None, "the prompt")
+    check_text(options.system, "the system prompt")
     ids = encode_prompt(pair, prompt, raw=options.raw, system=options.system, think=options.think)
     if not ids:
         raise InvalidOption("the prompt is empty")

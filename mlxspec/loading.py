@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelLoadError, ModelNotFound
+from .folder_code import TOKENIZER_OPTIONS, quiet_stdout, refuse_custom_code
 from .ranks import is_lost_connection
 
 # What mlx-lm needs from a repo (its own download list, minus code files).
@@ -276,8 +277,12 @@ def context_length(config: dict) -> int | None:
 def _checked_folder(name: str, offline: bool | None) -> tuple[Path, dict]:
     path = resolve(name, offline=offline)
     config = read_config(path)
+    refuse_custom_code(path)
     if not weight_files(path):
         raise ModelLoadError(f"{path} has no *.safetensors weights")
+    from .gguf_import.record import check_weights
+
+    check_weights(path)  # an import's weights as written (fast: sizes and times unless they changed)
     if (
         not (path / "tokenizer.json").exists()
         and not (path / "tokenizer.model").exists()
@@ -294,7 +299,8 @@ def load(name: str, *, offline: bool | None = None) -> LoadedModel:
 
     path, config = _checked_folder(name, offline)
     try:
-        model, tokenizer = mlx_lm.load(str(path))
+        with quiet_stdout():
+            model, tokenizer = mlx_lm.load(str(path), tokenizer_config=dict(TOKENIZER_OPTIONS))
     except Exception as e:  # mlx-lm and safetensors raise many types for a bad folder
         problem = config_problem(path / "config.json", config)
         raise ModelLoadError(f"cannot load {name}: {problem or _first_line(e)}") from None
@@ -339,7 +345,8 @@ def load_sharded(name: str, *, mode: str, group, offline: bool | None = None, me
 
     path, config = _checked_folder(name, offline)
     try:
-        model, tokenizer = mlx_lm.load(str(path), lazy=True)
+        with quiet_stdout():
+            model, tokenizer = mlx_lm.load(str(path), lazy=True, tokenizer_config=dict(TOKENIZER_OPTIONS))
     except Exception as e:
         raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
     distributed.split(model, mode, group, name)

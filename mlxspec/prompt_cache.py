@@ -20,9 +20,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import prompt_cache_checks as checks
 from .errors import InvalidOption, ModelLoadError
+from .templates import render
 
-FORMAT = "mlxspec-prompt-cache/1"
+FORMAT = "mlxspec-prompt-cache/2"  # 2: with the tensors' names and a digest of ids and tensors
 _SENTINEL = "\ue000"  # a private-use character: where the cached text ends in a rendering
 
 
@@ -48,13 +50,17 @@ def rendering(pair, text: str, *, system: str | None = None, raw: bool = False) 
     """The start of a prompt that begins with `text`: the chat template's rendering up to the
     end of `text` in the first user message (after the system prompt), or the text itself
     when raw or the model has no template; and its ids."""
+    from .generation import check_text
+
+    check_text(text, "the text to cache")
+    check_text(system, "the system prompt")
     tokenizer = pair.tokenizer
     if raw or not tokenizer.has_chat_template:
         return text, list(tokenizer.encode(text))
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text + _SENTINEL}
     ]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    rendered = render(tokenizer, messages, tokenize=False)
     at = rendered.find(_SENTINEL)
     if at < 0 or not rendered[:at].endswith(text):
         raise InvalidOption("this chat template does not keep a message as written: cache the prompt with --raw")
@@ -72,7 +78,7 @@ def prompt_ids(cache: PromptCache, pair, prompt: str, *, think: bool | None = No
         {"role": "user", "content": cache.user + prompt}
     ]
     extra = {} if think is None else {"enable_thinking": think}
-    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+    full = render(tokenizer, messages, tokenize=False, **extra)
     if not full.startswith(cache.text):  # the template renders the start differently now
         return list(tokenizer.encode(full, add_special_tokens=False))
     return list(cache.ids) + list(tokenizer.encode(full[len(cache.text) :], add_special_tokens=False))
@@ -131,9 +137,26 @@ def save(path: str | Path, session, text: str, *, system: str | None = None, raw
     meta = {k: v for k, v in asdict(info).items() if k != "path"}
     try:
         save_prompt_cache(str(path), layers, {"mlxspec": json.dumps({"format": FORMAT, **meta})})
+        _seal(path, meta)
     except OSError as e:
         raise InvalidOption(f"cannot write {path}: {e.strerror}") from None
     return info
+
+
+def _seal(path: str | Path, meta: dict) -> None:
+    """Add the names of the tensors mlx-lm wrote and the digest of ids and tensors to the
+    file's metadata (read back, so both are of exactly what the file holds)."""
+    import mlx.core as mx
+
+    arrays, flat = mx.load(str(path), return_metadata=True)
+    sealed = {
+        "format": FORMAT,
+        **meta,
+        "tensors": sorted(arrays),
+        "digest": checks.digest(meta["ids"], arrays, checks.layout(flat)),
+    }
+    flat = {**flat, "0.mlxspec": json.dumps(sealed)}
+    mx.save_safetensors(str(path), arrays, metadata=flat)
 
 
 def read(path: str | Path) -> PromptCache:
@@ -144,13 +167,16 @@ def read(path: str | Path) -> PromptCache:
     if not path.is_file():
         raise InvalidOption(f"no prompt cache at {path} (make one with `mlxspec cache-prompt`)")
     try:
-        _, metadata = mx.load(str(path), return_metadata=True)
+        arrays, metadata = mx.load(str(path), return_metadata=True)
         meta = json.loads(_metadata(metadata)["mlxspec"])
     except Exception:
         raise ModelLoadError(f"{path} is not a prompt cache made by `mlxspec cache-prompt`") from None
-    if meta.pop("format", None) != FORMAT:
+    if not isinstance(meta, dict) or meta.pop("format", None) != FORMAT:
         raise ModelLoadError(f"{path} is a prompt cache of another format: make it again with `mlxspec cache-prompt`")
-    return PromptCache(path=path, **{**meta, "ids": tuple(meta["ids"])})
+    checks.check_metadata(path, meta)
+    checks.check_tensors(path, meta, arrays, metadata)
+    fields = {k: meta[k] for k in ("text", "user", "system", "raw", "models", "cache_options")}
+    return PromptCache(path=path, ids=tuple(meta["ids"]), **fields)
 
 
 def _metadata(flat: dict) -> dict:
@@ -167,6 +193,8 @@ def check(cache: PromptCache, session) -> None:
             f"{cache.path} was made for target {made['name']}, not {pair.target.name}: make it again with "
             "`mlxspec cache-prompt` for these models"
         )
+    if max(cache.ids) >= pair.target.width:
+        raise checks.DamagedPromptCache(f"{cache.path} holds id {max(cache.ids)}, past {pair.target.name}'s vocabulary")
     mine = asdict(session.target.cache_options)
     if cache.cache_options != mine:
         raise InvalidOption(
@@ -200,6 +228,9 @@ def restore(cache: PromptCache, session) -> list[str]:
         layers = mlx_cache.load_prompt_cache(str(cache.path))
     except Exception as e:
         raise ModelLoadError(f"cannot read the caches in {cache.path}: {str(e).splitlines()[0][:200]}") from None
+    checks.check_layers(cache.path, layers)
+    if len(layers) != sum(made["layers"] for made in cache.models.values()):
+        raise checks.DamagedPromptCache(f"{cache.path} holds {len(layers)} cache layers, not the ones its models made")
     held = list(cache.ids[:-1])
     restored, start = [], 0
     for role in ("target", "draft"):

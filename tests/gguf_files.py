@@ -22,10 +22,16 @@ def permute(rows: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    model_dir: Path, out: Path, *, types: dict[str, str] | None = None, architecture: str | None = None
+    model_dir: Path,
+    out: Path,
+    *,
+    types: dict[str, str] | None = None,
+    architecture: str | None = None,
+    file_type: str | None = None,
 ) -> Path:
     """`types`: GGML type per kind of tensor ("matrix", "embedding"), F32 by default; norms
-    and biases stay F32 as llama.cpp keeps them. `architecture` overrides the name written."""
+    and biases stay F32 as llama.cpp keeps them. `architecture` overrides the name written;
+    `file_type` (a gguf.LlamaFileType name, e.g. MOSTLY_Q4_0) is declared as llama.cpp does."""
     import gguf
     import mlx.core as mx
 
@@ -42,6 +48,8 @@ def write_gguf(
     kv_heads = args.num_key_value_heads or heads
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
     writer.add_block_count(args.num_hidden_layers)
+    if file_type:
+        writer.add_file_type(int(gguf.LlamaFileType[file_type]))
     writer.add_context_length(args.max_position_embeddings or 1024)
     writer.add_embedding_length(args.hidden_size)
     writer.add_feed_forward_length(args.intermediate_size)

@@ -320,3 +320,16 @@ def test_max_kv_size_with_shard_is_refused(capsys, factory):
         main(["generate", "x", "-t", str(target), "-d", str(draft), "--shard", "tensor", "--max-kv-size", "64"])
     assert exit_info.value.code == 2
     assert "--max-kv-size" in capsys.readouterr().err
+
+
+def test_a_tensor_split_whose_heads_do_not_divide_is_refused_on_both_ranks(factory):
+    """5 heads over 2 ranks: refused before the split, in one line (rank 0's: both ranks find
+    it alike and both exit), not mid-forward as an internal error."""
+    overrides = {"hidden_size": 80, "num_attention_heads": 5, "num_key_value_heads": 5, "head_dim": 16}
+    target = factory.model("llama-5-heads", arch="llama", seed=3, overrides=overrides)
+    process = start(*mlxspec_command(), "generate", "x", "-t", str(target), "--no-draft", "--shard", "tensor", "--raw")
+    out, err = finish(process, timeout=120)
+    assert out == "" and "exited with code 1" in err, (out, err)  # mlx.launch itself exits 0 either way
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "internal error" not in err, err
+    assert "5 attention heads, which do not divide among 2 ranks" in lines[0] and lines[0].startswith("error: rank 0:")

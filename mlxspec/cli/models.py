@@ -121,3 +121,33 @@ def models_import(
         on_progress=lambda done, total, what: reporter.progress("Converting", done, total),
     )
     print(folder)
+
+
+@models_app.command("verify")
+def models_verify(
+    name: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME",
+            help="An imported folder (its path, or its name in mlxspec's cache), a GGUF file or pypi:NAME.",
+        ),
+    ],
+):
+    """Check an imported model against the record its import wrote: every weight file's
+    sha256, and its source file's where that file is still here.
+
+    Example: mlxspec models verify SmolLM2-135M-Instruct.Q4_1-float32
+    """
+    from ..gguf_import.record import DamagedWeights, check_weights, source_changed
+    from ..imports import find_import
+
+    folder = find_import(name)
+    checked = check_weights(folder, full=True)
+    if checked is None:
+        raise DamagedWeights(
+            f"{folder} has no record of the weights its import wrote (not an import, or one made by an older "
+            "mlxspec): import it again with --force to make one"
+        )
+    if changed := source_changed(folder):
+        raise DamagedWeights(f"{changed}: import it again with --force")
+    print(f"{folder}: {checked} weight file{'s' if checked != 1 else ''} as imported")

@@ -18,13 +18,15 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import InsufficientMemory, InvalidOption, ModelLoadError
+from ..errors import InsufficientMemory, InvalidOption, MlxspecError, ModelLoadError
+from . import checks
 from . import tensors as conv
 from .architectures import UnsupportedGGUF, architecture, rope_scaling_from_factors, unpermute_rows
+from .record import MANIFEST, sha256, weight_record
 from .tokenizer import build as build_tokenizer
 
 GGUF_MAGIC = b"GGUF"
-MANIFEST = "mlxspec-import.json"
+READABLE_VERSIONS = (2, 3)  # gguf-py's
 SHARD_BYTES = 2 * 2**30  # one safetensors file at most: bounds the memory a conversion holds
 DTYPES = ("auto",) + conv.DTYPES
 
@@ -124,11 +126,17 @@ def import_gguf(
         return folder
     reader = _open(source)
     meta = _metadata(reader)
-    arch = architecture(meta)
-    plans = {t.name: _plan(t, dtype) for t in reader.tensors}
-    config = arch.config(meta)
-    total = _check_room(reader, plans, folder, dtype)
-    tokenizer = build_tokenizer(meta, context_length=config.get("max_position_embeddings"))
+    try:
+        arch = architecture(meta)
+        plans = {t.name: _plan(t, dtype) for t in reader.tensors}
+        config = arch.config(meta)
+        total = _check_room(reader, plans, folder, dtype)
+        tokenizer = build_tokenizer(meta, context_length=config.get("max_position_embeddings"))
+    except MlxspecError:
+        raise
+    except Exception as e:  # a field of the wrong kind, or missing, in a damaged header
+        what = f"it lacks {e.args[0]}" if isinstance(e, KeyError) and e.args else f"{type(e).__name__} reading it"
+        raise GGUFError(f"{source}: its metadata is damaged or incomplete ({what})") from None
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = folder.with_name(folder.name + ".partial")
@@ -147,7 +155,9 @@ def import_gguf(
         (partial / "tokenizer_config.json").write_text(
             json.dumps(tokenizer.config, indent=2, ensure_ascii=False) + "\n"
         )
-        (partial / MANIFEST).write_text(json.dumps({**key, "dtype": dtype, "architecture": arch.name}, indent=2) + "\n")
+        record = {**key, "dtype": dtype, "architecture": arch.name, "source_sha256": sha256(source)}
+        record["weights"] = weight_record(partial)  # stamps survive the rename below
+        (partial / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
     except BaseException:
@@ -157,20 +167,35 @@ def import_gguf(
 
 
 def _open(path: Path):
+    import warnings
+
     from gguf import GGUFReader
 
+    _check_version(path)
     try:
-        reader = GGUFReader(path)
-    except Exception as e:  # gguf-py raises ValueError, IndexError, ... on a bad file
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if head != GGUF_MAGIC:
-            raise GGUFError(f"{path} is not a GGUF file (it does not start with 'GGUF')") from None
-        raise GGUFError(f"{path} is not a complete GGUF file (truncated or damaged: {_first_line(e)})") from None
+        with warnings.catch_warnings():  # numpy's overflow warnings on a damaged header: the error says it
+            warnings.simplefilter("ignore")
+            reader = GGUFReader(path)
+    except Exception:  # gguf-py raises ValueError, IndexError, ... on a bad file; its text is numpy's
+        raise GGUFError(f"{path} is not a complete GGUF file (truncated or damaged header)") from None
     size = path.stat().st_size
     if any(t.data_offset + t.n_bytes > size for t in reader.tensors) or not reader.tensors:
         raise GGUFError(f"{path} is not a complete GGUF file (its tensors run past its {size} bytes)")
+    checks.check_layout(path, reader, size)
     return reader
+
+
+def _check_version(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] != GGUF_MAGIC:
+        raise GGUFError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    if len(head) < 8:
+        raise GGUFError(f"{path} is not a complete GGUF file (it ends inside its header)")
+    little, big = int.from_bytes(head[4:], "little"), int.from_bytes(head[4:], "big")
+    if little not in READABLE_VERSIONS and big not in READABLE_VERSIONS:
+        versions = " and ".join(map(str, READABLE_VERSIONS))
+        raise UnsupportedGGUF(f"{path} is GGUF version {little}, which mlxspec cannot read (it reads {versions})")
 
 
 def _metadata(reader) -> dict:
@@ -239,11 +264,12 @@ def _write_weights(
         name = arch.tensor_name(tensor.name)
         if name is None:
             if tensor.name == "rope_freqs.weight":
-                factors = conv.dequantize(tensor.tensor_type.name, tensor.data, (int(tensor.n_elements),))
+                factors = _read(tensor, conv.dequantize, tensor.tensor_type.name, tensor.data, (-1,))
+                checks.check_values(tensor.name, tensor.tensor_type.name, factors)
                 config["rope_scaling"] = rope_scaling_from_factors(factors, config)
             done += int(tensor.n_bytes)
             continue
-        arrays = _convert(tensor, name, plans[tensor.name], arch, meta)
+        arrays = _read(tensor, _convert, tensor, name, plans[tensor.name], arch, meta)
         if plans[tensor.name].bits:
             bits.add(plans[tensor.name].bits)
         size = sum(a.nbytes for a in arrays.values())
@@ -279,12 +305,14 @@ def _convert(tensor, name: str, plan: conv.Plan, arch, meta: dict) -> dict:
     float_type = getattr(mx, plan.dtype)
     if plan.bits and conv.NATIVE_BITS.get(type_name) == plan.bits:
         weight, scales, biases = (fix(a) for a in conv.native_triple(type_name, tensor.data, shape[0]))
+        checks.check_blocks(tensor.name, type_name, scales, biases, 2**plan.bits - 1)
         return {
             name: mx.array(weight),
             f"{stem}.scales": mx.array(scales).astype(float_type),
             f"{stem}.biases": mx.array(biases).astype(float_type),
         }
     values = fix(conv.dequantize(type_name, tensor.data, shape))
+    checks.check_values(tensor.name, type_name, values)
     if arch.norm_offset and arch.is_norm(tensor.name):
         values = values - np.float32(arch.norm_offset)
     array = mx.array(values)
@@ -294,6 +322,17 @@ def _convert(tensor, name: str, plan: conv.Plan, arch, meta: dict) -> dict:
     return {name: array.astype(float_type)}
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:200]
+def _read(tensor, convert, *args):
+    """`convert(*args)` with numpy's warnings off (the checks judge the values) and its errors
+    (a shape that does not fit the data) as one line naming the tensor."""
+    import numpy as np
+
+    try:
+        with np.errstate(all="ignore"):
+            return convert(*args)
+    except (ValueError, TypeError, IndexError) as e:
+        shape = "x".join(str(int(d)) for d in reversed(tensor.shape.tolist()))
+        raise checks.DamagedGGUF(
+            f"tensor {tensor.name} ({tensor.tensor_type.name}, {shape}) cannot be converted: "
+            f"its data does not fit its type and shape ({type(e).__name__})"
+        ) from None

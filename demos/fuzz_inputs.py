@@ -1,0 +1,83 @@
+"""Damaged GGUF headers and prompt-cache metadata, many more than the CI run of
+tests/test_fuzz.py (needs the test extra: pip install -e ".[test]").
+
+    python demos/fuzz_inputs.py [--examples 20000] [--fixed]
+
+Each input must be imported or read, or refused with one of mlxspec's errors in one line
+without a library's own text (numpy's, gguf-py's). Prints how many inputs each target ran
+and how each ended. Random seeds each run (`--fixed`: the CI test's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from tests import fuzz_targets as fuzz  # noqa: E402
+from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
+
+
+def counted(seen: Counter, target_of):
+    """A test of one input that counts how each ended."""
+
+    def run(case):
+        seen[target_of(case)] += 1
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=20000, help="inputs per target")
+    parser.add_argument("--fixed", action="store_true", help="the CI test's fixed seeds")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import mlxspec
+    from mlxspec import prompt_cache, synthetic
+    from mlxspec.generation import Session
+    from tests.gguf_files import write_gguf
+    from tests.test_prompt_cache import TEXT
+
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        os.environ["MLXSPEC_CACHE"] = str(work / "cache")
+        synthetic.train_tokenizer(stdlib_texts(), 512, work / "tokenizer")
+        factory = ModelFactory(work, work / "tokenizer")
+        target, draft = factory.pair("llama")
+        gguf = write_gguf(target, work / "fuzz.gguf")
+        from gguf import GGUFReader
+
+        source, header = gguf.read_bytes(), int(GGUFReader(gguf).data_offset)
+        pair = mlxspec.load_pair(str(target), str(draft))
+        cache = work / "made.safetensors"
+        prompt_cache.save(cache, Session(pair), TEXT, raw=True)
+
+        options = settings(
+            max_examples=args.examples,
+            deadline=None,
+            derandomize=args.fixed,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
+        runs = {
+            "GGUF headers": (fuzz.header_edits(header), lambda case: fuzz.import_damaged(source, *case)),
+            "prompt-cache metadata": (fuzz.meta_edits(), lambda case: fuzz.read_damaged(cache, pair, *case)),
+        }
+        for name, (strategy, target_of) in runs.items():
+            seen, start = Counter(), time.perf_counter()
+            options(given(strategy)(counted(seen, target_of)))()
+            ended = ", ".join(f"{kind} {count}" for kind, count in seen.most_common())
+            print(f"{name}: {sum(seen.values())} inputs in {time.perf_counter() - start:.0f} s ({ended})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

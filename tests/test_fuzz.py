@@ -1,0 +1,65 @@
+"""A CI-sized fuzz run (hypothesis) over GGUF headers and prompt-cache metadata (issue 19):
+every input is imported or read, or refused in one line with one of mlxspec's errors.
+demos/fuzz_inputs.py runs the same targets longer."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from mlxspec import prompt_cache
+from tests import fuzz_targets as fuzz
+from tests.gguf_files import write_gguf
+from tests.test_prompt_cache import TEXT
+
+EXAMPLES = 1000  # each target: about 6 s here
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
+)
+
+
+@pytest.fixture(scope="module")
+def gguf_source(factory, tmp_path_factory):
+    from gguf import GGUFReader
+
+    path = write_gguf(factory.pair("llama")[0], tmp_path_factory.mktemp("fuzz") / "fuzz.gguf")
+    return path.read_bytes(), int(GGUFReader(path).data_offset)
+
+
+@pytest.fixture(scope="module")
+def cache_file(load_pair, tmp_path_factory):
+    from mlxspec.generation import Session
+
+    pair = load_pair("llama")
+    path = tmp_path_factory.mktemp("fuzz") / "made.safetensors"
+    prompt_cache.save(path, Session(pair), TEXT, raw=True)
+    return path, pair
+
+
+def test_fuzzed_gguf_headers_are_imported_or_refused_in_one_line(gguf_source, tmp_path, monkeypatch):
+    source, header = gguf_source
+    monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path))
+    seen = Counter()
+
+    @SETTINGS
+    @given(fuzz.header_edits(header))
+    def run(case):
+        seen[fuzz.import_damaged(source, *case)] += 1
+
+    run()
+    assert sum(seen.values()) >= EXAMPLES and len(seen) > 1, seen
+
+
+def test_fuzzed_prompt_cache_metadata_is_read_or_refused_in_one_line(cache_file):
+    path, pair = cache_file
+    seen = Counter()
+
+    @SETTINGS
+    @given(fuzz.meta_edits())
+    def run(case):
+        seen[fuzz.read_damaged(path, pair, *case)] += 1
+
+    run()
+    assert sum(seen.values()) >= EXAMPLES and len(seen) > 1, seen
