@@ -239,6 +239,18 @@ def _wait_until_closed(sockets: list[socket.socket], *, deadline: float) -> int:
     return closed
 
 
+def test_a_body_that_stalls_gets_a_408(server, client, pair):
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        start = time.monotonic()
+        reply = slow.recv(4096).decode()
+        waited = time.monotonic() - start
+    assert reply.startswith("HTTP/1.1 408") and "the request body stalled for 2 s" in reply
+    assert 1.5 < waited < 5, waited  # --idle-timeout 2
+    assert greedy(client) == standard(pair, CODE, 24, raw=True).text
+
+
 # --- SIGTERM mid-request ------------------------------------------------------------------
 @contextlib.contextmanager
 def started_server(*args: str, log: Path):
