@@ -18,6 +18,10 @@ PLAIN = [
     "mlxspec.ranks",
     "mlxspec.cli",
     "mlxspec.server.schema",
+    "mlxspec.server.limits",
+    "mlxspec.server.length",
+    "mlxspec.server.offload",
+    "mlxspec.server.protocol",
 ]
 
 

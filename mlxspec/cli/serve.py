@@ -47,6 +47,31 @@ def serve(
             help="Conversations whose KV caches are kept between requests (least recently used dropped first).",
         ),
     ] = 4,
+    max_body_mb: Annotated[
+        float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body; a larger one gets a 413.")
+    ] = 8,
+    header_timeout: Annotated[
+        float,
+        typer.Option("--header-timeout", metavar="SECONDS", help="Time a connection has to send a request's headers."),
+    ] = 10,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--idle-timeout",
+            metavar="SECONDS",
+            help="Idle time before a kept-alive connection is closed, and the longest pause within a body.",
+        ),
+    ] = 30,
+    max_connections: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-connections",
+            metavar="N",
+            help="Open connections at most; past it the oldest still sending headers is closed. "
+            "Default: half the open-file limit, at most 1000.",
+            show_default=False,
+        ),
+    ] = None,
 ):
     """Serve the pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models.
 
@@ -57,6 +82,12 @@ def serve(
     """
     from ..server import run
 
+    limits = server_limits(
+        max_body_mb=max_body_mb,
+        header_timeout=header_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections,
+    )
     if cache_sessions < 0:
         raise InvalidOption(f"--cache-sessions must be >= 0, got {cache_sessions}")
     if not 0 <= port < 65536:
@@ -75,5 +106,30 @@ def serve(
         api_key=api_key or None,
         cache_sessions=cache_sessions,
         cache_options=models.cache_options(),
+        limits=limits,
         log=lambda line: err.print(Text(line, style="dim"), soft_wrap=True),
+    )
+
+
+def server_limits(*, max_body_mb: float, header_timeout: float, idle_timeout: float, max_connections: int | None):
+    from ..server.limits import MB, Limits, default_max_connections, most_connections_allowed
+
+    for name, value in (
+        ("--max-body-mb", max_body_mb),
+        ("--header-timeout", header_timeout),
+        ("--idle-timeout", idle_timeout),
+    ):
+        if not value > 0:  # NaN included
+            raise InvalidOption(f"{name} must be > 0, got {value}")
+    most = most_connections_allowed()
+    if max_connections is not None and not 1 <= max_connections <= most:
+        raise InvalidOption(
+            f"--max-connections must be from 1 to {most} (what the open-file limit leaves room for), "
+            f"got {max_connections}"
+        )
+    return Limits(
+        max_body_bytes=max(1, int(max_body_mb * MB)),
+        header_timeout=header_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections or default_max_connections(),
     )

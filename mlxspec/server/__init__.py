@@ -3,6 +3,11 @@
 - schema.py  request bodies validated into Options and prompts; OpenAI-shaped responses,
              chunks and errors (plain Python, no MLX)
 - worker.py  the one thread that runs MLX: generations one at a time, and the prompt cache
-- app.py     the routes (Starlette): parse, queue on the worker, answer or stream
-- run.py     listen, start the worker, run uvicorn; Ctrl-C stops it cleanly
+- app.py     the routes (Starlette): read, parse, queue on the worker, answer or stream
+- limits.py  what one client may cost: body size, timeouts, connections; bodies read here
+- length.py  a sound lower bound on a text's token count, to refuse one that cannot fit
+- encode.py  a request's prompt as ids (refused by length first), on the offload thread
+- offload.py the thread that templates and tokenizes, off the event loop
+- protocol.py uvicorn's h11 protocol with a header-read timeout and a connection limit
+- run.py     listen, start the worker, run uvicorn; Ctrl-C or SIGTERM stops it cleanly
 """

@@ -1,11 +1,14 @@
-"""The routes (Starlette): a request is parsed and checked here, on the event loop, queued on
-the worker, and answered as one JSON body or as server-sent events.
+"""The routes (Starlette): a request is read and checked here, queued on the worker, and
+answered as one JSON body or as server-sent events.
 
-Everything that can be refused before queueing is (bad fields, a prompt that does not fit
-the context, speculative options without a draft): a bad request never waits behind
-another's generation. A stream's headers go out once its generation has started, so an
-error the engine raises at the start is still a plain 400. While a request waits or runs,
-a client that disconnects stops its generation at the next round.
+Everything that can be refused before queueing is (a body over the size limit, bad fields, a
+prompt that does not fit the context, speculative options without a draft): a bad request
+never waits behind another's generation. Templating and tokenizing run on the offload
+thread, after a text too long for the context was refused by its length alone, so the
+event loop stays free for /health and the other clients. A stream's headers go out once its
+generation has started, so an error the engine raises at the start is still a plain 400.
+While a request waits or runs, a client that disconnects stops its generation at the next
+round.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from starlette.routing import Route
 
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
 from ..events import Done, Round
-from ..generation import check_drafting, encode_messages, encode_prompt, fit_context
+from ..generation import check_drafting, fit_context
 from ..loading import looks_like_path
 from ..options import Options
-from . import schema
+from . import encode, schema
+from .length import bytes_per_token
+from .limits import Limits, read_body
+from .offload import Offload
 from .schema import Reply, RequestError, error_body
 from .worker import END, Worker
 
@@ -38,8 +44,16 @@ def model_id(pair) -> str:
     return pair.target.label if looks_like_path(name) else name
 
 
-def create_app(*, worker: Worker, pair, defaults: Options, api_key: str | None = None):
-    api = Api(worker, pair, defaults)
+def create_app(
+    *,
+    worker: Worker,
+    pair,
+    defaults: Options,
+    api_key: str | None = None,
+    limits: Limits = Limits(),
+    offload: Offload | None = None,
+):
+    api = Api(worker, pair, defaults, limits=limits, offload=offload or Offload())
     app = Starlette(
         routes=[
             Route("/health", api.health, methods=["GET"]),
@@ -53,10 +67,13 @@ def create_app(*, worker: Worker, pair, defaults: Options, api_key: str | None =
 
 
 class Api:
-    def __init__(self, worker: Worker, pair, defaults: Options):
+    def __init__(self, worker: Worker, pair, defaults: Options, *, limits: Limits, offload: Offload):
         self.worker = worker
         self.pair = pair
         self.defaults = defaults
+        self.limits = limits
+        self.offload = offload
+        self.per_token = bytes_per_token(pair.tokenizer)  # None: no early refusal by length
         self.model = model_id(pair)
         self.started = int(time.time())
 
@@ -91,15 +108,12 @@ class Api:
 
     async def chat_completions(self, request):
         try:
-            body = schema.parse(schema.ChatBody, await request.body())
+            body = schema.parse(schema.ChatBody, await read_body(request, self.limits))
             options = schema.request_options(body, self.defaults)
             messages = schema.template_messages(body)
-            try:
-                ids = encode_messages(self.pair.tokenizer, messages, think=options.think, tools=body.tools)
-            except InvalidOption as e:
-                raise RequestError(str(e), param="tools") from None
-            except Exception as e:  # the template's own checks (roles that must alternate, ...)
-                raise RequestError(f"the chat template cannot render these messages: {e}", param="messages") from None
+            ids = await self.offload.run(
+                encode.chat_ids, self.pair, messages, think=options.think, tools=body.tools, per_token=self.per_token
+            )
             self._check(ids, options, "messages")
             return await self._answer(request, Reply(chat=True, model=self.model), ids, options, body)
         except (RequestError, MlxspecError) as e:
@@ -107,9 +121,10 @@ class Api:
 
     async def completions(self, request):
         try:
-            body = schema.parse(schema.CompletionBody, await request.body())
+            body = schema.parse(schema.CompletionBody, await read_body(request, self.limits))
             options = schema.request_options(body, self.defaults)
-            ids = encode_prompt(self.pair, schema.completion_prompt(body), raw=True)  # a completion has no template
+            prompt = schema.completion_prompt(body)
+            ids = await self.offload.run(encode.completion_ids, self.pair, prompt, per_token=self.per_token)
             self._check(ids, options, "prompt")
             return await self._answer(request, Reply(chat=False, model=self.model), ids, options, body)
         except (RequestError, MlxspecError) as e:
@@ -118,6 +133,9 @@ class Api:
     def _check(self, ids: list[int], options: Options, param: str) -> None:
         if not ids:
             raise RequestError(f"{param} is empty", param=param)
+        width = self.pair.target.width
+        if (bad := next((t for t in ids if not 0 <= t < width), None)) is not None:
+            raise RequestError(f"token id {bad} is outside the target's vocabulary (0..{width - 1})", param=param)
         try:
             fit_context(self.pair, len(ids), options.max_tokens)
         except PromptTooLong as e:
@@ -228,9 +246,13 @@ def _error_body(e: BaseException) -> tuple[dict, int]:
     return error_body(f"internal error: {type(e).__name__}: {e}", kind="server_error"), 500
 
 
+# answered before the body was read to its end: the rest of it is not worth reading
+CLOSING = {408, 413}
+
+
 def _error_response(e: BaseException) -> JSONResponse:
     body, status = _error_body(e)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers={"Connection": "close"} if status in CLOSING else None)
 
 
 async def _http_error(request, exc: HTTPException) -> JSONResponse:

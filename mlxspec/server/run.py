@@ -1,5 +1,6 @@
-"""Listen, load the pair on the worker thread, run uvicorn. Ctrl-C stops the generation under
-way at its next round, ends the open streams, and exits (130, as every command)."""
+"""Listen, load the pair on the worker thread, run uvicorn. Ctrl-C or SIGTERM stops the
+generation under way at its next round, answers the requests still being read or tokenized
+with "shutting down", ends the open streams, and exits (130 for Ctrl-C, as every command)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import uvicorn
 from ..errors import InvalidOption
 from ..options import Options
 from .app import create_app, model_id
+from .limits import Limits
+from .offload import Offload
+from .protocol import Gate, protocol
 from .worker import Worker
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -39,19 +43,33 @@ def serve(
     api_key: str | None,
     cache_sessions: int,
     cache_options=None,
+    limits: Limits = Limits(),
     log: Callable[[str], None],
 ) -> None:
     sock = listen(host, port)
     worker = Worker(load, cache_sessions=cache_sessions, cache_options=cache_options, log=log)
     try:
         pair = worker.start()
-        app = create_app(worker=worker, pair=pair, defaults=defaults, api_key=api_key)
+        offload = Offload()
+        app = create_app(worker=worker, pair=pair, defaults=defaults, api_key=api_key, limits=limits, offload=offload)
         shown = f"[{host}]" if ":" in host else host
         log(f"serving {pair.description} as {model_id(pair)!r} at http://{shown}:{sock.getsockname()[1]}/v1")
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="info", lifespan="off", timeout_graceful_shutdown=GRACE_SECONDS
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            lifespan="off",
+            http=protocol(Gate(limits)),
+            timeout_keep_alive=limits.idle_timeout,
+            timeout_graceful_shutdown=GRACE_SECONDS,
         )
-        _Server(config, on_exit=worker.cancel_all).run(sockets=[sock])
+
+        def on_exit() -> None:
+            worker.cancel_all()
+            offload.close()
+
+        _Server(config, on_exit=on_exit).run(sockets=[sock])
     finally:
         worker.close()
         sock.close()

@@ -1,0 +1,109 @@
+"""uvicorn's h11 protocol with a header-read timeout and a connection limit, which uvicorn
+0.54 lacks: its keep-alive timer only starts after a first response, and `limit_concurrency`
+answers 503 only once a request's headers are in, so a socket that never finishes its
+headers is held forever and enough of them exhaust the open-file limit.
+
+Here a connection has `header_timeout` seconds from connecting (or, kept alive, from its
+next request's first byte) to its last header. At the limit, a new connection closes the
+oldest one still waiting for headers (a request being served is never cut); with none
+waiting, the new one is closed. So slow or idle sockets cannot crowd out /health or a
+client that sends its request at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .limits import Limits
+
+
+class Gate:
+    """What the connections share: the limits, the open ones, those waiting for headers (oldest first)."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.open: set[GuardedH11] = set()
+        self.waiting: dict[GuardedH11, None] = {}  # insertion order: oldest first
+        self.turned_away = 0  # connections closed for the limit (evicted or refused)
+
+    def admit(self, connection: GuardedH11) -> bool:
+        if len(self.open) >= self.limits.max_connections:
+            if not self.waiting:
+                self.turned_away += 1
+                return False
+            oldest = next(iter(self.waiting))
+            self.drop(oldest)
+            oldest.close()
+            self.turned_away += 1
+        self.open.add(connection)
+        return True
+
+    def drop(self, connection: GuardedH11) -> None:
+        self.open.discard(connection)
+        self.waiting.pop(connection, None)
+
+
+def protocol(gate: Gate):
+    """What uvicorn's `http` setting takes: a factory of connections."""
+    return functools.partial(GuardedH11, gate=gate)
+
+
+class GuardedH11(H11Protocol):
+    def __init__(self, *args, gate: Gate, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if not self.gate.admit(self):
+            transport.close()
+            return
+        self._await_headers(start_timer=True)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.IDLE:  # part of a request line or headers
+            self._await_headers(start_timer=True)
+        else:
+            self._headers_read()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            # kept alive: uvicorn's keep-alive timer covers silence, ours starts with a first byte
+            self._await_headers(start_timer=False)
+
+    def connection_lost(self, exc) -> None:
+        self._headers_read()
+        self.gate.drop(self)
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        # a body still arriving would hold the graceful shutdown for as long as its client likes
+        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
+            self.close()
+            return
+        super().shutdown()
+
+    def close(self) -> None:
+        self._headers_read()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _await_headers(self, *, start_timer: bool) -> None:
+        self.gate.waiting.setdefault(self, None)
+        if start_timer and self.header_timer is None:
+            self.header_timer = self.loop.call_later(self.gate.limits.header_timeout, self.close)
+
+    def _headers_read(self) -> None:
+        self.gate.waiting.pop(self, None)
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
