@@ -1,0 +1,44 @@
+"""EAGLE-3 heads on the real pretrained targets: the shipped SmolLM2 head gives exactly the
+target's output and is right often; a random head on Gemma 3 270M stays exact past the
+512-token window (its sliding layers wrapped before the first round)."""
+
+from __future__ import annotations
+
+import pytest
+
+import mlxspec
+from mlxspec.generation import Session
+from mlxspec.presets import resolve_name
+from tests import real_models
+from tests.heads import make_head
+from tests.test_real_models import GAMMAS, long_code_prompt
+
+pytestmark = pytest.mark.slow
+
+SMOLLM2_HEAD = resolve_name("bundled:smollm2-eagle3")
+
+
+def test_the_shipped_smollm2_head_is_exact_and_often_right():
+    pair = real_models.pair(real_models.SMOLLM2, str(SMOLLM2_HEAD))
+    assert pair.draft.kind == "eagle3"
+    prompt = "Explain in two sentences what a hash table is."
+    standard = mlxspec.generate(pair, prompt, max_tokens=48, gamma=0).tokens
+    for gamma in GAMMAS:
+        result = mlxspec.generate(pair, prompt, max_tokens=48, gamma=gamma)
+        assert result.tokens == standard, gamma
+    sampled = mlxspec.generate(pair, prompt, max_tokens=48, gamma=3, temp=0.7, seed=1)
+    assert sampled.stats.tokens > 0
+    fixed = mlxspec.generate(pair, prompt, max_tokens=48, gamma=3)
+    assert fixed.stats.acceptance_rate > 0.3, fixed.stats.acceptance_rate  # a trained head, not a random one
+
+
+def test_a_head_on_gemma3_is_exact_once_the_window_wraps(tmp_path):
+    target_dir = real_models.folder(real_models.GEMMA3)
+    head = make_head(target_dir, tmp_path / "gemma3-head", draft_vocab=0.05, seed=1)
+    pair = mlxspec.load_pair(str(target_dir), str(head))
+    prompt = long_code_prompt(600, pair.tokenizer)
+    session = Session(pair)
+    standard = mlxspec.generate(pair, prompt, max_tokens=16, gamma=0, raw=True, session=session).tokens
+    for gamma in (1, 3, "auto"):
+        result = mlxspec.generate(pair, prompt, max_tokens=16, gamma=gamma, raw=True, session=session)
+        assert result.tokens == standard, gamma
