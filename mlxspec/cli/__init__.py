@@ -23,6 +23,7 @@ from .generate import generate
 from .models import models_app
 from .race import race
 from .serve import serve
+from .train_draft import train_draft
 
 
 def _plain_arguments() -> None:
@@ -73,6 +74,7 @@ app.command()(race)
 app.command()(bench)
 app.command()(serve)
 app.command("cache-prompt")(cache_prompt)
+app.command("train-draft")(train_draft)
 app.add_typer(models_app, name="models")
 
 

@@ -1,0 +1,140 @@
+"""`mlxspec train-draft`: train an EAGLE-3 head for a target on this machine."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidOption
+from .common import err
+
+
+class _Bar:
+    """The run's progress on stderr: a rich bar per phase, the loss and held-out α beside it."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=err,
+            disable=not err.is_terminal,
+        )
+        self.tasks: dict[str, int] = {}
+        self.alpha = "α –"
+
+    def _task(self, name: str):
+        if name not in self.tasks:
+            self.tasks[name] = self.bar.add_task(name, total=1.0, info="")
+        return self.tasks[name]
+
+    def note(self, message: str) -> None:
+        err.print(message, style="dim")
+
+    def data(self, source: str, record: dict, tokens: int, fraction: float) -> None:
+        task = self._task("target's answers" if source == "answers" else "fixed text")
+        done = record["prompts_done"] if source == "answers" else record["text_done"]
+        self.bar.update(
+            task, completed=min(fraction, 1.0), info=f"{done} {'prompts' if source == 'answers' else 'chunks'}"
+        )
+        if not err.is_terminal:
+            err.print(f"{source}: {done} done ({tokens} tokens in the latest shard)")
+
+    def trained(self, state, fraction: float) -> None:
+        for name, task in self.tasks.items():
+            if name != "training":
+                self.bar.update(task, completed=1.0)
+        self.bar.update(self._task("training"), completed=fraction, info=f"loss {state.loss:.3f}  {self.alpha}")
+
+    def evaluated(self, figures: dict) -> None:
+        self.alpha = "held-out α " + " ".join(f"{a:.2f}" for a in figures["alpha"])
+        if not err.is_terminal:
+            err.print(f"{self.alpha}, Σmin(p,q) {figures['expected_acceptance']:.3f}")
+
+
+def train_draft(
+    *,
+    target: Annotated[str, typer.Option("--target", metavar="MODEL", help="The target: an mlx-lm folder or repo.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="DIR", help="The run's folder; the head is written there.")
+    ],
+    prompts: Annotated[
+        Optional[Path],
+        typer.Option("--prompts", metavar="FILE.jsonl", help='Prompts, one {"prompt": ...} a line (default: bundled).'),
+    ] = None,
+    text: Annotated[
+        Optional[list[Path]],
+        typer.Option("--text", metavar="FILE", help="Fixed text to learn from as well (repeatable)."),
+    ] = None,
+    minutes: Annotated[
+        Optional[float], typer.Option("--minutes", metavar="M", help="Time for the whole run, data included.")
+    ] = None,
+    tokens: Annotated[
+        Optional[int], typer.Option("--tokens", metavar="N", help="Stop training after N trained positions.")
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", metavar="N", help="Ids the head can propose.")] = 8192,
+    steps: Annotated[int, typer.Option("--steps", metavar="N", help="Training-time-test steps unrolled.")] = 3,
+    answer_minutes: Annotated[
+        Optional[float],
+        typer.Option("--answer-minutes", metavar="M", help="Time for the target's answers (default: a quarter, ≤ 15)."),
+    ] = None,
+    text_minutes: Annotated[
+        Optional[float],
+        typer.Option("--text-minutes", metavar="M", help="Time for reading --text (default: a sixth, ≤ 10)."),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", metavar="N", help="Longest answer.")] = 192,
+    batch: Annotated[int, typer.Option("--batch", metavar="N", help="Answers generated at once.")] = 64,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, cosine).")] = 1e-3,
+    warmup: Annotated[int, typer.Option("--warmup", metavar="STEPS", help="Steps of linear warmup.")] = 100,
+):
+    """Train an EAGLE-3 draft head for a target from its own answers and hidden states.
+
+    Example: mlxspec train-draft --target mlx-community/SmolLM2-135M-Instruct --out head --minutes 55
+    """
+    from ..training.run import Settings, check_folder, read_settings, run, start
+
+    if minutes is not None and minutes <= 0 or tokens is not None and tokens <= 0:
+        raise InvalidOption("--minutes and --tokens must be positive")
+    if steps < 1 or draft_vocab < 2:
+        raise InvalidOption("--steps must be at least 1 and --draft-vocab at least 2")
+    check_folder(out, resume=resume)
+    if resume:
+        settings = read_settings(out)
+    else:
+        total = minutes if minutes is not None else 30.0
+        settings = Settings(
+            target=target,
+            prompts_file=str(prompts) if prompts else None,
+            text_files=[str(f) for f in text or []],
+            minutes=minutes if minutes is not None or tokens is None else None,
+            tokens=tokens,
+            draft_vocab=draft_vocab,
+            steps=steps,
+            answer_minutes=answer_minutes if answer_minutes is not None else min(15.0, total / 4),
+            text_minutes=(text_minutes if text_minutes is not None else min(10.0, total / 6)) if text else 0.0,
+            max_tokens=max_tokens,
+            batch=batch,
+            seed=seed,
+            lr=lr,
+            warmup=warmup,
+            command="mlxspec " + shlex.join(sys.argv[1:]),
+        )
+        start(settings, out)
+    bar = _Bar()
+    with bar.bar:
+        facts = run(out=out, settings=settings, progress=bar)
+    alpha = " ".join(f"{a:.3f}" for a in facts["held_out"].get("alpha", []))
+    print(
+        f"head written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
+        f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
+    )

@@ -1,0 +1,401 @@
+"""Training an EAGLE-3 head with training-time test (Li et al., arXiv 2503.01840, section 3.2).
+
+The head is trained as the engine drafts with it (drafters/eagle3.py). Row j reads the
+embedding of token j+1 and fc(target features at j) and predicts token j+2. For chains of
+`steps` drafts started at every row at once, step s of the chain started at row i reads the
+embedding of x_{i+s} (from the data) and the pre-norm output of step s-1 at rope position
+i+s-1, and attends to step 1's keys at rows <= i plus its own chain's keys of steps 2..s:
+the EAGLE-3 mask, as a causal block over step 1 and one diagonal per later step. Its loss is
+the soft cross-entropy against the target's distribution at position i+s, renormalised
+over the draft vocabulary, weighted 0.8^(s-1), on answer (or text) positions only, and
+masked where the target puts less than a tenth of its mass inside the draft vocabulary.
+
+Held out, two figures per run: greedy agreement along chains (step k counted only where
+steps before it agreed and the data went on as the target's argmax, as a greedy verify
+would), and at step 1 the expected acceptance sum(min(p, q)) at temperature 1 over the
+target's top ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..drafters.eagle3_head import Eagle3Head, config_from_target, load_head, save_head, target_embedding
+from .data import Example, TrainingError, _write_json
+
+CONTEXT = 64  # prompt rows kept before an answer's first target
+MAX_WINDOW = 448
+BATCH_ROWS = 2048
+MIN_MASS = 0.1
+STEP_DECAY = 0.8
+CHECKPOINT_SECONDS = 180.0
+EVAL_EXAMPLES = 96
+
+
+# ---------------------------------------------------------------- the head, initialised
+
+
+def target_output_rows(model) -> mx.array:
+    """The target's output layer (vocab, hidden): its lm_head, or the tied embedding."""
+    inner = getattr(model, "language_model", model)
+    module = getattr(inner, "lm_head", None) or inner.model.embed_tokens
+    if "scales" in module:
+        return mx.dequantize(module.weight, module.scales, module.get("biases"), module.group_size, module.bits)
+    return module.weight
+
+
+def target_final_norm(model) -> mx.array:
+    inner = getattr(model, "language_model", model)
+    weight = inner.model.norm.weight
+    family = getattr(getattr(model, "args", None), "model_type", "")
+    return weight + 1.0 if family.startswith("gemma") else weight  # Gemma's norm scales by 1 + w
+
+
+def new_head(model, target_config: dict, *, vocabulary: np.ndarray, aux_layer_ids, seed: int) -> Eagle3Head:
+    """A head for `model` whose lm_head rows and norm start as the target's own output layer
+    and final norm (restricted to `vocabulary`); fc and the layer random, its output
+    projections small so the residual starts near the fused features."""
+    mx.random.seed(seed)
+    config = config_from_target(target_config, draft_vocab_size=len(vocabulary), aux_layer_ids=tuple(aux_layer_ids))
+    head = Eagle3Head(config)
+    head.share_embedding(target_embedding(model))
+    rows = target_output_rows(model)[mx.array(vocabulary)].astype(mx.float32)
+    head.lm_head.weight = rows
+    head.norm.weight = target_final_norm(model).astype(mx.float32)
+    attn, mlp = head.midlayer.self_attn, head.midlayer.mlp
+    attn.o_proj.weight = attn.o_proj.weight * 0.1
+    mlp.down_proj.weight = mlp.down_proj.weight * 0.1
+    object.__setattr__(head, "draft_to_target", mx.array(vocabulary.astype(np.uint32)))
+    mx.eval(head.parameters())
+    return head
+
+
+# ---------------------------------------------------------------- the unrolled forward
+
+
+def _attend(q, k1, v1, chain: list, scale: float) -> mx.array:
+    """q (B, h, W, d); k1, v1 (B, kv, W, d) step 1's keys (causal); chain: the same chain's
+    (k, v) of steps 2..s, one diagonal each. -> (B, W, h·d)."""
+    b, heads, width, _ = q.shape
+    rep = heads // k1.shape[1]
+
+    def widen(t):
+        return mx.repeat(t, rep, axis=1) if rep > 1 else t
+
+    q = q * scale
+    causal = mx.triu(mx.full((width, width), -mx.inf, dtype=q.dtype), k=1)
+    scores = [q @ widen(k1).swapaxes(-1, -2) + causal]
+    scores += [(q * widen(k)).sum(-1, keepdims=True) for k, _ in chain]
+    weights = mx.softmax(mx.concatenate(scores, axis=-1), axis=-1, precise=True)
+    out = weights[..., :width] @ widen(v1)
+    for t, (_, v) in enumerate(chain):
+        out = out + weights[..., width + t : width + t + 1] * widen(v)
+    return out.transpose(0, 2, 1, 3).reshape(b, width, -1)
+
+
+def unroll(head: Eagle3Head, tokens: mx.array, features: mx.array, steps: int) -> list[mx.array]:
+    """tokens (B, W + steps): x_a .. ; features (B, W, F): the target's at a .. a+W-1.
+    -> per step s, logits (B, W, draft vocab): row r predicts position a+r+s+1."""
+    attn = head.midlayer.self_attn
+    width = features.shape[1]
+    hidden = head.fuse(features)
+    first, chain, logits = None, [], []
+    for s in range(1, steps + 1):
+        x, residual = head.layer_input(tokens[:, s : s + width], hidden)
+        q, k, v = attn.project(x, s - 1)
+        if first is None:
+            first = (k, v)
+        else:
+            chain.append((k, v))
+        attended = _attend(q, *first, chain, attn.scale)
+        hidden = head.layer_output(residual, attn.o_proj(attended))
+        logits.append(head.lm_head(head.norm(hidden)))
+    return logits
+
+
+def loss_fn(head, batch: dict, steps: int) -> mx.array:
+    width = batch["features"].shape[1]
+    total = mx.array(0.0)
+    for s, logits in enumerate(unroll(head, batch["tokens"], batch["features"], steps), 1):
+        index, probs, mask = (batch[k][:, s : s + width] for k in ("label_ids", "label_probs", "label_mask"))
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        ce = -(probs * mx.take_along_axis(logp, index, axis=-1)).sum(-1)
+        total = total + STEP_DECAY ** (s - 1) * (ce * mask).sum() / mx.maximum(mask.sum(), 1)
+    return total
+
+
+# ---------------------------------------------------------------- batches
+
+
+@dataclass
+class Labels:
+    """An example's targets in draft ids: per position the top ids (K,) mapped into the
+    draft vocabulary, their probabilities renormalised there, and whether it is trained on."""
+
+    ids: np.ndarray
+    probs: np.ndarray
+    mask: np.ndarray
+    inside: np.ndarray  # (L, K): the top id is in the draft vocabulary
+
+
+def label(example: Example, draft_index: np.ndarray) -> Labels:
+    index = draft_index[example.top_ids]
+    probs = np.where(index >= 0, example.top_probs.astype(np.float32), 0.0)
+    mass = probs.sum(-1)
+    mask = (mass >= MIN_MASS) & (np.arange(len(example.ids)) >= example.train_from)
+    return Labels(np.maximum(index, 0).astype(np.int32), probs / np.maximum(mass, 1e-9)[:, None], mask, index >= 0)
+
+
+def window(example: Example) -> tuple[int, int]:
+    start = max(0, example.train_from - CONTEXT)
+    return start, min(len(example.ids), start + MAX_WINDOW)
+
+
+def make_batch(examples: list[Example], labels: list[Labels], steps: int) -> dict:
+    spans = [window(e) for e in examples]
+    width = max(b - a for a, b in spans)
+    n, f, k = len(examples), examples[0].features.shape[1], examples[0].top_ids.shape[1]
+    tokens = np.zeros((n, width + steps + 1), np.int32)
+    features = np.zeros((n, width, f), np.float16)
+    label_ids = np.zeros((n, width + steps + 1, k), np.int32)
+    label_probs = np.zeros((n, width + steps + 1, k), np.float32)
+    label_mask = np.zeros((n, width + steps + 1), np.float32)
+    target_argmax = np.full((n, width + steps + 1), -1, np.int64)
+    top_probs = np.zeros((n, width + steps + 1, k), np.float32)
+    for row, (e, lab, (a, b)) in enumerate(zip(examples, labels, spans)):
+        tokens[row, : b - a] = e.ids[a:b]
+        features[row, : b - a] = e.features[a:b]
+        label_ids[row, : b - a] = lab.ids[a:b]
+        label_probs[row, : b - a] = lab.probs[a:b]
+        label_mask[row, : b - a] = lab.mask[a:b]
+        target_argmax[row, : b - a] = np.where(np.arange(a, b) >= e.train_from, e.top_ids[a:b, 0], -1)
+        top_probs[row, : b - a] = np.where(lab.inside[a:b], e.top_probs[a:b], 0.0)
+    # position a+r reads the target's distribution P at a+r; row r of step s predicts the
+    # token after position a+r+s, so its label is P at a+r+s: column s+r of these arrays
+    return {
+        "tokens": mx.array(tokens),
+        "features": mx.array(features).astype(mx.float32),
+        "label_ids": mx.array(label_ids),
+        "label_probs": mx.array(label_probs),
+        "label_mask": mx.array(label_mask),
+        "target_argmax": target_argmax,
+        "tokens_np": tokens,
+        "raw_probs": top_probs,
+        "label_ids_np": label_ids,
+    }
+
+
+def plan_batches(examples: list[Example], *, seed: int) -> list[list[int]]:
+    """An epoch: examples shuffled, then packed, 64 at a time sorted by length, into batches
+    of about BATCH_ROWS rows."""
+    order = np.random.default_rng(seed).permutation(len(examples)).tolist()
+    batches = []
+    for start in range(0, len(order), 64):
+        group = sorted(order[start : start + 64], key=lambda i: -np.subtract(*window(examples[i])[::-1]))
+        current, width = [], 0
+        for i in group:
+            a, b = window(examples[i])
+            width = max(width, b - a)
+            if current and width * (len(current) + 1) > BATCH_ROWS:
+                batches.append(current)
+                current, width = [], b - a
+            current.append(i)
+        if current:
+            batches.append(current)
+    return [batches[i] for i in np.random.default_rng(seed + 1).permutation(len(batches))]
+
+
+# ---------------------------------------------------------------- held-out acceptance
+
+
+def evaluate(head: Eagle3Head, examples: list[Example], labels: list[Labels], steps: int) -> dict:
+    """Greedy agreement per draft position along chains (conditional: step k over the chains
+    whose steps before k agreed and whose data went on as the target's argmax), and the
+    expected step-1 acceptance sum(min(p, q)) at temperature 1."""
+    reached = np.zeros(steps)
+    agreed = np.zeros(steps)
+    overlap, overlap_n = 0.0, 0
+    draft_to_target = np.array(head.draft_to_target).astype(np.int64)
+    for start in range(0, len(examples), 8):
+        chosen = list(range(start, min(start + 8, len(examples))))
+        batch = make_batch([examples[i] for i in chosen], [labels[i] for i in chosen], steps)
+        width = batch["features"].shape[1]
+        outs = unroll(head, batch["tokens"], batch["features"], steps)
+        drafted = [mx.argmax(o, axis=-1) for o in outs]
+        q1 = mx.softmax(outs[0], axis=-1)
+        q_at = mx.take_along_axis(q1, batch["label_ids"][:, 1 : 1 + width], axis=-1)
+        mx.eval(drafted, q_at)
+        argmax, tokens = batch["target_argmax"], batch["tokens_np"]
+        alive = np.ones(argmax[:, :width].shape, bool)
+        for s in range(1, steps + 1):
+            want = argmax[:, s : s + width]
+            alive = alive & (want >= 0)
+            hit = draft_to_target[np.array(drafted[s - 1])] == want
+            reached[s - 1] += alive.sum()
+            agreed[s - 1] += (alive & hit).sum()
+            # the next step reads x_{i+s+1}: it is a greedy chain only where that is the argmax
+            alive = alive & hit & (tokens[:, s + 1 : s + 1 + width] == want)
+        p = batch["raw_probs"][:, 1 : 1 + width]
+        valid = argmax[:, 1 : 1 + width] >= 0
+        both = np.minimum(p, np.array(q_at)).sum(-1)
+        overlap += float(both[valid].sum())
+        overlap_n += int(valid.sum())
+    alpha = [float(a / r) if r else 0.0 for a, r in zip(agreed, reached)]
+    return {"alpha": alpha, "expected_acceptance": overlap / max(overlap_n, 1), "positions": int(reached[0])}
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Budget:
+    seconds: float | None
+    tokens: int | None
+
+    def fraction(self, seconds: float, tokens: int) -> float:
+        parts = []
+        if self.seconds:
+            parts.append(seconds / self.seconds)
+        if self.tokens:
+            parts.append(tokens / self.tokens)
+        return min(max(parts), 1.0) if parts else 1.0
+
+
+@dataclass
+class State:
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # the data cursor: next batch of this epoch
+    seconds: float = 0.0  # training time so far
+    tokens: int = 0  # trained positions so far (rows with a target, summed over steps)
+    loss: float = float("nan")
+    history: list = field(default_factory=list)  # held-out figures as training went
+
+
+def lr_at(fraction: float, step: int, peak: float, warmup: int = 100) -> float:
+    warm = min(1.0, (step + 1) / max(warmup, 1))
+    return peak * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0))))
+
+
+def train(
+    *,
+    head: Eagle3Head,
+    train_set: list[Example],
+    held_out: list[Example],
+    draft_index: np.ndarray,
+    folder: Path,
+    steps: int,
+    budget: Budget,
+    state: State,
+    seed: int,
+    peak_lr: float,
+    progress,
+    warmup: int = 100,
+) -> State:
+    """Train until the budget is spent, checkpointing to folder/checkpoint; returns the state."""
+    labels = [label(e, draft_index) for e in train_set]
+    held_labels = [label(e, draft_index) for e in held_out]
+    held = list(range(len(held_out)))[:: max(1, len(held_out) // EVAL_EXAMPLES)][:EVAL_EXAMPLES]
+    held_examples, held_labels = [held_out[i] for i in held], [held_labels[i] for i in held]
+    optimizer = optim.AdamW(learning_rate=peak_lr, weight_decay=0.0)
+    checkpoint = folder / "checkpoint"
+    if (checkpoint / "optimizer.safetensors").is_file():
+        optimizer.state = tree_unflatten(list(mx.load(str(checkpoint / "optimizer.safetensors")).items()))
+    step_fn = nn.value_and_grad(head, lambda batch: loss_fn(head, batch, steps))
+    last_checkpoint = last_eval = time.perf_counter()
+    if held_examples and not state.history:
+        state.history.append({"step": 0, "tokens": 0} | evaluate(head, held_examples, held_labels, steps))
+        progress.evaluated(state.history[-1])
+    while budget.fraction(state.seconds, state.tokens) < 1.0:
+        batches = plan_batches(train_set, seed=seed + state.epoch)
+        if state.batch >= len(batches):
+            state.epoch, state.batch = state.epoch + 1, 0
+            continue
+        started = time.perf_counter()
+        chosen = batches[state.batch]
+        batch = make_batch([train_set[i] for i in chosen], [labels[i] for i in chosen], steps)
+        optimizer.learning_rate = lr_at(budget.fraction(state.seconds, state.tokens), state.step, peak_lr, warmup)
+        loss, grads = step_fn(batch)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        optimizer.update(head, grads)
+        mx.eval(loss, head.parameters(), optimizer.state)
+        state.step, state.batch = state.step + 1, state.batch + 1
+        state.loss = float(loss)
+        state.tokens += int(np.array(batch["label_mask"]).sum()) * steps
+        state.seconds += time.perf_counter() - started
+        progress.trained(state, budget.fraction(state.seconds, state.tokens))
+        now = time.perf_counter()
+        if held_examples and now - last_eval > max(60.0, CHECKPOINT_SECONDS / 2):
+            figures = evaluate(head, held_examples, held_labels, steps)
+            state.history.append({"step": state.step, "tokens": state.tokens} | figures)
+            progress.evaluated(figures)
+            last_eval = time.perf_counter()
+        if now - last_checkpoint > CHECKPOINT_SECONDS:
+            save_checkpoint(checkpoint, head, optimizer, state)
+            last_checkpoint = time.perf_counter()
+    save_checkpoint(checkpoint, head, optimizer, state)
+    return state
+
+
+def _save_arrays(path: Path, arrays: dict) -> None:
+    """Write a safetensors file whole or not at all: beside it first, read back, renamed."""
+    partial = path.with_name(path.stem + ".partial.safetensors")
+    try:
+        mx.save_safetensors(str(partial), arrays)
+        if len(mx.load(str(partial))) != len(arrays):
+            raise OSError("the file read back is incomplete")
+        partial.rename(path)
+    except (OSError, RuntimeError, ValueError) as e:
+        partial.unlink(missing_ok=True)
+        raise TrainingError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def save_checkpoint(folder: Path, head: Eagle3Head, optimizer, state: State) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainingError(f"cannot write {folder}: {e.strerror or e}") from None
+    _save_arrays(folder / "head.safetensors", dict(tree_flatten(head.parameters())))
+    _save_arrays(folder / "optimizer.safetensors", dict(tree_flatten(optimizer.state)))
+    _write_json(folder / "state.json", state.__dict__)
+
+
+def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
+    try:
+        state = State(**json.loads((folder / "state.json").read_text()))
+        head.load_weights(list(mx.load(str(folder / "head.safetensors")).items()))
+    except (OSError, ValueError, TypeError) as e:
+        raise TrainingError(f"{folder}: the checkpoint does not read back ({e})") from None
+    return state
+
+
+def write_finished(head: Eagle3Head, folder: Path, card: str) -> None:
+    """The finished head: written and loaded back in folder/.partial, then moved in, its
+    config.json last, so a folder without it (an interrupted run) never loads as a head."""
+    partial = folder / ".partial"
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        save_head(head, partial)
+        load_head(partial)  # what was written reads back as a head
+        (partial / "README.md").write_text(card)
+        (partial / "README.md").rename(folder / "README.md")
+        (partial / "model.safetensors").rename(folder / "model.safetensors")
+        (partial / "config.json").rename(folder / "config.json")
+        partial.rmdir()
+    except (OSError, RuntimeError) as e:
+        (folder / "config.json").unlink(missing_ok=True)
+        raise TrainingError(f"cannot write the head into {folder}: {getattr(e, 'strerror', None) or e}") from None
+    except Exception as e:  # load_head's own complaint: a file cut short by the disk
+        (folder / "config.json").unlink(missing_ok=True)
+        raise TrainingError(f"cannot write the head into {folder}: {e}") from None

@@ -1,0 +1,144 @@
+"""`mlxspec train-draft` on a tiny random-weight llama target, through the real command in a
+subprocess: the head it writes loads and agrees with the target on held-out answers more
+often than a random head does; --resume on a folder that is not a run, and a disk that
+fills up part way, end in one line with nothing left that loads as a head."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "river clock garden lamp window train music paper stone cloud bread letter".split()
+
+
+def _prompts(path: Path, count: int = 64) -> Path:
+    lines = [
+        json.dumps({"prompt": f"Tell me about the {WORDS[i % 12]} and the {WORDS[(i * 5) % 12]}."})
+        for i in range(count)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _train(*args, limit_bytes: int | None = None) -> subprocess.CompletedProcess:
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "MLXSPEC_DEBUG": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "mlxspec", "train-draft", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+        preexec_fn=limit if limit_bytes else None,
+    )
+
+
+@pytest.fixture(scope="module")
+def target(factory) -> Path:
+    return factory.pair("llama")[0]
+
+
+def test_trained_head_loads_and_beats_a_random_head(target, tmp_path):
+    import mlx.core as mx
+    import mlx_lm
+    import numpy as np
+
+    from mlxspec.drafters.eagle3_head import Eagle3Head, load_head
+    from mlxspec.training.data import load_shards
+    from mlxspec.training.trainer import evaluate, label
+
+    out = tmp_path / "head"
+    done = _train(
+        "--target", target, "--out", out, "--prompts", _prompts(tmp_path / "p.jsonl"), "--tokens", 60000,
+        "--answer-minutes", 0.05, "--max-tokens", 48, "--batch", 32, "--draft-vocab", 256, "--warmup", 5,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    head = load_head(out, dtype=mx.float32)
+    assert head.config.draft_vocab_size == 256
+    card = (out / "README.md").read_text()
+    assert "held-out" in card.lower() and "train-draft --target" in card
+
+    model, _ = mlx_lm.load(str(target))
+    from mlxspec.drafters.eagle3_head import target_embedding
+
+    head.share_embedding(target_embedding(model))
+    held = [e for e in load_shards(out / "data") if e.held_out]
+    assert held
+    index = np.full(head.config.vocab_size, -1, np.int64)
+    index[np.array(head.draft_to_target)] = np.arange(head.config.draft_vocab_size)
+    labels = [label(e, index) for e in held]
+    trained = evaluate(head, held, labels, 3)
+    mx.random.seed(7)
+    random = Eagle3Head(head.config)
+    random.share_embedding(target_embedding(model))
+    object.__setattr__(random, "draft_to_target", head.draft_to_target)
+    chance = evaluate(random, held, labels, 3)
+    assert trained["alpha"][0] > chance["alpha"][0] + 0.05, (trained, chance)
+    assert trained["expected_acceptance"] > chance["expected_acceptance"]
+
+
+def test_resume_refuses_a_folder_that_is_not_a_run(target, tmp_path):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    done = _train("--target", target, "--out", tmp_path / "other", "--resume")
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.strip().splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "not a training run" in errors[0], done.stderr
+
+
+def test_a_full_disk_leaves_nothing_loadable(target, tmp_path):
+    from mlxspec.drafters.eagle3_head import is_head_folder, load_head
+    from mlxspec.errors import ModelLoadError
+
+    out = tmp_path / "full"
+    # 400 kB a file: the data shards fit, the checkpoint's optimizer state does not
+    done = _train(
+        "--target", target, "--out", out, "--prompts", _prompts(tmp_path / "p.jsonl", 16), "--tokens", 3000,
+        "--answer-minutes", 0.02, "--max-tokens", 16, "--batch", 2, "--draft-vocab", 512, limit_bytes=400_000,
+    )  # fmt: skip
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.strip().splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "cannot write" in errors[0], done.stderr
+    assert done.stderr.strip().endswith(errors[0])
+    assert not is_head_folder(out)
+    with pytest.raises(ModelLoadError):
+        load_head(out)
+
+
+def test_the_finished_head_is_whole_or_absent(target, tmp_path):
+    """write_finished under a file-size limit below the head's size: an error, no config.json."""
+    import mlx_lm
+    import numpy as np
+
+    from mlxspec.drafters.eagle3_head import is_head_folder
+    from mlxspec.training.data import TrainingError
+    from mlxspec.training.trainer import new_head, write_finished
+
+    model, _, config = mlx_lm.load(str(target), return_config=True)
+    head = new_head(model, config, vocabulary=np.arange(512), aux_layer_ids=(0, 1, 1), seed=0)
+    folder = tmp_path / "final"
+    folder.mkdir()
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, before[1]))
+    try:
+        with pytest.raises(TrainingError, match="cannot write"):
+            write_finished(head, folder, "card")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert not is_head_folder(folder)
+    write_finished(head, folder, "card")
+    assert is_head_folder(folder) and not (folder / ".partial").exists()
