@@ -110,7 +110,7 @@ def _head_step_time(pair: Pair, prompt: list[int], params: SamplingParams, repea
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        logits, _ = head(token, hidden, cache)
+        logits, _ = head(token, hidden, cache, chained=True)
         if params.greedy:
             result = head.draft_to_target[mx.argmax(logits[0, -1])]
         else:

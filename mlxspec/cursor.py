@@ -67,6 +67,9 @@ class Cursor:
         self.cache_options = cache_options
         self.taps = taps
         self.features: FeatureStore | None = None
+        # standard decoding turns it off: it drafts nothing, so it keeps no features (a later
+        # drafting call on the same cache finds them missing and has them read again)
+        self.keep_features = True
         self.reset()
 
     def reset(self) -> None:
@@ -107,7 +110,7 @@ class Cursor:
         start = self.cache.length
         logits = self.model(ids[None], cache=self.cache.layers)[0]
         self.cache.length += ids.shape[0]
-        if self.features is not None:
+        if self.features is not None and self.keep_features:
             self.features.write(start, self.taps.take()[0])
         return _to_width(logits, self.width)
 

@@ -41,6 +41,7 @@ def decode(
 ) -> Iterator[Prefill | Round]:
     """Yields a Prefill, then one Round per round; returns the finish reason ("eos" or
     "length"). `policy` None: standard decoding, the target alone, through the same sampler."""
+    target.keep_features = policy is not None  # only a drafter reads them
     # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
     with mx.stream(generation_stream):
         yield prefill(target, drafter if policy else None, prompt)

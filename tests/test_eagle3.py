@@ -107,8 +107,8 @@ def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
     cache = KVCache()
     tokens, hidden = mx.array([history[1:]]), features
     out = []
-    for _ in range(n):
-        logits, pre = head(tokens, hidden, cache)
+    for i in range(n):
+        logits, pre = head(tokens, hidden, cache, chained=i > 0)
         out.append(head.draft_to_target[mx.argmax(logits[0, -1])].item())
         tokens, hidden = mx.array([[out[-1]]]), pre[:, -1:]
     return out
@@ -150,11 +150,42 @@ def test_a_session_with_a_head_stays_exact(heads):
         lambda h: h + PROMPT[:4],
     ):
         prompt = prompt_of(history)
-        for gamma in (3, "auto"):
+        for gamma in (0, 3, "auto"):  # standard decoding keeps no features: the next call reads them again
             got = mlxspec.generate(pair, prompt, max_tokens=12, gamma=gamma, session=session).tokens
             fresh = mlxspec.generate(pair, prompt, max_tokens=12, gamma=0, session=Session(pair)).tokens
             assert got == fresh, (prompt, gamma)
         history = prompt + got
+
+
+def test_a_target_with_ids_to_refeed_still_drafts_aligned(heads, monkeypatch):
+    """A rewind that cannot trim refeeds ids (array caches do): the target reads them before
+    the head drafts, so its first proposal is still for the position the verify puts it at
+    (helper-4's review found it predicted one id too early)."""
+    from mlxspec import caches
+
+    pair = heads.pair("llama")
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    original = caches.ModelCache.rewind
+
+    def refeeding(self, length, mark):
+        self.restore(mark)
+        return length - mark.length
+
+    monkeypatch.setattr(caches.ModelCache, "rewind", refeeding)
+    session = Session(pair)
+    rounds = [
+        e
+        for e in mlxspec.stream(pair, PROMPT, session=session, max_tokens=MAX_TOKENS, gamma=3)
+        if hasattr(e, "drafted")
+    ]
+    assert [t for r in rounds for t in r.emitted] == standard
+    monkeypatch.setattr(caches.ModelCache, "rewind", original)
+    history, stale = list(PROMPT), 0
+    for r in rounds:
+        if r.source == "model" and r.drafted:
+            stale += list(r.drafted) != fresh_head_drafts(pair, history, len(r.drafted))
+        history += list(r.emitted)
+    assert stale == 0
 
 
 def test_a_ctrl_c_mid_round_leaves_a_head_session_exact(heads):

@@ -70,13 +70,17 @@ class Eagle3Drafter:
         """Ids emitted without the head are in the target's history already."""
 
     def catch_up_if_behind(self) -> float:
-        self._align()
-        if self.target_rows - self.rows <= CATCH_UP_AFTER:
-            return 0.0
+        """Before a round's marks: the target reads any pending ids but its last (its first
+        draft must predict the id after that one, from true features), and the head reads a
+        backlog of rows in a forward of its own."""
         start = time.perf_counter()
-        with self._reset_on_error():
-            self._ensure_features()
-            self._read_behind()
+        if len(self.target.pending) > 1:  # a rewind that refeeds ids; a heard stretch
+            self.target.catch_up()
+        self._align()
+        if self.target_rows - self.rows > CATCH_UP_AFTER:
+            with self._reset_on_error():
+                self._ensure_features()
+                self._read_behind()
         return time.perf_counter() - start
 
     # -- a round's calls
@@ -110,7 +114,7 @@ class Eagle3Drafter:
         stopped = False
         to_target = self.head.draft_to_target
         for i in range(count):
-            logits, out = self.head(tokens, hidden, self.cache)
+            logits, out = self.head(tokens, hidden, self.cache, chained=i > 0)
             logits = logits[0, -1]
             choice, probs = pick(logits, params, keys[i])
             if stop_below > 0 or read_confidences:
@@ -178,7 +182,9 @@ class Eagle3Drafter:
 
     def _ensure_features(self) -> None:
         """The store lacks positions the target holds only where its cache came from elsewhere
-        (a prompt-cache file): have the target read them again."""
+        (a prompt-cache file) or where standard decoding kept none: have the target read
+        them again."""
+        self._align()
         if not self.target.features.covers(self.rows, self.target_rows):
             self.reset()
             if not self.target.features.covers(0, self.target_rows):

@@ -218,8 +218,8 @@ class Eagle3Head(nn.Module):
         return table(ids)
 
     def fuse(self, features: mx.array) -> mx.array:
-        """Target features (…, 3·hidden) to the layer's width; the head's own output passes."""
-        return self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+        """The target's features (…, 3·hidden) to the layer's width."""
+        return self.fc(features)
 
     def layer_input(self, ids: mx.array, hidden: mx.array) -> tuple[mx.array, mx.array]:
         """(attention input (…, 2·hidden), residual (…, hidden)) for tokens and fused hidden states."""
@@ -234,10 +234,12 @@ class Eagle3Head(nn.Module):
         residual = residual + attended
         return residual + self.midlayer.mlp(self.midlayer.post_attention_layernorm(residual))
 
-    def __call__(self, ids: mx.array, features: mx.array, cache) -> tuple[mx.array, mx.array]:
-        """ids (B, L), features (B, L, 3·hidden or hidden) -> (logits (B, L, draft vocab),
-        pre-norm output (B, L, hidden), what the next chained step reads)."""
-        x, residual = self.layer_input(ids, self.fuse(features))
+    def __call__(self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False) -> tuple[mx.array, mx.array]:
+        """ids (B, L), hidden (B, L, 3·hidden): the target's features, or (B, L, hidden) the
+        head's own last output when `chained` -> (logits (B, L, draft vocab), pre-norm
+        output (B, L, hidden), what the next chained step reads). Told, not guessed from
+        the width: a head three times its target's width would look the same."""
+        x, residual = self.layer_input(ids, hidden if chained else self.fuse(hidden))
         out = self.layer_output(residual, self.midlayer.self_attn(x, cache))
         return self.lm_head(self.norm(out)), out
 
