@@ -96,6 +96,9 @@ def train_draft(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, cosine).")] = 1e-3,
     warmup: Annotated[int, typer.Option("--warmup", metavar="STEPS", help="Steps of linear warmup.")] = 100,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Prompts as raw text, without the chat template (base models).")
+    ] = False,
 ):
     """Train an EAGLE-3 draft head for a target from its own answers and hidden states.
 
@@ -127,6 +130,7 @@ def train_draft(
             seed=seed,
             lr=lr,
             warmup=warmup,
+            raw=raw,
             command="mlxspec " + shlex.join(sys.argv[1:]),
         )
         start(settings, out)

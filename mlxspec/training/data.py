@@ -7,11 +7,12 @@ with taps on the head's feature layers (capture.py), which gives, at every posit
 hidden states entering those layers (the head's input) and the target's distribution for
 token j+1 (its top-K ids and probabilities: the soft labels).
 
-An example is one sequence: `ids` (L,), `features` (L, 3·hidden) float16, `top_ids` (L, K)
-and `top_probs` (L, K), and `train_from`: the first position whose distribution is learnt
-(the prompt's last position for an answer, so that only answer tokens are targets; 0 for
-text). Examples are kept in shards (DIR/data/shard-NNNN.npz, written to a temporary name and
-renamed), so a resumed run reads them instead of asking the target again.
+An example is one sequence: `ids` (L,), `features` (L, 3·hidden) float16 (float32 where
+float16 would overflow), `top_ids` (L, K) and `top_probs` (L, K), and `train_from`: the
+first position whose distribution is learnt (the prompt's last position for an answer, so
+that only answer tokens are targets; 0 for text). Examples are kept in shards
+(DIR/data/shard-NNNN.npz, written to a temporary name and renamed), so a resumed run reads
+them instead of asking the target again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
 HELD_OUT_EVERY = 16  # example k is held out when k % 16 == 0
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
+FLOAT16_LIMIT = 6e4
 
 
 class TrainingError(MlxspecError):
@@ -40,7 +42,7 @@ class TrainingError(MlxspecError):
 @dataclass
 class Example:
     ids: np.ndarray  # (L,) int32
-    features: np.ndarray  # (L, F) float16
+    features: np.ndarray  # (L, F) float16, or float32 where float16 would overflow
     top_ids: np.ndarray  # (L, K) int32
     top_probs: np.ndarray  # (L, K) float16
     train_from: int
@@ -48,10 +50,12 @@ class Example:
     greedy: bool  # an answer the target wrote greedily (held-out agreement is read on these)
 
 
-def prefill(model, taps, sequences: list[list[int]], *, batch_tokens: int = 4096) -> list[tuple]:
+def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int) -> list[tuple]:
     """Teacher-forced prefill: per sequence (features (L, F) float16, top ids (L, K),
-    top probs (L, K) float16). Sequences of similar length are right-padded together; the
-    causal mask keeps padding out of every real position."""
+    top probs (L, K) float16). Sequences of similar length are right-padded together (about
+    half a GB of float32 logits at once); the causal mask keeps padding out of every real
+    position."""
+    batch_tokens = max(256, 2**27 // vocab_size)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: list = [None] * len(sequences)
     start = 0
@@ -67,12 +71,14 @@ def prefill(model, taps, sequences: list[list[int]], *, batch_tokens: int = 4096
         start += len(group)
         inputs = mx.array([sequences[i] + [0] * (width - len(sequences[i])) for i in group], dtype=mx.uint32)
         logits = model(inputs).astype(mx.float32)
-        features = taps.take().astype(mx.float16)
+        features = taps.take().astype(mx.float32)
         top = mx.argpartition(-logits, TOP_K - 1, axis=-1)[..., :TOP_K]
         # the true probabilities (not renormalised over the top K): exp(logit - logsumexp)
         probs = mx.exp(mx.take_along_axis(logits, top, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True))
         mx.eval(features, top, probs)
         features, top, probs = np.array(features), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16))
+        if np.abs(features).max() < FLOAT16_LIMIT:  # kept in float32 where they would overflow (Gemma's do)
+            features = features.astype(np.float16)
         for row, i in enumerate(group):
             n = len(sequences[i])
             # sort each position's top K by probability, so column 0 is the target's argmax
@@ -126,11 +132,12 @@ def text_sequences(tokenizer, files: list[Path]) -> list[list[int]]:
     return chunks
 
 
-def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    """Chat prompts as the target reads them (its chat template, or the raw text when it has none)."""
+def encode_prompts(tokenizer, prompts: list[str], *, raw: bool = False) -> list[list[int]]:
+    """Prompts as the target reads them: in its chat template, or as raw text when it has
+    none or `raw` is asked (a base model)."""
     out = []
     for prompt in prompts:
-        if getattr(tokenizer, "chat_template", None):
+        if not raw and getattr(tokenizer, "chat_template", None):
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         else:
             ids = tokenizer.encode(prompt)
@@ -215,6 +222,8 @@ class DataPlan:
     max_tokens: int
     batch: int
     seed: int
+    raw: bool = False
+    vocab_size: int = 49152  # the target's logits' width (sizes the prefill's batches)
 
 
 def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report) -> None:
@@ -226,7 +235,7 @@ def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report) 
     record = json.loads(record_file.read_text()) if record_file.is_file() else {}
     record = {"prompts_done": 0, "text_done": 0, "answer_seconds": 0.0, "text_seconds": 0.0, "shards": 0} | record
     eos = sorted(set(tokenizer.eos_token_ids))
-    encoded = [p for p in encode_prompts(tokenizer, plan.prompts)]
+    encoded = encode_prompts(tokenizer, plan.prompts, raw=plan.raw)
     chunk = max(plan.batch * 2, 2)  # prompts a shard
 
     def write(examples: list[Example], **moved) -> None:
@@ -248,7 +257,7 @@ def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report) 
             batch=plan.batch,
         )
         sequences = [group[i] + a for i, a in zip(keep, answers)]
-        made = prefill(model, taps, sequences)
+        made = prefill(model, taps, sequences, vocab_size=plan.vocab_size)
         examples = [
             Example(
                 np.array(s, dtype=np.int32),
@@ -273,7 +282,7 @@ def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report) 
         started = time.perf_counter()
         first = record["text_done"]
         group = texts[first : first + 32]
-        made = prefill(model, taps, group)
+        made = prefill(model, taps, group, vocab_size=plan.vocab_size)
         examples = [
             Example(np.array(s, dtype=np.int32), f, t, p, 0, (first + i) % HELD_OUT_EVERY == 0, False)
             for i, (s, (f, t, p)) in enumerate(zip(group, made))

@@ -40,6 +40,7 @@ class Settings:
     lr: float
     command: str
     warmup: int = 100  # steps of linear warmup
+    raw: bool = False  # prompts without the chat template (a base model)
 
 
 class Progress:
@@ -109,6 +110,8 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         max_tokens=settings.max_tokens,
         batch=settings.batch,
         seed=settings.seed,
+        raw=settings.raw,
+        vocab_size=int((target_config.get("text_config") or target_config)["vocab_size"]),
     )
     data = out / "data"
     build_data(model, tokenizer, taps, data, plan, report=progress.data)

@@ -167,7 +167,7 @@ def make_batch(examples: list[Example], labels: list[Labels], steps: int) -> dic
     width = max(b - a for a, b in spans)
     n, f, k = len(examples), examples[0].features.shape[1], examples[0].top_ids.shape[1]
     tokens = np.zeros((n, width + steps + 1), np.int32)
-    features = np.zeros((n, width, f), np.float16)
+    features = np.zeros((n, width, f), np.float32)
     label_ids = np.zeros((n, width + steps + 1, k), np.int32)
     label_probs = np.zeros((n, width + steps + 1, k), np.float32)
     label_mask = np.zeros((n, width + steps + 1), np.float32)
@@ -185,7 +185,7 @@ def make_batch(examples: list[Example], labels: list[Labels], steps: int) -> dic
     # token after position a+r+s, so its label is P at a+r+s: column s+r of these arrays
     return {
         "tokens": mx.array(tokens),
-        "features": mx.array(features).astype(mx.float32),
+        "features": mx.array(features),
         "label_ids": mx.array(label_ids),
         "label_probs": mx.array(label_probs),
         "label_mask": mx.array(label_mask),
