@@ -98,7 +98,7 @@ def test_resume_refuses_a_folder_that_is_not_a_run(target, tmp_path):
     assert len(errors) == 1 and "not a training run" in errors[0], done.stderr
 
 
-def test_a_full_disk_leaves_nothing_loadable(target, tmp_path):
+def test_a_full_disk_leaves_nothing_loadable_and_resume_finishes(target, tmp_path):
     from mlxspec.drafters.eagle3_head import is_head_folder, load_head
     from mlxspec.errors import ModelLoadError
 
@@ -115,6 +115,11 @@ def test_a_full_disk_leaves_nothing_loadable(target, tmp_path):
     assert not is_head_folder(out)
     with pytest.raises(ModelLoadError):
         load_head(out)
+    # room again: --resume reads the shards already written and finishes the run
+    resumed = _train("--target", target, "--out", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "answers:" not in resumed.stderr  # the target was not asked again
+    assert load_head(out).config.draft_vocab_size == 512
 
 
 def test_the_finished_head_is_whole_or_absent(target, tmp_path):
