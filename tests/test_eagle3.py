@@ -333,3 +333,32 @@ def test_the_cli_refuses_a_misfit_head_in_one_line(heads, tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "eagle_aux_hidden_state_layer_ids" in lines[0], run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_head_in_speculators_layout_loads_the_same(heads, tmp_path):
+    """speculators writes `Eagle3Speculator` with the layer's config nested and the layer's
+    weights under `layers.0.`, a `model.` prefix allowed: the same head, the same proposals."""
+    source = heads.head("llama")
+    out = tmp_path / "speculators"
+    out.mkdir()
+    flat = json.loads((source / "config.json").read_text())
+    layer = {k: v for k, v in flat.items() if k not in ("architectures", "eagle_config", "draft_vocab_size")}
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Eagle3Speculator"],
+                "speculators_model_type": "eagle3",
+                "transformer_layer_config": layer,
+                "draft_vocab_size": flat["draft_vocab_size"],
+                "eagle_aux_hidden_state_layer_ids": flat["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+            }
+        )
+    )
+    weights = mx.load(str(source / "model.safetensors"))
+    renamed = {"model." + k.replace("midlayer.", "layers.0."): v for k, v in weights.items()}
+    mx.save_safetensors(str(out / "model.safetensors"), renamed)
+    published = mlxspec.load_pair(str(heads.target("llama")), str(source))
+    speculators = mlxspec.load_pair(str(heads.target("llama")), str(out))
+    a = mlxspec.generate(published, PROMPT, max_tokens=24, gamma=3)
+    b = mlxspec.generate(speculators, PROMPT, max_tokens=24, gamma=3)
+    assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted > 0
