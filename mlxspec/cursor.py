@@ -120,10 +120,7 @@ class Cursor:
         with self.atomic(ids):
             if not self.cache.holds(len(self.tokens)):
                 self.reset()  # a second interrupt during the first one's cleanup left them apart
-            common = 0
-            limit = min(len(self.tokens), len(ids) - 1)
-            while common < limit and self.tokens[common] == ids[common]:
-                common += 1
+            common = common_prefix(self.tokens, ids, limit=len(ids) - 1)
             if common < len(self.tokens):
                 if self.cache.trim_to(common):
                     del self.tokens[common:]
@@ -216,6 +213,15 @@ class Cursor:
             self.pending = pending
         except BaseException:
             self.invalidate(history)
+
+
+def common_prefix(a: list[int], b: list[int], *, limit: int | None = None) -> int:
+    """How many leading ids `a` and `b` share (at most `limit`)."""
+    limit = min(len(a), len(b), len(a) if limit is None else limit)
+    common = 0
+    while common < limit and a[common] == b[common]:
+        common += 1
+    return common
 
 
 def _to_width(logits: mx.array, width: int) -> mx.array:

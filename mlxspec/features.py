@@ -38,10 +38,6 @@ class FeatureStore:
         self.buffer[offset : offset + n] = rows
         self.end = start + n
 
-    def truncate(self, length: int) -> None:
-        """Forget positions from `length` on."""
-        self.end = max(min(self.end, length), self.start)
-
     def covers(self, begin: int, end: int) -> bool:
         return begin >= end or (self.buffer is not None and self.start <= begin and end <= self.end)
 

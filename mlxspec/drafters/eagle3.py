@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 
-from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor
+from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..sampling import SamplingParams
 from .base import Drafts
 from .eagle3_head import Eagle3Head
@@ -156,11 +156,7 @@ class Eagle3Drafter:
 
     def _align(self) -> None:
         """Forget rows whose ids are no longer the target's (a rejection, a new prompt)."""
-        history = self.target.history
-        common = 0
-        limit = min(len(self.ids), len(history))
-        while common < limit and self.ids[common] == history[common]:
-            common += 1
+        common = common_prefix(self.ids, self.target.history)
         self._trim(min(self.rows, max(common - 1, 0), self.target_rows))
 
     def _trim(self, rows: int) -> None:
