@@ -29,6 +29,7 @@ from .test_server import CODE, ROOT, STARTUP_SECONDS, TIMEOUT, free_port, runnin
 HEADER_TIMEOUT = 1.0  # seconds; short, so that the slow sockets end within the test
 MAX_CONNECTIONS = 500
 SLOW_SOCKETS = 2000
+PROMPT_EVERY = 50  # one whole /health request sent among each 50 slow sockets
 HEALTH_SECONDS = 0.1
 # This 2-core machine is shared with other jobs: the scheduler alone gives an idle server's
 # /health 50 ms outliers, and a thread beside a busy MLX thread 200 ms ones. So one probe in
@@ -197,24 +198,41 @@ def test_2000_slow_sockets_are_closed_while_health_and_a_greedy_request_are_serv
     expected = standard(pair, CODE, 24, raw=True).text
     port = int(server.rsplit(":", 1)[1])
     sockets: list[socket.socket] = []
-    with open_files(SLOW_SOCKETS), HealthProbe(server) as probe, ThreadPoolExecutor(1) as pool:
-        try:
-            answer = pool.submit(greedy, client)
-            opened = time.monotonic()
-            for _ in range(SLOW_SOCKETS):  # part of a request line and headers, never the end
-                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                sockets.append(sock)
-                with contextlib.suppress(OSError):  # closed already: turned away for the limit
-                    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-            assert answer.result(timeout=TIMEOUT) == expected
-            closed = _wait_until_closed(sockets, deadline=opened + SLOW_SOCKETS * 0.01 + HEADER_TIMEOUT + 10)
-            held = time.monotonic() - opened
-        finally:
-            for sock in sockets:
-                sock.close()
+    prompt: list[socket.socket] = []  # whole requests sent in the middle of the flood
+    with open_files(SLOW_SOCKETS + SLOW_SOCKETS // PROMPT_EVERY), HealthProbe(server) as probe:
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                answer = pool.submit(greedy, client)
+                opened = time.monotonic()
+                for number in range(SLOW_SOCKETS):  # part of a request line and headers, never the end
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    sockets.append(sock)
+                    with contextlib.suppress(OSError):  # closed already: turned away for the limit
+                        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                    if number % PROMPT_EVERY == PROMPT_EVERY // 2:
+                        prompt.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                        prompt[-1].sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert answer.result(timeout=TIMEOUT) == expected
+                answers = [_status_line(sock) for sock in prompt]
+                closed = _wait_until_closed(sockets, deadline=opened + SLOW_SOCKETS * 0.01 + HEADER_TIMEOUT + 10)
+                held = time.monotonic() - opened
+            finally:
+                for sock in sockets + prompt:
+                    sock.close()
     assert closed == SLOW_SOCKETS, f"{SLOW_SOCKETS - closed} slow sockets still open after {held:.1f} s"
+    # a burst of accepts runs ahead of the reads: a request already whole is never the one closed
+    assert answers == [b"HTTP/1.1 200 OK"] * len(prompt), answers
     probe.check()
     assert greedy(client) == expected
+
+
+def _status_line(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    received = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n" not in received and (chunk := sock.recv(4096)):
+            received += chunk
+    return received.split(b"\r\n", 1)[0]
 
 
 def _wait_until_closed(sockets: list[socket.socket], *, deadline: float) -> int:

@@ -12,9 +12,12 @@ from .schema import RequestError
 
 MB = 1 << 20
 MOST_CONNECTIONS = 1000
-# files besides the connections: the listening socket, the model's files, logs, and the
-# sockets that one burst of accepts opens before the gate closes the excess (backlog 128)
-RESERVED_FILES = 192
+# The listening queue, and so the most connections one burst of accepts opens before the
+# gate closes the excess (asyncio accepts up to the backlog at a time; uvicorn's default,
+# 2048, let one burst past the open-file limit).
+BACKLOG = 128
+# files besides the connections: the listening socket, the model's files, logs, one burst
+RESERVED_FILES = BACKLOG + 64
 
 
 @dataclass(frozen=True)

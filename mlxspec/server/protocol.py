@@ -8,17 +8,28 @@ next request's first byte) to its last header. At the limit, a new connection cl
 oldest one still waiting for headers (a request being served is never cut); with none
 waiting, the new one is closed. So slow or idle sockets cannot crowd out /health or a
 client that sends its request at once.
+
+One burst of accepts can run ahead of the reads: a client that connected in the middle of
+a flood may have its whole request waiting, unread, in its socket while hundreds of newer
+connections arrive. Such a connection is not one to turn away, so before closing the oldest,
+the gate looks (without reading) at what it holds, and passes over one whose request head is
+complete.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
+import os
+import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .limits import Limits
+
+LOOK_AT_MOST = 64  # the oldest waiting connections looked at for one to close
 
 
 class Gate:
@@ -32,12 +43,13 @@ class Gate:
 
     def admit(self, connection: GuardedH11) -> bool:
         if len(self.open) >= self.limits.max_connections:
-            if not self.waiting:
+            candidates = itertools.islice(self.waiting, LOOK_AT_MOST)
+            evicted = next((c for c in candidates if not c.request_arrived()), None)
+            if evicted is None:
                 self.turned_away += 1
                 return False
-            oldest = next(iter(self.waiting))
-            self.drop(oldest)
-            oldest.close()
+            self.drop(evicted)
+            evicted.close()
             self.turned_away += 1
         self.open.add(connection)
         return True
@@ -97,6 +109,11 @@ class GuardedH11(H11Protocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def request_arrived(self) -> bool:
+        """Whether a whole request head is here, in h11's buffer and the socket's unread bytes."""
+        held = bytes(self.conn.trailing_data[0])
+        return b"\r\n\r\n" in held or b"\r\n\r\n" in held[-3:] + unread_bytes(self.transport)
+
     def _await_headers(self, *, start_timer: bool) -> None:
         self.gate.waiting.setdefault(self, None)
         if start_timer and self.header_timer is None:
@@ -107,3 +124,19 @@ class GuardedH11(H11Protocol):
         if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
+
+
+PEEK_BYTES = 16384  # a head longer than this is treated as still arriving
+
+
+def unread_bytes(transport) -> bytes:
+    """The bytes waiting in a connection's socket, peeked at, not taken (asyncio's socket
+    wrapper has no recv, so a duplicate of its descriptor peeks)."""
+    wrapped = transport.get_extra_info("socket")
+    if wrapped is None or transport.is_closing():
+        return b""
+    try:
+        with socket.socket(fileno=os.dup(wrapped.fileno())) as sock:
+            return sock.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:  # nothing there (EAGAIN), or the peer is gone
+        return b""

@@ -12,7 +12,7 @@ import uvicorn
 from ..errors import InvalidOption
 from ..options import Options
 from .app import create_app, model_id
-from .limits import Limits
+from .limits import BACKLOG, Limits
 from .offload import Offload
 from .protocol import Gate, protocol
 from .worker import Worker
@@ -29,7 +29,7 @@ def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before anything loads so that a taken port fails at once."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=128)
+        return socket.create_server((host, port), family=family, backlog=BACKLOG)
     except OSError as e:
         raise InvalidOption(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
@@ -61,6 +61,7 @@ def serve(
             log_level="info",
             lifespan="off",
             http=protocol(Gate(limits)),
+            backlog=BACKLOG,  # asyncio listens again with this, and accepts this many at a time
             timeout_keep_alive=limits.idle_timeout,
             timeout_graceful_shutdown=GRACE_SECONDS,
         )
