@@ -1,5 +1,6 @@
-"""Sessions walked through many random sequences of calls, on every cache family: the
-longer run of tests/test_sessions.py (needs the test extra: pip install -e ".[test]").
+"""Sessions walked through many random sequences of calls, on every cache family and with
+EAGLE-3 heads on a plain and a sliding-window target: the longer run of
+tests/test_sessions.py (needs the test extra: pip install -e ".[test]").
 
     python demos/session_fuzz.py [--examples 500] [--steps 8] [--family NAME ...] [--fixed]
     python demos/session_fuzz.py --sabotage --family RotatingKVCache
@@ -32,14 +33,16 @@ import mlxspec  # noqa: E402
 from mlxspec import synthetic  # noqa: E402
 from mlxspec.cursor import Cursor  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
-from tests.test_sessions import FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
+from tests.test_sessions import FAMILIES, HEAD_FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=500, help="random sequences per cache family")
     parser.add_argument("--steps", type=int, default=8, help="calls per sequence, at most")
-    parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these (repeatable)")
+    parser.add_argument(
+        "--family", action="append", choices=list(FAMILIES) + list(HEAD_FAMILIES), help="only these (repeatable)"
+    )
     parser.add_argument("--fixed", action="store_true", help="the CI test's seeds instead of random ones")
     parser.add_argument("--sabotage", action="store_true", help="restore checkpoints by length alone")
     parser.add_argument("--models", type=Path, help="build the tiny models here (default: a temporary folder)")
@@ -66,8 +69,8 @@ def main(argv=None) -> int:
             phases=[Phase.generate] if args.sabotage else WALKS.phases,
         )
         totals, failures = Counter(), []
-        for name in args.family or FAMILIES:
-            family = load_family(load_pair, name)
+        for name in args.family or [*FAMILIES, *HEAD_FAMILIES]:
+            family = load_family(load_pair, name, factory=factory)
             t0 = time.perf_counter()
             try:
                 walk(family, walks)

@@ -110,8 +110,12 @@ class Cursor:
         start = self.cache.length
         logits = self.model(ids[None], cache=self.cache.layers)[0]
         self.cache.length += ids.shape[0]
-        if self.features is not None and self.keep_features:
-            self.features.write(start, self.taps.take()[0])
+        if self.features is not None:
+            if self.keep_features:
+                self.features.write(start, self.taps.take()[0])
+            else:  # standard decoding: nothing kept, and nothing stale left behind either
+                self.taps.seen.clear()
+                self.features.forget_from(start)
         return _to_width(logits, self.width)
 
     def sync(self, ids: list[int]) -> int:

@@ -38,6 +38,11 @@ class FeatureStore:
         self.buffer[offset : offset + n] = rows
         self.end = start + n
 
+    def forget_from(self, position: int) -> None:
+        """A forward that keeps no features started here: what is held from here on no
+        longer describes the cache's ids."""
+        self.end = max(self.start, min(self.end, position))
+
     def covers(self, begin: int, end: int) -> bool:
         return begin >= end or (self.buffer is not None and self.start <= begin and end <= self.end)
 

@@ -103,3 +103,22 @@ def _fit(head, sequences, features, kept: np.ndarray, vocab: int, steps: int) ->
         _, grads = step(head)
         optimizer.update(head, grads)
         mx.eval(head.parameters(), optimizer.state)
+
+
+def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
+    """What a head that read `history`'s rows in one block proposes greedily."""
+    from mlx_lm.models.cache import KVCache
+
+    from mlxspec import capture
+
+    model, head = pair.target.model, pair.draft.model
+    model(mx.array([history[:-1]]))
+    features = capture.taps_of(model).take()
+    cache = KVCache()
+    tokens, hidden = mx.array([history[1:]]), features
+    out = []
+    for i in range(n):
+        logits, pre = head(tokens, hidden, cache, chained=i > 0)
+        out.append(head.draft_to_target[mx.argmax(logits[0, -1])].item())
+        tokens, hidden = mx.array([[out[-1]]]), pre[:, -1:]
+    return out

@@ -19,7 +19,7 @@ from mlxspec.errors import IncompatibleHead, UnsupportedModel
 from mlxspec.generation import Session
 from mlxspec.sampling import SamplingParams
 from tests.conftest import ARCH_SETTINGS, ModelFactory
-from tests.heads import make_head
+from tests.heads import fresh_head_drafts, make_head
 
 PROMPT = list(range(10, 22))
 MAX_TOKENS = 40
@@ -95,23 +95,6 @@ def test_the_heads_proposals_are_what_a_fresh_head_proposes(heads):
             checked += 1
         history += list(r.emitted)
     assert checked > 3
-
-
-def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
-    """What a head that read `history`'s rows in one block proposes greedily."""
-    from mlx_lm.models.cache import KVCache
-
-    model, head = pair.target.model, pair.draft.model
-    model(mx.array([history[:-1]]))
-    features = capture.taps_of(model).take()
-    cache = KVCache()
-    tokens, hidden = mx.array([history[1:]]), features
-    out = []
-    for i in range(n):
-        logits, pre = head(tokens, hidden, cache, chained=i > 0)
-        out.append(head.draft_to_target[mx.argmax(logits[0, -1])].item())
-        tokens, hidden = mx.array([[out[-1]]]), pre[:, -1:]
-    return out
 
 
 def test_taps_leave_the_targets_forward_as_it_was(heads):

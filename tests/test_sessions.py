@@ -4,7 +4,8 @@ A Session keeps both caches between calls and brings them back to the longest pr
 share with the next prompt: a trim, a checkpoint whose ids start the prompt, or a fresh
 cache. The regression below is the stale checkpoint of issue 12; the state machine walks
 sessions through random sequences of calls (extend, diverge, retry, interrupt) on every
-cache family. `demos/session_fuzz.py` runs it longer.
+cache family, and with EAGLE-3 heads, whose rows follow the target's history. `demos/session_fuzz.py`
+runs it longer.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import mlxspec
 from mlxspec import Done, Prefill, Round
 from mlxspec.caches import CacheOptions
 from mlxspec.generation import Session
-from tests.conftest import ctrl_c_at, emitted_ids, fresh_standard
+from tests.conftest import ARCH_SETTINGS, ctrl_c_at, emitted_ids, fresh_standard
+from tests.heads import fresh_head_drafts, make_head
 
 
 def fresh_draft(pair, history, n, options=CacheOptions()) -> list[int]:
     """What a draft that read `history` in one block would propose greedily, `n` ids."""
+    if pair.draft.kind == "eagle3":
+        return fresh_head_drafts(pair, history, n)
     model = pair.draft.model
     cache = options.make(model).layers
     logits = model(mx.array(history)[None], cache=cache)
@@ -79,6 +83,12 @@ FAMILIES = {
     "CacheList KV+KV": ("deepseek_v32", None, CacheOptions()),
     "CacheList window+state": ("baichuan_m1", None, CacheOptions()),
     "CacheList state+KV": ("falcon_h1", None, CacheOptions()),
+}
+# EAGLE-3 heads (fitted a little to their target, so that rounds both accept and reject) on a
+# plain target and on one whose window of 8 wraps: (target architecture, cache options).
+HEAD_FAMILIES = {
+    "KVCache, EAGLE-3 head": ("llama", CacheOptions()),
+    "RotatingKVCache, EAGLE-3 head": ("gemma3_text", CacheOptions()),
 }
 # Rotating caches both trim (before wrapping, after a block) and restore (after single
 # steps), where a stale checkpoint can hide: they get more sequences. With checkpoints
@@ -133,9 +143,22 @@ class Family:
         return self.fresh[key]
 
 
-def load_family(load_pair, name: str) -> Family:
+def load_family(load_pair, name: str, *, factory=None) -> Family:
+    if name in HEAD_FAMILIES:
+        arch, options = HEAD_FAMILIES[name]
+        return Family(name, head_pair(factory, arch), options)
     arch, bits, options = FAMILIES[name]
     return Family(name, load_pair(arch, bits), options)
+
+
+def head_pair(factory, arch: str):
+    """The tests' target of `arch` beside a head fitted to its continuations of a few prompts."""
+    target = factory.model(f"{arch}-target", arch=arch, seed=1, head_scale=ARCH_SETTINGS[arch][0])
+    out = factory.root / f"{arch}-eagle3-sessions"
+    if not (out / "config.json").exists():
+        prompts = [list(range(10, 22)), list(range(40, 52)), [7, 8, 9] * 4]  # of one length: fitted as a batch
+        make_head(target, out, draft_vocab=0.5, fit_steps=150, fit_prompts=prompts, seed=3)
+    return mlxspec.load_pair(str(target), str(out))
 
 
 class SessionWalk(RuleBasedStateMachine):
@@ -273,6 +296,14 @@ def how_sync_goes(cursor, prompt: list[int]) -> str:
 
 
 def assert_truthful(cursor) -> None:
+    if getattr(cursor, "kind", None) == "eagle3":
+        # a head follows the target lazily: what it keeps after aligning (as its next use
+        # does first) is one row per position of the target's history, no more
+        cursor._align()
+        assert cursor.rows == cursor.cache.offset <= cursor.target_rows
+        assert len(cursor.ids) == (cursor.rows + 1 if cursor.rows else 0) or not cursor.rows
+        assert cursor.ids == cursor.target.history[: len(cursor.ids)]
+        return
     assert cursor.cache.length == len(cursor.tokens)
     cursor.cache._check()  # every layer holds as many tokens
     for checkpoint in cursor.checkpoints:
@@ -296,9 +327,9 @@ def walk(family: Family, walks: settings) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_random_sessions_stay_exact(load_pair, name):
-    family = load_family(load_pair, name)
+@pytest.mark.parametrize("name", list(FAMILIES) + list(HEAD_FAMILIES))
+def test_random_sessions_stay_exact(load_pair, factory, name):
+    family = load_family(load_pair, name, factory=factory)
     walk(family, settings(WALKS, max_examples=SEQUENCES.get(name, SEQUENCES_ELSEWHERE)))
     print(f"{name}: {dict(family.tally)}")
 
