@@ -128,7 +128,7 @@ def encode_prompt(
     `raw` or the tokenizer has none."""
     if not isinstance(prompt, str):
         return [int(t) for t in prompt]
-    if not raw and pair.tokenizer.has_chat_template:
+    if not raw and pair.templated:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return apply_template(pair.tokenizer, messages, think=think)
     return list(pair.tokenizer.encode(prompt))

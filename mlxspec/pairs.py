@@ -37,6 +37,12 @@ class Pair:
     draft: LoadedModel | None
     ngram: bool = False  # prompt-lookup proposals by default (draft="ngram")
     gamma_hint: int = 4  # where gamma="auto" starts (a preset's recommended gamma)
+    raw_prompts: bool = False  # a base model's preset: prompts are text to continue, never templated
+
+    @property
+    def templated(self) -> bool:
+        """Whether a prompt goes through the chat template (unless the caller asks for raw)."""
+        return self.tokenizer.has_chat_template and not self.raw_prompts
 
     @property
     def tokenizer(self):
@@ -125,7 +131,13 @@ def load_pair(
             draft_model.name = draft_name
             caches.check_supported(draft_model.model, f"draft {draft_name}")
             check_compatible(target_model.tokenizer, draft_model.tokenizer)
-    return Pair(target_model, draft_model, ngram=ngram and not no_draft, gamma_hint=hint)
+    return Pair(
+        target_model,
+        draft_model,
+        ngram=ngram and not no_draft,
+        gamma_hint=hint,
+        raw_prompts=bool(preset and preset.raw),
+    )
 
 
 def _load_share(name: str, path: Path, mode: str, draft_bytes: int, what: str) -> LoadedModel:

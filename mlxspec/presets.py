@@ -30,6 +30,7 @@ class Preset:
     target_fallback: str | None = None
     gamma: int = 4
     ngram: bool = False  # prompt-lookup proposals beside the draft by default (--no-ngram: off)
+    raw: bool = False  # a base model: prompts are used as text, without the chat template
     memory_gb: float | None = None
     suits: tuple[str, ...] = ()
     description: str = ""
@@ -79,6 +80,9 @@ def read_file(path: Path) -> dict[str, Preset]:
         ngram = table.get("ngram", False)
         if not isinstance(ngram, bool):
             raise PresetError(f"{path}: preset [{name}]: ngram must be true or false")
+        raw = table.get("raw", False)
+        if not isinstance(raw, bool):
+            raise PresetError(f"{path}: preset [{name}]: raw must be true or false")
         suits = table.get("suits", [])
         if not isinstance(suits, list) or not all(isinstance(s, str) for s in suits):
             raise PresetError(f"{path}: preset [{name}]: suits must be a list of strings")
@@ -89,6 +93,7 @@ def read_file(path: Path) -> dict[str, Preset]:
             target_fallback=fallback,
             gamma=gamma,
             ngram=ngram,
+            raw=raw,
             memory_gb=float(memory) if memory is not None else None,
             suits=tuple(suits),
             description=str(table.get("description", "")),

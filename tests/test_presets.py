@@ -62,6 +62,7 @@ def test_default_user_file_location(tmp_path, monkeypatch):
         ('[a]\ntarget = "x"\n', "preset [a] needs draft"),
         ('[a]\ntarget = "x"\ndraft = "y"\ngamma = -1\n', "gamma must be"),
         ('[a]\ntarget = "x"\ndraft = "y"\nngram = "yes"\n', "ngram must be true or false"),
+        ('[a]\ntarget = "x"\ndraft = "y"\nraw = 1\n', "raw must be true or false"),
         ("a = 3\n", "'a' must be a table"),
     ],
 )
@@ -167,3 +168,22 @@ def test_a_preset_can_add_prompt_lookup_beside_its_draft(tmp_path, monkeypatch, 
     for flag, on in ((), True), (("--no-ngram",), False):
         code, out, err = run(capsys, "generate", "def f(", "--pair", "withlookup", "-m", "6", "--json", *flag)
         assert code == 0 and json.loads(out)["prompt_lookup"] is on
+
+
+def test_a_raw_preset_continues_text_instead_of_templating_it(factory, tmp_path, monkeypatch):
+    """A base model's preset (raw = true): its prompts are text to continue, though its
+    tokenizer has a chat template; the same models named directly still template them."""
+    import mlxspec
+    from mlxspec.generation import encode_prompt
+
+    target, draft = factory.pair("llama")
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[base]\ntarget = "{target}"\ndraft = "{draft}"\nraw = true\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    base = mlxspec.load_pair(pair="base")
+    direct = mlxspec.load_pair(str(target), str(draft))
+    text = "def f(x):"
+    assert direct.tokenizer.has_chat_template and direct.templated and not base.templated
+    assert encode_prompt(base, text) == list(base.tokenizer.encode(text))
+    assert encode_prompt(direct, text) != encode_prompt(base, text)
+    assert mlxspec.generate(base, text, max_tokens=4).prompt_tokens == len(base.tokenizer.encode(text))

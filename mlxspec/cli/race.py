@@ -72,13 +72,11 @@ def race(
     if pair.draft is None and not pair.ngram:
         raise InvalidOption("race needs a draft model (or --draft ngram)")
     prompt = (
-        prompt_opt
-        or prompt_arg
-        or (DEFAULT_CHAT_PROMPT if pair.tokenizer.has_chat_template and not options.raw else DEFAULT_CODE_PROMPT)
+        prompt_opt or prompt_arg or (DEFAULT_CHAT_PROMPT if pair.templated and not options.raw else DEFAULT_CODE_PROMPT)
     )
     temp = options.sampling.temp
     # shown before the completions: a raw prompt is continued as it is, a chat message answered below it
-    shown_prompt = prompt + "\n\n" if pair.tokenizer.has_chat_template and not options.raw else prompt
+    shown_prompt = prompt + "\n\n" if pair.templated and not options.raw else prompt
     console = Console()
     live = console.is_terminal and not as_json
     state, interrupted = None, False
