@@ -67,6 +67,8 @@ def test_trained_head_loads_and_beats_a_random_head(target, tmp_path):
     assert done.returncode == 0, done.stderr
     head = load_head(out, dtype=mx.float32)
     assert head.config.draft_vocab_size == 256
+    # the default layer: residual from the normed fused features, a field vLLM reads as well
+    assert head.config.norm_before_residual and json.loads((out / "config.json").read_text())["norm_before_residual"]
     card = (out / "README.md").read_text()
     assert "held-out" in card.lower() and "train-draft --target" in card
 
@@ -147,3 +149,27 @@ def test_the_finished_head_is_whole_or_absent(target, tmp_path):
     assert not is_head_folder(folder)
     write_finished(head, folder, "card")
     assert is_head_folder(folder) and not (folder / ".partial").exists()
+
+
+def test_fc_blocks_start_balanced_across_the_tapped_layers():
+    """Layers of scales 40, 200 and 800 (Gemma 3 270M's are 40, 206, 817) each get the same
+    share of fc's output at the start: block scale x layer RMS is the same for all three."""
+    import numpy as np
+
+    from mlxspec.training.data import Example
+    from mlxspec.training.trainer import block_scales, typical_feature_rms
+
+    rng = np.random.default_rng(0)
+    scales = np.array([40.0, 200.0, 800.0])
+    features = (rng.standard_normal((64, 3, 8)) * scales[:, None]).reshape(64, 24)
+    features[0] = 1e5  # a first position's massive activations: left out
+    example = Example(
+        ids=np.zeros(64, np.int32), features=features.astype(np.float32), top_ids=np.zeros((64, 1), np.int32),
+        top_probs=np.ones((64, 1), np.float16), train_from=0, held_out=False, greedy=False,
+    )  # fmt: skip
+    rms = typical_feature_rms([example], 3)
+    assert np.allclose(rms, scales, rtol=0.25), rms
+    column = block_scales(rms, 8)
+    assert column.shape == (24,)
+    shares = column[::8] * rms
+    assert np.allclose(shares, shares[0]) and np.isclose(np.prod(column[::8]), 1.0)

@@ -99,6 +99,14 @@ def train_draft(
     raw: Annotated[
         bool, typer.Option("--raw", help="Prompts as raw text, without the chat template (base models).")
     ] = False,
+    norm_before_residual: Annotated[
+        bool,
+        typer.Option(
+            "--norm-before-residual/--raw-residual",
+            help="The head's residual stream starts from its normed fused features, fc balanced across "
+            "the tapped layers (default); --raw-residual: EAGLE-3's original layer.",
+        ),
+    ] = True,
 ):
     """Train an EAGLE-3 draft head for a target from its own answers and hidden states.
 
@@ -131,6 +139,7 @@ def train_draft(
             lr=lr,
             warmup=warmup,
             raw=raw,
+            norm_before_residual=norm_before_residual,
             command="mlxspec " + shlex.join(sys.argv[1:]),
         )
         start(settings, out)

@@ -130,6 +130,8 @@ def config_dict(config: HeadConfig) -> dict:
             "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
             "use_aux_hidden_state": True,
         }
+    if config.norm_before_residual:
+        out["norm_before_residual"] = True
     return out | config.extra
 
 
@@ -319,7 +321,12 @@ def _flat(tree, prefix: str = ""):
 
 
 def config_from_target(
-    target_config: dict, *, draft_vocab_size: int, aux_layer_ids: tuple[int, ...], intermediate_size: int | None = None
+    target_config: dict,
+    *,
+    draft_vocab_size: int,
+    aux_layer_ids: tuple[int, ...],
+    intermediate_size: int | None = None,
+    norm_before_residual: bool = False,
 ) -> HeadConfig:
     """A head shaped for a target (mlx-lm config dict): its width, heads and rope."""
     text = target_config.get("text_config") or target_config
@@ -339,6 +346,7 @@ def config_from_target(
         rope_theta=float(text.get("rope_theta", 10000.0)),
         rope_scaling=text.get("rope_scaling"),
         max_position_embeddings=int(text.get("max_position_embeddings") or 8192),
+        norm_before_residual=norm_before_residual,
     )
 
 

@@ -17,7 +17,17 @@ from pathlib import Path
 import numpy as np
 
 from .data import DataPlan, TrainingError, _write_json, build_data, choose_vocabulary, load_shards, read_prompt_file
-from .trainer import Budget, State, evaluate, label, load_checkpoint, new_head, train, write_finished
+from .trainer import (
+    Budget,
+    State,
+    evaluate,
+    label,
+    load_checkpoint,
+    new_head,
+    train,
+    typical_feature_rms,
+    write_finished,
+)
 
 RUN_FILE = "run.json"
 BUNDLED_PROMPTS = 6000
@@ -41,6 +51,9 @@ class Settings:
     command: str
     warmup: int = 100  # steps of linear warmup
     raw: bool = False  # prompts without the chat template (a base model)
+    # the residual stream from normed fused features, fc's blocks balanced by their layers'
+    # scale (runs started before this option existed had neither)
+    norm_before_residual: bool = False
 
 
 class Progress:
@@ -135,7 +148,17 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
 
-    head = new_head(model, target_config, vocabulary=vocabulary, aux_layer_ids=aux, seed=settings.seed)
+    head = new_head(
+        model,
+        target_config,
+        vocabulary=vocabulary,
+        aux_layer_ids=aux,
+        seed=settings.seed,
+        norm_before_residual=settings.norm_before_residual,
+        feature_rms=typical_feature_rms(train_set, len(aux), seed=settings.seed)
+        if settings.norm_before_residual
+        else None,
+    )
     checkpoint = out / "checkpoint"
     state = load_checkpoint(checkpoint, head) if (checkpoint / "state.json").is_file() else State()
     data_seconds = record["answer_seconds"] + record["text_seconds"]

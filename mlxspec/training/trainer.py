@@ -62,13 +62,36 @@ def target_final_norm(model) -> mx.array:
     return weight + 1.0 if family.startswith("gemma") else weight  # Gemma's norm scales by 1 + w
 
 
-def new_head(model, target_config: dict, *, vocabulary: np.ndarray, aux_layer_ids, seed: int) -> Eagle3Head:
+def new_head(
+    model,
+    target_config: dict,
+    *,
+    vocabulary: np.ndarray,
+    aux_layer_ids,
+    seed: int,
+    norm_before_residual: bool = False,
+    feature_rms: np.ndarray | None = None,
+) -> Eagle3Head:
     """A head for `model` whose lm_head rows and norm start as the target's own output layer
     and final norm (restricted to `vocabulary`); fc and the layer random, its output
-    projections small so the residual starts near the fused features."""
+    projections small so the residual starts near the fused features.
+
+    `feature_rms` (one typical RMS per tapped layer) balances fc's blocks: a target's layers
+    differ in scale by 20x and more (Gemma 3 270M: 40, 206, 817 at layers 2, 9, 15), and
+    with equal weights the deepest would drown the others in fc's output. With
+    `norm_before_residual` (speculators' and vLLM's option) the layer's residual stream
+    starts from the normed fused features, so its attention and MLP count from the first
+    step whatever the features' scale."""
     mx.random.seed(seed)
-    config = config_from_target(target_config, draft_vocab_size=len(vocabulary), aux_layer_ids=tuple(aux_layer_ids))
+    config = config_from_target(
+        target_config,
+        draft_vocab_size=len(vocabulary),
+        aux_layer_ids=tuple(aux_layer_ids),
+        norm_before_residual=norm_before_residual,
+    )
     head = Eagle3Head(config)
+    if feature_rms is not None:
+        head.fc.weight = head.fc.weight * mx.array(block_scales(feature_rms, config.target_hidden_size))
     head.share_embedding(target_embedding(model))
     rows = target_output_rows(model)[mx.array(vocabulary)].astype(mx.float32)
     head.lm_head.weight = rows
@@ -79,6 +102,29 @@ def new_head(model, target_config: dict, *, vocabulary: np.ndarray, aux_layer_id
     object.__setattr__(head, "draft_to_target", mx.array(vocabulary.astype(np.uint32)))
     mx.eval(head.parameters())
     return head
+
+
+def block_scales(feature_rms: np.ndarray, width: int) -> np.ndarray:
+    """fc's column scales (feature width,): each tapped layer's block by geometric-mean RMS
+    over its own, so that every layer starts with the same share of fc's output."""
+    rms = np.maximum(np.asarray(feature_rms, np.float64), 1e-6)
+    scale = np.exp(np.log(rms).mean()) / rms
+    return np.repeat(scale, width).astype(np.float32)
+
+
+def typical_feature_rms(examples: list, layers: int, *, rows: int = 4096, seed: int = 0) -> np.ndarray:
+    """The median per-position RMS of each tapped layer's features over a sample of rows
+    (the first position of each sequence left out: its massive activations are no guide)."""
+    rng = np.random.default_rng(seed)
+    picked = []
+    for index in rng.permutation(len(examples)):
+        features = examples[index].features[1:]
+        picked.append(features[rng.permutation(len(features))[:256]].astype(np.float32))
+        if sum(len(p) for p in picked) >= rows:
+            break
+    sample = np.concatenate(picked) if picked else np.ones((1, layers), np.float32)
+    blocks = sample.reshape(len(sample), layers, -1)
+    return np.median(np.sqrt((blocks**2).mean(-1)), axis=0)
 
 
 # ---------------------------------------------------------------- the unrolled forward
