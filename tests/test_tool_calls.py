@@ -233,3 +233,44 @@ def test_chat_shows_a_parsed_call(mistral):
     _, out, conversation = drive(pair, [OSLO], gamma=0, max_tokens=MAX_TOKENS)
     assert conversation.turns[0].assistant == MISTRAL_OSLO
     assert 'tool call: get_weather({"city": "Oslo"})' in out
+
+
+# --- the splitter on fixed texts, fed in awkward pieces ---------------------------------
+def pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_the_splitter_holds_markup_back_and_numbers_the_calls(qwen3, size):
+    from mlxspec.tool_calls import ToolCallSplitter
+
+    format = tool_format(qwen3[1].tokenizer)
+    two = f"Both.\n{PARIS_CALL}\n{ROME_REPLY.split(chr(10), 1)[1]} done <tool_cal"
+    splitter = ToolCallSplitter(format, tools=TOOLS)
+    out = [part for piece in pieces(two, size) for part in splitter.feed(piece)] + splitter.finish()
+    text = "".join(p for p in out if isinstance(p, str))
+    assert text == "Both.\n\n done <tool_cal"  # a marker's start that never completes is text
+    assert [(c.name, json.loads(c.arguments)) for c in splitter.calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
+    assert len({c.id for c in splitter.calls}) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>\n[1, 2]\n</tool_call>",  # JSON, not a call
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',  # no name
+        '<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>',  # arguments not an object
+        '<tool_call>\n{"name": "get_weather", "argum',  # cut short (max_tokens)
+    ],
+)
+def test_what_does_not_parse_is_text(qwen3, text):
+    assert split_tool_calls(text, tool_format(qwen3[1].tokenizer), tools=TOOLS) == (text, [])
+
+
+def test_a_mistral_call_cut_short_is_text(mistral):
+    format = tool_format(mistral[1].tokenizer)
+    cut = MISTRAL_PARIS[:-6]
+    assert split_tool_calls(cut, format) == (cut, [])
