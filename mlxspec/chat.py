@@ -32,6 +32,7 @@ from .pairs import Pair
 from .stats import Stats
 from .templates import render
 from .text import opens_thinking
+from .tool_calls import split_tool_calls, tool_format
 
 # A conversation samples by default, as chat front ends do.
 CHAT_OPTIONS = Options.build(temp=0.7, top_p=0.95, max_tokens=512)
@@ -199,6 +200,14 @@ class Conversation:
             stats = turn.frozen("interrupted")
             end(stats, "interrupted")
             yield Done("interrupted", stats)
+
+    def tool_calls(self) -> list:
+        """The tool calls in the last reply (tool_calls.ToolCall), as mlx-lm reads the model's
+        format; none where it knows no format for it."""
+        format = tool_format(self.pair.tokenizer)
+        if not self.turns or format is None:
+            return []
+        return split_tool_calls(self.turns[-1].assistant, format)[1]
 
     def retry(self) -> Iterator[Prefill | Round | Done | ContextTrimmed]:
         """The last reply again: the last turn forgotten and its message answered anew (a

@@ -22,6 +22,8 @@ PLAIN = [
     "mlxspec.server.length",
     "mlxspec.server.offload",
     "mlxspec.server.protocol",
+    "mlxspec.server.tools",
+    "mlxspec.tool_calls",
 ]
 
 

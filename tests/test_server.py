@@ -303,12 +303,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"t
 
 @pytest.fixture(scope="module")
 def templated_pair(factory, tmp_path_factory):
-    """A factory llama pair whose target's chat template shows the tools."""
+    """A factory llama pair whose target's chat template shows the tools, its tool calls read
+    with mlx-lm's json_tools parser (named in tokenizer_config, as mlx-lm lets a folder say)."""
     target, draft = factory.pair("llama")
     copy = tmp_path_factory.mktemp("tools") / "target"
     shutil.copytree(target, copy)
     config = json.loads((copy / "tokenizer_config.json").read_text())
-    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
+    config = {**config, "chat_template": TOOLS_TEMPLATE, "tool_parser_type": "json_tools"}
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
     return copy, draft
 
 

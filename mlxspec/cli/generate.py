@@ -60,6 +60,8 @@ def generate(
             "prompt_lookup": pair.ngram,
             **result.to_dict(),
         }
+        if calls := parsed_calls(pair, result.text):
+            out["tool_calls"] = [call.to_openai() for call in calls]
         print(json.dumps(out, indent=2))
         if result.finish_reason == "interrupted":
             raise typer.Exit(130)
@@ -93,3 +95,11 @@ def read_prompt_cache(path: str | None, options: Options):
     if options.system is not None and options.system != cached.system:
         raise InvalidOption(f"{path} was made with {'another' if cached.system else 'no'} system prompt: drop --system")
     return cached
+
+
+def parsed_calls(pair, text: str) -> list:
+    """The tool calls in `text`, read as mlx-lm reads the model's format (none if it has none)."""
+    from ..tool_calls import split_tool_calls, tool_format
+
+    format = tool_format(pair.tokenizer)
+    return split_tool_calls(text, format)[1] if format else []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import json
 import time
 
@@ -28,11 +29,13 @@ from ..events import Done, Round
 from ..generation import check_drafting, fit_context
 from ..loading import looks_like_path
 from ..options import Options
+from ..tool_calls import ToolCallSplitter, split_tool_calls, tool_format
 from . import encode, schema
 from .length import bytes_per_token
 from .limits import Limits, read_body
 from .offload import Offload
 from .schema import Reply, RequestError, error_body
+from .tools import ToolUse, tool_use
 from .worker import END, Worker
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -75,6 +78,7 @@ class Api:
         self.offload = offload
         self.per_token = bytes_per_token(pair.tokenizer)  # None: no early refusal by length
         self.model = model_id(pair)
+        self.tool_format = tool_format(pair.tokenizer)  # None: mlx-lm knows no tool-call format for it
         self.started = int(time.time())
 
     async def health(self, request):
@@ -110,12 +114,13 @@ class Api:
         try:
             body = schema.parse(schema.ChatBody, await read_body(request, self.limits))
             options = schema.request_options(body, self.defaults)
+            tools = tool_use(body, self.tool_format)
             messages = schema.template_messages(body)
             ids = await self.offload.run(
-                encode.chat_ids, self.pair, messages, think=options.think, tools=body.tools, per_token=self.per_token
+                encode.chat_ids, self.pair, messages, think=options.think, tools=tools.tools, per_token=self.per_token
             )
             self._check(ids, options, "messages")
-            return await self._answer(request, Reply(chat=True, model=self.model), ids, options, body)
+            return await self._answer(request, Reply(chat=True, model=self.model), ids, options, body, tools=tools)
         except (RequestError, MlxspecError) as e:
             return _error_response(e)
 
@@ -148,8 +153,12 @@ class Api:
                 param="gamma",
             ) from None
 
-    async def _answer(self, request, reply: Reply, ids: list[int], options: Options, body):
-        job = self.worker.submit(ids, options, asyncio.get_running_loop())
+    async def _answer(
+        self, request, reply: Reply, ids: list[int], options: Options, body, *, tools: ToolUse | None = None
+    ):
+        note = tools.note() if tools else None
+        job = self.worker.submit(ids, options, asyncio.get_running_loop(), note=note)
+        tools = tools if tools and tools.parses else None
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         streaming = False
         try:
@@ -159,12 +168,13 @@ class Api:
             if first is END:
                 raise RequestError("the server is shutting down", status=503, kind="server_error")
             if not body.stream:
-                return JSONResponse(await _whole(job, reply))
+                return JSONResponse(await _whole(job, reply, tools=tools))
             # from here Starlette listens for the disconnect; two listeners would steal its message
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
             streaming = True
-            return EventStream(_events(job, reply, include_usage=body.include_usage), on_close=job.cancel)
+            events = _events(job, reply, include_usage=body.include_usage, tools=tools)
+            return EventStream(events, on_close=job.cancel)
         finally:
             watcher.cancel()
             if not streaming:
@@ -192,7 +202,7 @@ async def _cancel_on_disconnect(request, job) -> None:
     job.cancel()
 
 
-async def _whole(job, reply: Reply) -> dict:
+async def _whole(job, reply: Reply, *, tools: ToolUse | None) -> dict:
     pieces, done = [], None
     while (item := await job.next()) is not END:
         if isinstance(item, BaseException):
@@ -204,21 +214,38 @@ async def _whole(job, reply: Reply) -> dict:
             done = item
     if done is None:
         raise RequestError("the server is shutting down", status=503, kind="server_error")
-    return reply.whole("".join(pieces), done.finish_reason, done.stats)
+    text, calls = "".join(pieces), []
+    if tools is not None:
+        text, calls = split_tool_calls(text, tools.format, tools=tools.tools)
+    return reply.whole(text, done.finish_reason, done.stats, tool_calls=[c.to_openai() for c in calls])
 
 
-async def _events(job, reply: Reply, *, include_usage: bool):
-    """The generation as server-sent events."""
+async def _events(job, reply: Reply, *, include_usage: bool, tools: ToolUse | None):
+    """The generation as server-sent events; with tools, text outside calls as it comes and
+    each call once it is whole (a call's markup is held back until it closes)."""
     if reply.chat:
         yield _sse(reply.chunk(first=True))
+    splitter = ToolCallSplitter(tools.format, tools=tools.tools) if tools is not None else None
+    index = itertools.count()  # a call's place among the reply's calls
+
+    def chunks(parts):
+        for part in parts:
+            if isinstance(part, str):
+                yield reply.chunk(part)
+            else:
+                yield from reply.call_chunks(part.to_openai(), next(index))
+
     ended = False
     while (item := await job.next()) is not END:
         if isinstance(item, Round) and item.text:
-            yield _sse(reply.chunk(item.text))
+            for chunk in chunks(splitter.feed(item.text) if splitter else [item.text]):
+                yield _sse(chunk)
         elif isinstance(item, Done):
-            if item.text:
-                yield _sse(reply.chunk(item.text))
-            yield _sse(reply.chunk(finish_reason=item.finish_reason))
+            parts = (splitter.feed(item.text) + splitter.finish()) if splitter else [item.text] if item.text else []
+            for chunk in chunks(parts):
+                yield _sse(chunk)
+            called = bool(splitter and splitter.calls)
+            yield _sse(reply.chunk(finish_reason=item.finish_reason, called=called))
             if include_usage:
                 yield _sse(reply.usage_chunk(item.stats))
             ended = True

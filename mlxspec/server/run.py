@@ -11,6 +11,7 @@ import uvicorn
 
 from ..errors import InvalidOption
 from ..options import Options
+from ..tool_calls import tool_line
 from .app import create_app, model_id
 from .limits import BACKLOG, Limits
 from .offload import Offload
@@ -54,6 +55,7 @@ def serve(
         app = create_app(worker=worker, pair=pair, defaults=defaults, api_key=api_key, limits=limits, offload=offload)
         shown = f"[{host}]" if ":" in host else host
         log(f"serving {pair.description} as {model_id(pair)!r} at http://{shown}:{sock.getsockname()[1]}/v1")
+        log(tool_line(pair.tokenizer))
         config = uvicorn.Config(
             app,
             host=host,

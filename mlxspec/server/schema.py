@@ -10,6 +10,7 @@ with a 400 rather than ignored; fields that change nothing here (user, metadata)
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -92,6 +93,8 @@ class ChatBody(_Body):
     messages: list[Message]
     max_completion_tokens: int | None = None
     tools: list[dict] | None = None
+    tool_choice: Any = None  # "auto", "none"; "required" and a named function are refused (see tools.py)
+    parallel_tool_calls: bool | None = None  # ignored: a model calls as many as it writes
     response_format: dict | None = None
     chat_template_kwargs: dict | None = None  # as vLLM: {"enable_thinking": false} for Qwen3
 
@@ -212,8 +215,36 @@ def template_messages(body: ChatBody) -> list[dict]:
     for i, message in enumerate(body.messages):
         content = _text(message.content, f"messages[{i}].content")
         role = "system" if message.role == "developer" else message.role
-        messages.append({**(message.model_extra or {}), "role": role, "content": content})
+        extra = dict(message.model_extra or {})
+        if extra.get("tool_calls"):
+            extra["tool_calls"] = _template_calls(extra["tool_calls"], f"messages[{i}].tool_calls")
+        messages.append({**extra, "role": role, "content": content})
     return messages
+
+
+def _template_calls(calls, param: str) -> list[dict]:
+    """An assistant's earlier calls as templates read them: the arguments as an object, not
+    OpenAI's JSON text (templates write them with `tojson`), as mlx_lm/server.py's
+    process_message_content does."""
+    if not isinstance(calls, list):
+        raise RequestError(f"{param} must be a list of calls", param=param)
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise RequestError(
+                f"{param}[{j}] must be {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}",
+                param=f"{param}[{j}]",
+            )
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as e:
+                where = f"{param}[{j}].function.arguments"
+                raise RequestError(f"{where} is not JSON ({e})", param=where) from None
+        out.append({**call, "function": {**function, "arguments": arguments}})
+    return out
 
 
 def _text(content, param: str) -> str:
@@ -280,6 +311,14 @@ def speculative(stats: Stats) -> dict:
     }
 
 
+def finish_reason_of(reason: str, *, called: bool) -> str:
+    """OpenAI's finish reason: "tool_calls" when the model ended (not cut short) after calling,
+    as mlx_lm/server.py decides it."""
+    if called and reason in ("eos", "stop"):
+        return "tool_calls"
+    return FINISH_REASONS.get(reason, reason)
+
+
 @dataclass(frozen=True)
 class Reply:
     """One response's identity and shape: a chat completion or a text completion."""
@@ -297,18 +336,26 @@ class Reply:
         kind = "chat.completion" if self.chat else "text_completion"
         return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""), "created": self.created}
 
-    def whole(self, text: str, finish_reason: str, stats: Stats) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)}
+    def whole(self, text: str, finish_reason: str, stats: Stats, *, tool_calls: list[dict] = ()) -> dict:
+        """`tool_calls`: OpenAI's calls (id, type, function), parsed from the output."""
+        reason = finish_reason_of(finish_reason, called=bool(tool_calls))
+        choice = {"index": 0, "logprobs": None, "finish_reason": reason}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            message = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["content"] = text if text.strip() else None  # as OpenAI: no text beside the calls
+                message["tool_calls"] = list(tool_calls)
+            choice["message"] = message
         else:
             choice["text"] = text
         return {**self._head(False), "model": self.model, "choices": [choice], "usage": usage(stats)}
 
-    def chunk(self, text: str | None = None, *, finish_reason: str | None = None, first: bool = False) -> dict:
-        """A stream chunk: some text, or the end (finish_reason). A chat stream's first chunk
-        names the role."""
-        reason = FINISH_REASONS.get(finish_reason, finish_reason) if finish_reason else None
+    def chunk(
+        self, text: str | None = None, *, finish_reason: str | None = None, first: bool = False, called: bool = False
+    ) -> dict:
+        """A stream chunk: some text, or the end (finish_reason; `called`: calls were sent).
+        A chat stream's first chunk names the role."""
+        reason = finish_reason_of(finish_reason, called=called) if finish_reason else None
         choice = {"index": 0, "logprobs": None, "finish_reason": reason}
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else {}
@@ -317,6 +364,17 @@ class Reply:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
+        return {**self._head(True), "model": self.model, "choices": [choice]}
+
+    def call_chunks(self, call: dict, index: int) -> list[dict]:
+        """One call as OpenAI streams it: its index, id, type and name, then its arguments."""
+        head = {"index": index, "id": call["id"], "type": "function"}
+        head["function"] = {"name": call["function"]["name"], "arguments": ""}
+        rest = {"index": index, "function": {"arguments": call["function"]["arguments"]}}
+        return [self._delta({"tool_calls": [head]}), self._delta({"tool_calls": [rest]})]
+
+    def _delta(self, delta: dict) -> dict:
+        choice = {"index": 0, "logprobs": None, "finish_reason": None, "delta": delta}
         return {**self._head(True), "model": self.model, "choices": [choice]}
 
     def usage_chunk(self, stats: Stats) -> dict:

@@ -48,6 +48,7 @@ class Job:
     ids: list[int]
     options: Options
     loop: asyncio.AbstractEventLoop
+    note: str | None = None  # for the console line: what else was in force (tools)
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
     stop: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -151,8 +152,10 @@ class Worker:
             raise self._failure
         return self.pair
 
-    def submit(self, ids: list[int], options: Options, loop: asyncio.AbstractEventLoop) -> Job:
-        job = Job(ids, options, loop)
+    def submit(
+        self, ids: list[int], options: Options, loop: asyncio.AbstractEventLoop, *, note: str | None = None
+    ) -> Job:
+        job = Job(ids, options, loop, note=note)
         self._jobs.put(job)
         return job
 
@@ -216,7 +219,7 @@ class Worker:
                 job.post(event)
                 if isinstance(event, Done):
                     self.served += 1
-                    self._log(_summary(event))
+                    self._log(_summary(event, note=job.note))
                 elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
                     self.stopped += 1
                     break
@@ -246,8 +249,9 @@ def _release_thread() -> None:
         clear()
 
 
-def _summary(done: Done) -> str:
+def _summary(done: Done, *, note: str | None = None) -> str:
     from ..views.summary import stats_line
 
     stats = done.stats
-    return str(stats_line(stats, reused=stats.prompt_tokens - stats.prefill_tokens))
+    line = stats_line(stats, reused=stats.prompt_tokens - stats.prefill_tokens)
+    return f"{line} · {note}" if note else str(line)

@@ -168,6 +168,8 @@ class ChatApp:
             self.console.print()
             if event.finish_reason == "interrupted":
                 self.console.print(Text("[interrupted]", style="yellow"))
+            for call in self.conversation.tool_calls():
+                self.console.print(Text.assemble(("tool call: ", "bold cyan"), call.describe()), soft_wrap=True)
             pair = self.conversation.pair
             self.console.print(
                 stat_line(event.stats, self._reused, lookup=pair.draft is None and pair.ngram),
