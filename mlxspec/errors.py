@@ -61,6 +61,12 @@ class UnknownPreset(PresetError):
     alike_on_every_rank = True
 
 
+class NotOnDisk(MlxspecError):
+    """`mlxspec models rm NAME` names nothing mlxspec keeps on disk."""
+
+    exit_code = 2
+
+
 class UnsupportedModel(MlxspecError):
     """An architecture a drafter cannot serve (hidden-state capture, a head's family)."""
 
