@@ -159,7 +159,9 @@ def models_import(
     if dtype not in DTYPES:
         raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     reporter = ConsoleReporter()
-    path = registry.fetch(file) if registry.is_registry_name(file) else Path(file).expanduser()
+    from ..loading import fetch_registry
+
+    path = fetch_registry(file, reporter) if registry.is_registry_name(file) else Path(file).expanduser()
     if not path.is_file():
         raise InvalidOption(f"no GGUF file at {file}")
     folder = import_gguf(
