@@ -20,9 +20,11 @@ from pathlib import Path
 
 OPT_OUT = "MLXSPEC_NO_OPENBLAS"  # set (to anything but 0/empty): MLX's own BLAS, and no hint
 MARKER = "MLXSPEC_OPENBLAS"  # set in the re-executed process: the library mlxspec preloaded
-# `mlxspec generate --pair smollm2 -m 32` on this 2-core machine (shared, load ~4): 1 thread
-# 13.0-13.1 tok/s, prefill 0.21-0.26 s; 2 threads 12.4-14.7 tok/s, prefill 0.22-0.37 s. No
-# gain from a second thread, and threads that spin beside other busy processes can lose.
+# Measured on this 2-core machine while it was shared (load 3.8-4.6), 1 thread against 2:
+# `generate --pair smollm2 -m 32`: 5.7-13.7 against 7.2-14.7 tok/s, prefill of 36 tokens 0.21-0.41
+# against 0.22-0.49 s (noise larger than any difference); a 407-token prompt read in 3.3-3.7 s
+# against 4.7-5.4 s. One thread: faster to read a long prompt here, and no threads spinning beside
+# other busy processes.
 THREADS = 1
 INSTALL_HINT = (
     "MLX is using its slow reference BLAS (4-15x slower on a CPU; speculation rarely pays): install OpenBLAS "
