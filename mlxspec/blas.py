@@ -79,9 +79,11 @@ class Plan:
     hint: str | None = None
 
 
-def plan(env: dict | None = None, *, system: str | None = None, mlx_blas=reference_blas, find=find_openblas) -> Plan:
-    """Decide, from the environment alone, whether to re-execute with OpenBLAS preloaded."""
+def plan(env: dict | None = None, *, system: str | None = None, mlx_blas=None, find=None) -> Plan:
+    """Decide, from the environment alone, whether to re-execute with OpenBLAS preloaded
+    (`mlx_blas` and `find` stand in for reference_blas and find_openblas in tests)."""
     env = os.environ if env is None else env
+    mlx_blas, find = mlx_blas or reference_blas, find or find_openblas
     if (system or platform.system()) != "Linux":
         return Plan("not Linux: MLX uses the platform's own BLAS")
     if env.get(MARKER):

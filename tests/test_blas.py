@@ -123,3 +123,15 @@ def test_no_reexec_when_main_is_called_in_process(monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         main(["--version"])
     assert stopped.value.code == 0
+
+
+def test_without_openblas_one_line_says_what_to_install(monkeypatch, capsys):
+    monkeypatch.setattr(blas, "find_openblas", lambda paths=None: None)
+    monkeypatch.setattr(blas, "reference_blas", lambda: Path("libblas-x.so.3"))
+    monkeypatch.setattr(blas.platform, "system", lambda: "Linux")
+    for name in ("LD_PRELOAD", blas.MARKER, blas.OPT_OUT):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(blas.os, "execve", lambda *a: pytest.fail("re-executed"))
+    blas.reexec_with_openblas()
+    out, err = capsys.readouterr()
+    assert not out and len(err.splitlines()) == 1 and "apt-get install libopenblas0-pthread" in err

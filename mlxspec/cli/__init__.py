@@ -114,7 +114,7 @@ def _started_as_command() -> bool:
     """This process is `mlxspec ...` or `python -m mlxspec ...` (not a test or a program
     calling main())."""
     started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
-    return started.name == "mlxspec" or started.resolve() == Path(__file__).parent.parent / "__main__.py"
+    return started.name == "mlxspec" or started.resolve() == (Path(__file__).parent.parent / "__main__.py").resolve()
 
 
 def main(argv: list[str] | None = None) -> None:
