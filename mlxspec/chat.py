@@ -18,6 +18,7 @@ read again.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,7 +66,6 @@ class Conversation:
     def __post_init__(self):
         self.session = Session(self.pair, cache_options=self.cache_options)
         self.turns: list[Turn] = []
-        self.totals = Stats()
         self._dropped = 0  # leading turns no longer in the model's view
         self.prompt_opens_thinking = False  # the last prompt ended inside a <think> block
         self.preamble = ""  # what the first message starts with (a cached document)
@@ -219,7 +219,12 @@ class Conversation:
 
     def _end_turn(self, turn: Turn) -> None:
         self.turns.append(turn)
-        self.totals = self.totals.merge(turn.stats)
+
+    @property
+    def totals(self) -> Stats:
+        """The conversation as it stands: its turns' statistics (an undone or retried reply no
+        longer counts)."""
+        return functools.reduce(Stats.merge, (turn.stats for turn in self.turns), Stats())
 
     def undo(self) -> Turn | None:
         """Forget the last turn (None if there is none). The caches keep what they hold: the
@@ -235,7 +240,6 @@ class Conversation:
         self.turns.clear()
         self._dropped = 0
         self.session.reset()
-        self.totals = Stats()
         if self.prompt_cache is not None:
             self._restore()
 

@@ -54,6 +54,19 @@ class PresetError(MlxspecError):
     """A models.toml preset that is unknown or a file that does not parse."""
 
 
+class UnknownPreset(PresetError):
+    """--pair names no preset: a bad option, refused before anything loads."""
+
+    exit_code = 2
+    alike_on_every_rank = True
+
+
+class NotOnDisk(MlxspecError):
+    """`mlxspec models rm NAME` names nothing mlxspec keeps on disk."""
+
+    exit_code = 2
+
+
 class UnsupportedModel(MlxspecError):
     """An architecture a drafter cannot serve (hidden-state capture, a head's family)."""
 

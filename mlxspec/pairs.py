@@ -180,9 +180,13 @@ def resolve_first(names: list[str], offline: bool | None, reporter: loading.Repo
     for name in names:
         reporter.status(f"Finding {name}")
         try:
-            return name, _resolve_checked(name, offline, reporter)
+            found = _resolve_checked(name, offline, reporter)
         except ModelNotFound as e:
             first = first or e
+            continue
+        if first is not None:  # a fallback: said once, with why the first name could not be had
+            reporter.note(f"using {name} (the fallback): {first}")
+        return name, found
     tried = f" (also tried {', '.join(names[1:])})" if len(names) > 1 else ""
     raise ModelNotFound(f"{first}{tried}") from None
 

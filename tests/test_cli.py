@@ -293,6 +293,19 @@ def test_stats_line_wraps_only_between_parts():
     assert stats.tokens_per_round == 70 / 20  # emitted ids over rounds: >= 1 always
 
 
+def test_stats_line_counts_one_in_the_singular():
+    from mlxspec.stats import Stats
+    from mlxspec.views.summary import stats_line
+
+    stats = Stats(tokens=1, emitted=2, rounds=2, drafted=2, tested=2, accepted=0, decode_seconds=0.5)
+    stats.gamma, stats.prompt_tokens, stats.prefill_seconds = "auto", 1, 0.04
+    stats.plain_rounds, stats.ngram_rounds, stats.early_stops = 1, 1, 1
+    plain = stats_line(stats).plain
+    for part in ("1 token ·", "1 plain step)", "1 n-gram round ·", "1 early stop ·", "(1 token)"):
+        assert part in plain, (part, plain)
+    assert "(1 new of 1 token)" in stats_line(stats, reused=0).plain
+
+
 def test_json_tokens_per_round_is_at_least_one(capsys, folders):
     target, draft = folders
     for extra in ([], ["--temp", "1", "--seed", "3"], ["--no-draft"]):

@@ -76,9 +76,16 @@ def test_bad_user_file_fails_cleanly(tmp_path, monkeypatch, capsys, text, messag
     assert code == 1 and str(mine) in err and len(err.strip().splitlines()) == 1
 
 
-def test_unknown_preset(capsys):
-    code, _, err = run(capsys, "generate", "hi", "--pair", "no-such-pair")
-    assert code == 1 and "no preset named 'no-such-pair'" in err and "qwen3-14b" in err
+@pytest.mark.parametrize(
+    "command", [["generate", "hi", "--pair"], ["race", "--pair"], ["chat", "--pair"], ["models", "download"]]
+)
+def test_unknown_preset(capsys, monkeypatch, command):
+    """A bad option: exit 2, before any model is looked for."""
+    import mlxspec.pairs
+
+    monkeypatch.setattr(mlxspec.pairs, "resolve_first", lambda *a: pytest.fail("looked for a model"))
+    code, _, err = run(capsys, *command, "no-such-pair")
+    assert code == 2 and "no preset named 'no-such-pair'" in err and "qwen3-14b" in err
 
 
 def fake_hub_cache(root: Path, repo_id: str, files: dict[str, bytes]) -> None:

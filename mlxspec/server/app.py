@@ -41,10 +41,14 @@ from .worker import END, Worker
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+def public_name(name: str) -> str:
+    """A model's name as clients see it: a repo id or registry name as it is, a local folder
+    or file by its last part (no path of this machine leaves it)."""
+    return name.rstrip("/").split("/")[-1] if looks_like_path(name) else name
+
+
 def model_id(pair) -> str:
-    """The name clients see: a repo id as it is, a folder by its last part."""
-    name = pair.target.name
-    return pair.target.label if looks_like_path(name) else name
+    return public_name(pair.target.name)
 
 
 def create_app(
@@ -103,8 +107,8 @@ class Api:
             "created": self.started,
             "owned_by": "mlxspec",
             # mlxspec's own: what serves it
-            "target": pair.target.name,
-            "draft": pair.draft.name if pair.draft else None,
+            "target": public_name(pair.target.name),
+            "draft": public_name(pair.draft.name) if pair.draft else None,
             "prompt_lookup": pair.ngram,
             "context_length": pair.target.context_length,
         }

@@ -24,7 +24,7 @@ from .tokens import STYLES, legend
 
 HELP = """\
 /help              this list
-/stats             session totals: tokens, acceptance, tokens per round, per-position acceptance, time
+/stats             the conversation's totals: tokens, acceptance, tokens per round, per-position acceptance, time
 /gamma N|auto      draft tokens per round (0: standard decoding; auto: chosen each round)
 /temp X            temperature (0: greedy); also /top-p X, /top-k N, /min-p X, /seed N, /max-tokens N
 /think on|off      let a reasoning model think first (its template's enable_thinking); shown dimmed
@@ -264,7 +264,9 @@ class ChatApp:
 
     def stats_table(self) -> Table:
         totals = self.conversation.totals
-        table = Table(title=f"Session: {len(self.conversation.turns)} turns", title_justify="left", show_header=False)
+        turns = len(self.conversation.turns)
+        title = f"Conversation: {turns} turn{'' if turns == 1 else 's'}"
+        table = Table(title=title, title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()
         table.add_row("tokens", str(totals.tokens))

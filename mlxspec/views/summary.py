@@ -11,6 +11,11 @@ from ..events import Stats
 SEPARATOR = " · "
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 token', '2 tokens': a count with its noun, singular for one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 class PartsLine:
     """Parts joined by a separator (" · ") that wrap only between parts: on a narrow terminal
     a part moves to the next line whole; printed with soft_wrap (a pipe, a file) it is one
@@ -52,7 +57,7 @@ def stats_line(
     """e.g. `64 tokens · 41.3 tok/s · α 0.72 · τ 3.10 · γ 4 · prefill 0.05 s (12 tokens)`.
     `estimate`: a speedup estimate to show; `reused`: prompt tokens the caches already held;
     `lookup`: the pair drafts by prompt lookup alone (no draft model)."""
-    parts = [f"{stats.tokens} tokens"]
+    parts = [counted(stats.tokens, "token")]
     if stats.tokens_per_second:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
     if stats.acceptance_rate is not None:
@@ -63,25 +68,24 @@ def stats_line(
         parts.append(f"≈{estimate:.2f}x est.")
     if stats.gamma == "auto":
         detail = (
-            f"mean {stats.mean_gamma:.1f}, {stats.plain_rounds} plain steps" if stats.mean_gamma is not None else ""
+            f"mean {stats.mean_gamma:.1f}, {counted(stats.plain_rounds, 'plain step')}"
+            if stats.mean_gamma is not None
+            else ""
         )
         parts.append(f"γ auto ({detail})" if detail else "γ auto")
     else:
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
     if lookup and stats.gamma:
-        parts.append(f"drafting by prompt lookup ({stats.ngram_rounds} rounds)")
+        parts.append(f"drafting by prompt lookup ({counted(stats.ngram_rounds, 'round')})")
     elif stats.ngram_rounds:
-        parts.append(f"{stats.ngram_rounds} n-gram rounds")
+        parts.append(counted(stats.ngram_rounds, "n-gram round"))
     if stats.early_stops:
-        parts.append(f"{stats.early_stops} early stops")
+        parts.append(counted(stats.early_stops, "early stop"))
     if stats.transfers_per_token:
         parts.append(f"{stats.transfers_per_token:.2f} transfers/token")
-    read = (
-        f"{stats.prompt_tokens - reused} new of {stats.prompt_tokens}"
-        if reused is not None
-        else f"{stats.prompt_tokens}"
-    )
-    parts.append(f"prefill {stats.prefill_seconds:.2f} s ({read} tokens)")
+    read = counted(stats.prompt_tokens, "token")
+    read = f"{stats.prompt_tokens - reused} new of {read}" if reused is not None else read
+    parts.append(f"prefill {stats.prefill_seconds:.2f} s ({read})")
     if stats.finish_reason not in (None, "eos", "length", "stop"):
         parts.append(stats.finish_reason)
     return PartsLine(parts)
