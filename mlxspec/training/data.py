@@ -193,7 +193,8 @@ def load_shards(folder: Path) -> list[Example]:
     examples = []
     for path in sorted(Path(folder).glob("shard-[0-9][0-9][0-9][0-9].npz")):
         try:
-            data = np.load(path)
+            with np.load(path) as npz:  # each key read once: indexing an NpzFile reads its array again
+                data = {key: npz[key] for key in npz.files}
             offsets = np.concatenate([[0], np.cumsum(data["lengths"])])
             for i in range(len(data["lengths"])):
                 a, b = offsets[i], offsets[i + 1]
