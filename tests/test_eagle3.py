@@ -140,6 +140,26 @@ def test_a_session_with_a_head_stays_exact(heads):
         history = prompt + got
 
 
+def test_drafting_after_a_shorter_standard_retry_reads_the_rows_it_needs(heads):
+    """A drafting call, the same prompt again by standard decoding but shorter (the target
+    trims back, and forgets the features its forwards overwrite), then drafting on that
+    call's history: the head holds every row but the target's store lacks the last one,
+    which propose reads (this raised LookupError), and its proposals are a fresh head's."""
+    pair = heads.pair("llama")
+    session = Session(pair)
+    mlxspec.generate(pair, PROMPT, session=session, max_tokens=12, gamma=3)
+    retried = mlxspec.generate(pair, PROMPT, session=session, max_tokens=3, gamma=0).tokens
+    history = PROMPT + retried
+    rounds = [e for e in mlxspec.stream(pair, history, session=session, max_tokens=6, gamma=3) if hasattr(e, "drafted")]
+    emitted = [i for r in rounds for i in r.emitted]
+    assert emitted == mlxspec.generate(pair, history, max_tokens=6, gamma=0).tokens
+    seen = list(history)
+    for r in rounds:
+        if r.source == "model" and r.drafted:
+            assert list(r.drafted) == fresh_head_drafts(pair, seen, len(r.drafted)), f"round {r.index}"
+        seen += list(r.emitted)
+
+
 def test_a_target_with_ids_to_refeed_still_drafts_aligned(heads, monkeypatch):
     """A rewind that cannot trim refeeds ids (array caches do): the target reads them before
     the head drafts, so its first proposal is still for the position the verify puts it at

@@ -181,7 +181,10 @@ class Eagle3Drafter:
         (a prompt-cache file) or where standard decoding kept none: have the target read
         them again."""
         self._align()
-        if not self.target.features.covers(self.rows, self.target_rows):
+        # from the last row propose reads again when the head holds them all (a standard
+        # call since may have forgotten it) to the target's newest position
+        first = min(self.rows, max(self.target_rows - 1, 0))
+        if not self.target.features.covers(first, self.target_rows):
             self.reset()
             if not self.target.features.covers(0, self.target_rows):
                 history = self.target.history
