@@ -374,3 +374,18 @@ def test_no_ngram_with_nothing_else_to_draft_with_is_refused(capsys, folders):
         assert code == 2 and "--no-ngram leaves nothing to draft with" in err and len(err.strip().splitlines()) == 1
     code, _, _ = run(capsys, "generate", "x", "-t", target, "--no-ngram", "--no-draft", "-m", "2")
     assert code == 0
+
+
+def test_alpha_is_a_dash_until_a_handful_of_drafts_were_tested():
+    """Two tested drafts say nothing of α: '–', not 0.00; eight or more give the rate. A
+    standard run shows no α at all."""
+    from mlxspec.stats import MIN_TESTED_FOR_ALPHA, Stats
+    from mlxspec.views.summary import stats_line
+
+    few = Stats(tokens=20, emitted=20, rounds=19, drafted=4, tested=2, accepted=0, decode_seconds=0.5, gamma="auto")
+    assert "α –" in stats_line(few).plain and "α 0.00" not in stats_line(few).plain
+    enough = Stats(tokens=20, emitted=20, rounds=8, drafted=16, tested=MIN_TESTED_FOR_ALPHA, accepted=4)
+    enough.decode_seconds, enough.gamma = 0.5, 2
+    assert "α 0.50" in stats_line(enough).plain
+    standard = Stats(tokens=20, emitted=20, rounds=20, decode_seconds=0.5)
+    assert "α" not in stats_line(standard).plain
