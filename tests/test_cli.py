@@ -389,3 +389,19 @@ def test_alpha_is_a_dash_until_a_handful_of_drafts_were_tested():
     assert "α 0.50" in stats_line(enough).plain
     standard = Stats(tokens=20, emitted=20, rounds=20, decode_seconds=0.5)
     assert "α" not in stats_line(standard).plain
+
+
+def test_piped_tables_follow_columns_and_carry_no_trailing_spaces(capsys, monkeypatch):
+    for columns, widest in (("70", 70), ("200", 200), (None, 160)):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "models")
+        lines = out.splitlines()
+        assert code == 0 and lines and "tiny" in out
+        assert all(len(line) <= widest for line in lines), (columns, max(map(len, lines)))
+        assert all(line == line.rstrip() for line in lines)
+    monkeypatch.setenv("COLUMNS", "70")
+    code, out, _ = run(capsys, "models")
+    assert max(map(len, out.splitlines())) > 40  # the narrow listing, not a table cut short
