@@ -254,10 +254,14 @@ def test_a_target_alone_drafts_by_prompt_lookup_and_says_so(capsys, folders, tmp
     assert code == 0 and "drafting by prompt lookup (" in err.strip().splitlines()[-1]  # the stats line
     # a preset's draft with the same tokenizer, already on this machine, is named
     presets = tmp_path / "models.toml"
-    presets.write_text(f'[mine]\ntarget = "{target}"\ndraft = "{draft}"\n')
+    presets.write_text(f'[other]\ntarget = "/elsewhere/model"\ndraft = "{draft}"\n')
     monkeypatch.setenv("MLXSPEC_MODELS", str(presets))
     code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "4")
     assert code == 0 and f"--draft {draft}" in err
+    # and where a preset names this very target: its name, not the draft's long path
+    presets.write_text(presets.read_text() + f'[mine]\ntarget = "{target}"\ndraft = "{draft}"\n')
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "4")
+    assert code == 0 and "on this machine: --pair mine;" in err and draft not in err
 
 
 def test_the_stats_line_is_one_line_under_a_pipe(capsys, folders):

@@ -100,7 +100,7 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
     if lookup:
         drafts = compatible_drafts(loaded.target)
         hint = (
-            f"a draft model with the same tokenizer is on this machine: --draft {drafts[0]}"
+            f"a draft model with the same tokenizer is on this machine: {drafts[0]}"
             if drafts
             else "a draft model of the same family (same tokenizer) is usually faster: --draft MODEL"
         )
