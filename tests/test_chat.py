@@ -382,3 +382,4 @@ def test_stats_show_no_alpha_from_a_few_tested_drafts(load_pair):
     totals = conversation.totals
     assert code == 0 and totals.tested < 8
     assert re.search(rf"acceptance α +│ – \({totals.accepted} of {totals.tested} tested\)", out), out
+    assert "α –" in out and "est." not in out  # the stat line: no α, no estimate resting on it

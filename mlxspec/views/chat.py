@@ -70,8 +70,8 @@ _SETTINGS = {
 def estimated_speedup(stats) -> float | None:
     """E[tau] / (gamma c + 1), c from this reply's own timings: a draft step over a verify
     pass (which costs about one target step when decoding is memory-bound); prompt lookup
-    drafts for nothing."""
-    if not stats.gamma or not stats.drafted:
+    drafts for nothing. None from too few tested drafts (the α it rests on is not shown)."""
+    if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
         return None
     c = cost_ratio(stats.draft_step, stats.verify_step)
     if c is None and stats.ngram_rounds and not stats.model_rounds:
