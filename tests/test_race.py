@@ -278,7 +278,8 @@ def test_a_speedup_inside_the_runs_noise_is_said_to_be():
     assert abs(now - 1) < noise and sides.verdict(standard, speculative) == "noise"
     text = screen(standard, speculative, 160).export_text()
     assert f"speedup {now:.2f}x ±{noise:.2f}: within noise" in text
-    assert "within noise" in view.summary(standard, speculative, temp=0).plain
+    summary = view.summary(standard, speculative, temp=0).plain
+    assert "within noise" in summary and f"noise ±{noise:.2f}: two standard errors" in summary
     # a steady machine: the same speedup is measured, and said
     steady = racing.Side("standard", "Big", 0)
     for i in range(16):

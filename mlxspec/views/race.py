@@ -192,6 +192,8 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
     detail = f"{alpha_part(stats)}, τ {stats.tokens_per_round:.2f} tokens per round" if stats.tokens_per_round else ""
     noise = model.speedup_noise(standard, speculative)
     band = f"±{noise:.2f}" if noise is not None else ""
+    measured = f"noise {band}; " if band else ""
+    reason = why_plain(standard, speculative)
     c = model.draft_cost(standard, speculative)
     if verdict == "plain":
         text = Text.assemble(
@@ -199,9 +201,9 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
         )
     elif verdict == "noise":
         why = (
-            f"the run's own noise is {band} (two standard errors of its block speeds)"
+            f"noise {band}: two standard errors of standard decoding's speed over this run"
             if band
-            else ("too few rounds to measure the run's noise")
+            else "too few steps to measure the run's noise"
         )
         text = Text.assemble(
             ("Speculative decoding ran at ", ""),
@@ -212,19 +214,20 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
         text = Text.assemble(
             ("Speculative decoding was ", ""),
             (f"{now:.2f}x faster", "bold green"),
-            f" ({band}; {detail}): {saved:.2f} s saved over {tokens} tokens.",
+            f" ({measured}{detail}): {saved:.2f} s saved over {tokens} tokens.",
         )
     else:
         why = (
             f" The draft costs {c:.2f} of a target step per token; speculation pays when that is small and α "
             f"high (see `mlxspec bench`)."
-            if c
+            if c and not reason  # auto's own line below says it
             else ""
         )
         text = Text.assemble(
-            ("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({band}; {detail}).{why}"
+            ("Speculative decoding was ", ""),
+            (f"slower here: {now:.2f}x", "bold red"),
+            f" ({measured}{detail}).{why}",
         )
-    reason = why_plain(standard, speculative)
     if reason:
         text.append(reason, style="yellow")
     predicted = model.predicted_speedup(standard, speculative)
