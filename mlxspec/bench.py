@@ -114,6 +114,13 @@ def speed(runs: list[Run]) -> float | None:
     return sum(r.tokens for r in measured) / seconds if seconds else None
 
 
+def repeat_speed(runs: list[Run], repeat: int) -> float | None:
+    """Total tokens over total time of one repeat across the runs (a pass over the prompts)."""
+    taken = [r.repeats[repeat] for r in runs if len(r.repeats) > repeat and r.repeats[repeat].tokens_per_second]
+    seconds = sum(s.decode_seconds for s in taken)
+    return sum(s.tokens for s in taken) / seconds if seconds else None
+
+
 @dataclass
 class Setting:
     """One temperature and gamma over a category of prompts ("all" for every prompt)."""
@@ -145,6 +152,33 @@ class Setting:
         return speculative / standard if standard and speculative else None
 
     @property
+    def repeat_speedups(self) -> list[float]:
+        """The speedup of each repeat alone: how far the same setting moves from pass to pass."""
+        repeats = max((len(r.repeats) for r in self.speculative), default=0)
+        pairs = [(repeat_speed(self.standard, i), repeat_speed(self.speculative, i)) for i in range(repeats)]
+        return [spec / std for std, spec in pairs if std and spec]
+
+    @property
+    def spread(self) -> float | None:
+        """Half the range of the repeats' speedups: the run's own noise (None under two repeats)."""
+        speedups = self.repeat_speedups
+        return (max(speedups) - min(speedups)) / 2 if len(speedups) >= 2 else None
+
+    @property
+    def verdict(self) -> str | None:
+        """ "plain" (no draft accepted: standard decoding under another name), "noise" (the
+        speedup differs from 1 by less than the repeats' spread), "faster", "slower"."""
+        speedup, spread = self.speedup, self.spread
+        if speedup is None:
+            return None
+        within = spread is not None and abs(speedup - 1) < spread
+        if self.stats.rounds and not self.stats.accepted and (within or speedup > 1):
+            return "plain"
+        if within:
+            return "noise"
+        return "faster" if speedup > 1 else "slower"
+
+    @property
     def predicted_speedup(self) -> float | None:
         stats = self.stats
         if self.costs.target_step <= 0 or not stats.drafted:
@@ -168,7 +202,9 @@ class Setting:
     @property
     def peer_acceptance_rate(self) -> float | None:
         return (
-            Stats.combine([r.stats for r in self.peer_speculative]).acceptance_rate if self.peer_speculative else None
+            Stats.combine([r.stats for r in self.peer_speculative]).shown_acceptance_rate
+            if self.peer_speculative
+            else None
         )
 
     @property
@@ -185,6 +221,8 @@ class Setting:
             "standard_tps": self.standard_tps,
             "speculative_tps": self.speculative_tps,
             "speedup": self.speedup,
+            "speedup_spread": self.spread,  # half the range of the repeats' speedups
+            "verdict": self.verdict,  # plain, noise, faster, slower
             "acceptance_rate": stats.acceptance_rate,
             "tokens_per_round": stats.tokens_per_round,
             "per_position": stats.per_position_acceptance,
@@ -213,7 +251,10 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)  # what could not be measured, and why
 
     def best(self, temp: float, category: str = "all") -> Setting | None:
-        candidates = [s for s in self.settings if s.temp == temp and s.category == category and s.speedup]
+        # a setting that decoded plainly is standard decoding: never the one to recommend
+        candidates = [
+            s for s in self.settings if s.temp == temp and s.category == category and s.speedup and s.verdict != "plain"
+        ]
         return max(candidates, key=lambda s: s.speedup, default=None)
 
     def to_dict(self) -> dict:

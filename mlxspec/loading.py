@@ -111,12 +111,13 @@ def fetch_registry(name: str, reporter: Reporter) -> Path:
 
 def import_gguf_once(path: Path, *, dtype: str = "auto", reporter: Reporter | None = None) -> Path:
     """The mlx-lm folder for a GGUF file: converted the first time, found in the cache after."""
-    from .gguf_import import default_dtype, import_gguf, imported_folder, is_current
+    from .gguf_import import check_header, default_dtype, import_gguf, imported_folder, is_current
 
     reporter = reporter or Reporter()
     dtype = default_dtype() if dtype == "auto" else dtype
     folder = imported_folder(path, dtype)
     if not is_current(folder, path, dtype):
+        check_header(Path(path))  # a file that is no GGUF is said to be, with no "importing" first
         reporter.note(
             f"importing {Path(path).name} as {dtype} into {folder} (once; "
             "`mlxspec models import FILE --dtype ...` makes other copies)"

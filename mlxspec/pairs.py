@@ -283,28 +283,46 @@ def check_compatible(target_tokenizer, draft_tokenizer) -> None:
 
 
 def compatible_drafts(target: LoadedModel) -> list[str]:
-    """Presets' drafts that share this target's tokenizer, among those already on this machine
-    (bundled, a folder, or in the Hugging Face cache): nothing downloaded, no model loaded,
-    only their tokenizer.json read and compared entry by entry."""
+    """How to draft for this target with a preset's draft that shares its tokenizer, among
+    those already on this machine (bundled, a folder, or in the Hugging Face cache): `--pair
+    NAME` where the preset's target is this one, else `--draft PATH`. Nothing downloaded, no
+    model loaded, only their tokenizer.json read and compared entry by entry."""
     from .presets import load_presets, resolve_name
 
     try:
         presets = load_presets()
     except MlxspecError:  # a broken user file is reported where presets are asked for
         return []
-    vocab, found = target.tokenizer.get_vocab(), []
+    vocab, found, seen = target.tokenizer.get_vocab(), [], set()
     for preset in presets.values():
         name = resolve_name(preset.draft)
-        if name in found:
-            continue
         path = Path(name).expanduser()
         if not path.is_dir():
             path = None if loading.looks_like_path(name) else loading.cached_snapshot(name)
         if path is None or path.resolve() == Path(target.path).resolve():
             continue
-        if _tokenizer_vocab(path / "tokenizer.json") == vocab:
-            found.append(name)
-    return found
+        if _same_target(preset, target):
+            suggestion = f"--pair {preset.name}"
+        elif name not in seen:
+            suggestion = f"--draft {name}"
+        else:
+            continue
+        if suggestion not in found and _tokenizer_vocab(path / "tokenizer.json") == vocab:
+            found.append(suggestion)
+            seen.add(name)
+    # a preset that names the whole pair says it shortest
+    return sorted(found, key=lambda option: not option.startswith("--pair"))
+
+
+def _same_target(preset, target: LoadedModel) -> bool:
+    """The preset's target is the one loaded: named alike, the same folder, or its fallback."""
+    from .presets import resolve_name
+
+    names = {preset.target, *(preset.target_fallback or "").split(",")} - {""}
+    if target.name in names or (preset.target_fallback and target.name == preset.target_fallback):
+        return True
+    folder = Path(resolve_name(preset.target)).expanduser()
+    return folder.is_dir() and folder.resolve() == Path(target.path).resolve()
 
 
 def _tokenizer_vocab(path: Path) -> dict | None:

@@ -18,12 +18,15 @@ import mlx.core as mx
 
 from .caches import CacheOptions
 from .events import Done
-from .generation import Session, stream
+from .generation import Session, generate, stream
 from .options import Options
 from .pairs import Pair
 from .sides import Side
 
 SLICE = 0.05  # seconds of its own time a side runs before the other may take a turn
+# tokens each side generates, untimed, before the race: a first call compiles kernels and
+# grows buffers, and whichever side ran first would pay for both
+WARM_UP_TOKENS = 8
 
 
 def race(
@@ -33,10 +36,20 @@ def race(
     *,
     slice_seconds: float = SLICE,
     cache_options: CacheOptions = CacheOptions(),
+    warm_up: bool = True,
 ) -> Iterator[tuple[Side, Side]]:
     """Yields (standard, speculative) after every event of either side. Ctrl-C in either
     side stops both (KeyboardInterrupt, after the state is updated). Each side has its own
-    caches, built with `cache_options`."""
+    caches, built with `cache_options`. `warm_up`: both sides first run a few untimed tokens
+    on throwaway sessions (what they learn is not kept)."""
+    if warm_up:
+        for side_options in (options.replace(gamma=0), options):
+            generate(
+                pair,
+                prompt,
+                side_options.replace(max_tokens=WARM_UP_TOKENS),
+                session=Session(pair, cache_options=cache_options),
+            )
     target_label = pair.target.label
     drafts = ([pair.draft.label] if pair.draft else []) + (["n-gram"] if pair.ngram else [])
     standard = Side("standard", target_label, 0)
@@ -56,7 +69,7 @@ def race(
             if side is not current and current is not None and not current.done:
                 start = time.perf_counter()
                 mx.synchronize()  # what the paused side left queued is its own work
-                current.settle_seconds += time.perf_counter() - start
+                current.settle(time.perf_counter() - start)
             current = side
             event = next(generators[id(side)])
             side.apply(event)

@@ -4,6 +4,8 @@ Python: the race view reads it without MLX."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
 
 from .events import Done, Prefill, Round
@@ -26,6 +28,7 @@ class Side:
     done: Done | None = None
     last: Round | None = None  # the latest round: its gamma and who proposed
     settle_seconds: float = 0.0  # device work left queued when paused, finished on its clock
+    samples: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) per round, for the noise
 
     def apply(self, event) -> None:
         if isinstance(event, Prefill):
@@ -41,10 +44,24 @@ class Side:
                 if piece:
                     self.segments.append((piece, fate))
             self.tokens += event.emitted
+            self.samples.append((len(event.emitted), event.seconds))
         elif isinstance(event, Done):
             self.done = event
             if event.text:
                 self.segments.append((event.text, self.segments[-1][1] if self.segments else "target"))
+
+    def settle(self, seconds: float) -> None:
+        """Device work this side left queued, finished when it was paused: its own time,
+        charged to its latest round."""
+        self.settle_seconds += seconds
+        if self.samples:
+            tokens, spent = self.samples[-1]
+            self.samples[-1] = (tokens, spent + seconds)
+
+    @property
+    def decoded_plainly(self) -> bool:
+        """No draft was accepted: every token came from a target step, as in standard decoding."""
+        return bool(self.gamma) and self.stats.rounds > 0 and self.stats.accepted == 0
 
     @property
     def text(self) -> str:
@@ -81,6 +98,59 @@ def speedup(standard: Side, speculative: Side) -> float | None:
     if not standard.tokens_per_second or not speculative.tokens_per_second:
         return None
     return speculative.tokens_per_second / standard.tokens_per_second
+
+
+# The race's noise, measured from the run itself. Every standard step does the same work, so
+# the spread of its speed is the machine's own wobble: its steps cut into consecutive blocks
+# (batch means, so that slow spells lasting several steps count as such), a speed per block,
+# the standard error of their mean. The speculative side shares the machine in alternating
+# slices of about the same total time, so it is taken to wobble as much; its rounds cannot
+# measure it themselves (their work differs with what is accepted). The speedup, a ratio of
+# the two, carries both errors: sqrt(2) times one.
+NOISE_BLOCKS = 8  # at most; fewer for a short run, one step per block at least
+MIN_NOISE_BLOCKS = 4  # below this the spread is not worth a figure
+NOISE_SIGMAS = 2.0  # the band: two standard errors (about 95% for a normal error)
+
+
+def relative_error(side: Side) -> float | None:
+    """The standard error of log(tokens per second) over the run, from its block speeds."""
+    samples = side.samples
+    blocks = min(NOISE_BLOCKS, len(samples))
+    if blocks < MIN_NOISE_BLOCKS:
+        return None
+    rates = []
+    for b in range(blocks):
+        chunk = samples[b * len(samples) // blocks : (b + 1) * len(samples) // blocks]
+        tokens, seconds = sum(t for t, _ in chunk), sum(s for _, s in chunk)
+        if tokens <= 0 or seconds <= 0:
+            return None
+        rates.append(math.log(tokens / seconds))
+    return statistics.stdev(rates) / math.sqrt(blocks)
+
+
+def speedup_noise(standard: Side, speculative: Side) -> float | None:
+    """Half-width of the speedup's noise band: NOISE_SIGMAS standard errors of the ratio,
+    from standard decoding's block speeds; None when it ran too few steps to measure it."""
+    now, error = speedup(standard, speculative), relative_error(standard)
+    if now is None or error is None:
+        return None
+    return now * NOISE_SIGMAS * math.sqrt(2) * error
+
+
+def verdict(standard: Side, speculative: Side) -> str | None:
+    """What the speedup means: "plain" (no draft accepted: nothing to credit; drafts that
+    all failed and measurably cost time are "slower"), "noise" (within the run's own noise,
+    or too short to tell), "faster" or "slower"; None before both sides have a speed."""
+    now = speedup(standard, speculative)
+    if now is None:
+        return None
+    noise = speedup_noise(standard, speculative)
+    within = noise is None or abs(now - 1) < noise
+    if speculative.decoded_plainly and (within or now > 1):
+        return "plain"  # faster without one accepted draft is the machine, not the method
+    if within:
+        return "noise"
+    return "faster" if now > 1 else "slower"
 
 
 def draft_cost(standard: Side, speculative: Side) -> float | None:

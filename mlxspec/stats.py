@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 # who proposed a round's ids, as events name it
 _SOURCES = {"model": "model_rounds", "ngram": "ngram_rounds", "target": "plain_rounds"}
+# fewer drafts tested than this and alpha is not shown: two or three tries say nothing of it
+MIN_TESTED_FOR_ALPHA = 8
 
 
 @dataclass
@@ -113,6 +115,16 @@ class Stats:
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.tested if self.tested else None
+
+    @property
+    def shown_acceptance_rate(self) -> float | None:
+        """alpha where enough drafts were tested for it to mean something, else None."""
+        return self.acceptance_rate if self.tested >= MIN_TESTED_FOR_ALPHA else None
+
+    @property
+    def decoded_plainly(self) -> bool:
+        """Every round a plain target step: nothing drafted, so nothing to credit or blame."""
+        return self.rounds > 0 and self.plain_rounds == self.rounds
 
     @property
     def tokens_per_round(self) -> float | None:

@@ -245,3 +245,55 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
         row = next(line for line in text.splitlines() if line.strip().startswith("chat"))
         assert row.split() == ["chat", "–"]  # no speed, no slowdown, no acceptance figure
     assert not view.doubtful(1.2) and not view.doubtful(None) and view.doubtful(0.4)
+
+
+def test_plain_runs_noise_and_thin_acceptance_are_said_so():
+    """A setting that accepted no draft reads "plain", never a speedup, and is never
+    recommended; a speedup inside its repeats' spread carries the noise mark, the spread
+    beside it; α is "–" when fewer than 8 drafts were tested."""
+    import io
+
+    from rich.console import Console
+
+    from mlxspec.bench import BenchConfig, BenchReport, Run, summarize
+    from mlxspec.costs import Costs
+    from mlxspec.stats import Stats
+    from mlxspec.views import bench as view
+
+    def timed(seconds, **counts):
+        return Stats(tokens=100, emitted=100, decode_seconds=seconds, **counts)
+
+    standard = [timed(1.0, rounds=100, plain_rounds=100), timed(1.2, rounds=100, plain_rounds=100)]
+    # auto: two drafts tried, none accepted, then plain steps; faster on the wobble alone
+    plain = [timed(0.9, rounds=100, drafted=2, tested=1, model_rounds=1, plain_rounds=99) for _ in range(2)]
+    # gamma 2: drafts accepted, but the repeats disagree by more than the speedup
+    close = [timed(0.8, rounds=60, drafted=60, tested=40, accepted=20, model_rounds=60), timed(1.3, rounds=60)]
+    close[1].drafted, close[1].tested, close[1].accepted, close[1].model_rounds = 60, 40, 20, 60
+    runs = [
+        Run("p", "code", "mlxspec", 0, 0.0, repeats=standard),
+        Run("p", "code", "mlxspec", "auto", 0.0, repeats=plain),
+        Run("p", "code", "mlxspec", 2, 0.0, repeats=close),
+    ]
+    costs = Costs(target_step=0.01, draft_step=0.004, verify_curve=(1.0, 1.1, 1.2))
+    settings = summarize(runs, costs, BenchConfig(prompts=[], gammas=["auto", 2], temps=[0.0], peers=False))
+    auto, two = (next(s for s in settings if s.category == "all" and s.gamma == g) for g in ("auto", 2))
+    assert auto.speedup > 1 and auto.verdict == "plain" and auto.stats.shown_acceptance_rate is None
+    assert two.repeat_speedups == pytest.approx([1.25, 1.2 / 1.3]) and two.verdict == "noise"
+    assert abs(two.speedup - 1) < two.spread
+    report = BenchReport(
+        machine={"device": "cpu", "mlx": "0", "mlx_lm": "0"},
+        pair={"target": "T", "draft": "D"},
+        config={},
+        costs=costs,
+        runs=runs,
+        settings=settings,
+    )
+    assert report.best(0.0) is two  # the plain setting is never the recommendation
+    out = io.StringIO()
+    Console(file=out, width=160).print(view.render(report, 160))
+    text = out.getvalue()
+    auto_row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "auto"])
+    assert "plain" in auto_row and "x" not in auto_row.split()[4] and auto_row.split()[6] == "–"
+    two_row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "2"])
+    assert f"{two.speedup:.2f}x≈" in two_row and f"{two.spread:.2f}" in two_row and "0.50" in two_row
+    assert "≈ within noise" in text and "plain: decoded plainly" in text and "no measurable difference" in text

@@ -359,3 +359,27 @@ def test_stats_count_the_conversation_as_it_stands(load_pair):
     assert re.search(rf"│ tokens +│ {turn.stats.tokens} ", out)  # not the retried reply's added
     conversation.undo()
     assert conversation.totals.tokens == 0
+
+
+def test_help_wraps_inside_its_entries(load_pair):
+    """/help on a narrow terminal: each description wraps in its own column, so every line
+    either starts a command or continues a description under the descriptions."""
+    out = io.StringIO()
+    conversation = Conversation(load_pair("llama"), settings=Options.build(**GREEDY))
+    ChatApp(conversation, read=script(["/help"]), console=Console(file=out, width=60, color_system=None)).run()
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("/help"))
+    entries = lines[start : next(i for i, line in enumerate(lines) if line.startswith("End a line"))]
+    indent = entries[0].index("this list")
+    for line in entries:
+        assert line.startswith("/") or line[:indent].strip() == "", line
+        assert line == line.rstrip() or len(line) <= 60
+    assert any(line.startswith("/stats") for line in entries) and any(line.startswith("/quit") for line in entries)
+
+
+def test_stats_show_no_alpha_from_a_few_tested_drafts(load_pair):
+    code, out, conversation = drive(load_pair("llama"), ["hi", "/stats"], gamma=1, max_tokens=4)
+    totals = conversation.totals
+    assert code == 0 and totals.tested < 8
+    assert re.search(rf"acceptance α +│ – \({totals.accepted} of {totals.tested} tested\)", out), out
+    assert "α –" in out and "est." not in out  # the stat line: no α, no estimate resting on it

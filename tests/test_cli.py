@@ -254,10 +254,14 @@ def test_a_target_alone_drafts_by_prompt_lookup_and_says_so(capsys, folders, tmp
     assert code == 0 and "drafting by prompt lookup (" in err.strip().splitlines()[-1]  # the stats line
     # a preset's draft with the same tokenizer, already on this machine, is named
     presets = tmp_path / "models.toml"
-    presets.write_text(f'[mine]\ntarget = "{target}"\ndraft = "{draft}"\n')
+    presets.write_text(f'[other]\ntarget = "/elsewhere/model"\ndraft = "{draft}"\n')
     monkeypatch.setenv("MLXSPEC_MODELS", str(presets))
     code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "4")
     assert code == 0 and f"--draft {draft}" in err
+    # and where a preset names this very target: its name, not the draft's long path
+    presets.write_text(presets.read_text() + f'[mine]\ntarget = "{target}"\ndraft = "{draft}"\n')
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "4")
+    assert code == 0 and "on this machine: --pair mine;" in err and draft not in err
 
 
 def test_the_stats_line_is_one_line_under_a_pipe(capsys, folders):
@@ -374,3 +378,34 @@ def test_no_ngram_with_nothing_else_to_draft_with_is_refused(capsys, folders):
         assert code == 2 and "--no-ngram leaves nothing to draft with" in err and len(err.strip().splitlines()) == 1
     code, _, _ = run(capsys, "generate", "x", "-t", target, "--no-ngram", "--no-draft", "-m", "2")
     assert code == 0
+
+
+def test_alpha_is_a_dash_until_a_handful_of_drafts_were_tested():
+    """Two tested drafts say nothing of α: '–', not 0.00; eight or more give the rate. A
+    standard run shows no α at all."""
+    from mlxspec.stats import MIN_TESTED_FOR_ALPHA, Stats
+    from mlxspec.views.summary import stats_line
+
+    few = Stats(tokens=20, emitted=20, rounds=19, drafted=4, tested=2, accepted=0, decode_seconds=0.5, gamma="auto")
+    assert "α –" in stats_line(few).plain and "α 0.00" not in stats_line(few).plain
+    enough = Stats(tokens=20, emitted=20, rounds=8, drafted=16, tested=MIN_TESTED_FOR_ALPHA, accepted=4)
+    enough.decode_seconds, enough.gamma = 0.5, 2
+    assert "α 0.50" in stats_line(enough).plain
+    standard = Stats(tokens=20, emitted=20, rounds=20, decode_seconds=0.5)
+    assert "α" not in stats_line(standard).plain
+
+
+def test_piped_tables_follow_columns_and_carry_no_trailing_spaces(capsys, monkeypatch):
+    for columns, widest in (("70", 70), ("200", 200), (None, 160)):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "models")
+        lines = out.splitlines()
+        assert code == 0 and lines and "tiny" in out
+        assert all(len(line) <= widest for line in lines), (columns, max(map(len, lines)))
+        assert all(line == line.rstrip() for line in lines)
+    monkeypatch.setenv("COLUMNS", "70")
+    code, out, _ = run(capsys, "models")
+    assert max(map(len, out.splitlines())) > 40  # the narrow listing, not a table cut short

@@ -214,3 +214,13 @@ def test_a_truncated_file_through_the_cli_is_one_line(factory, tmp_path):
     assert run.returncode == 1 and run.stderr.count("\n") <= 2 and "not a complete GGUF file" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert issubclass(GGUFError, ModelLoadError)
+
+
+def test_a_gguf_named_file_that_is_not_one_is_refused_before_any_importing_line(capsys, tmp_path, cache_dir):
+    from tests.test_cli import run
+
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model at all")
+    code, _, err = run(capsys, "generate", "hi", "-t", str(text), "--no-draft", "-m", "2")
+    assert code != 0 and "not a GGUF file" in err and "importing" not in err
+    assert len(err.strip().splitlines()) == 1

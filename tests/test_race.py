@@ -46,6 +46,12 @@ def recorded_sides(diverge=False):
     return standard, speculative
 
 
+def more_rounds(speculative, rounds=2):
+    """Two more rounds of three drafts, one accepted in each: eleven tested in all."""
+    for i in range(rounds):
+        speculative.apply(round_event(2 + i, [20, 21, 22], 1, [20, 30], ["a", "b"], 0.1, discarded="c"))
+
+
 def screen(standard, speculative, width, height=None, **options):
     console = Console(width=width, file=io.StringIO(), record=True, color_system="truecolor")
     console.print(view.render(standard, speculative, width=width, height=height, temp=0, **options))
@@ -57,9 +63,13 @@ def test_panels_figures_and_footer():
     text = screen(standard, speculative, 160).export_text()
     assert "Standard · Big" in text and "Speculative · Big + Small" in text
     assert "6 tokens · 0.60 s · 10.0 tok/s" in text
-    assert "6 tokens · 0.25 s · 24.0 tok/s · 2 rounds · α 0.80 · τ 3.00 · γ 3" in text
+    # five drafts tested: too few for α to mean anything, so no α and no prediction from it
+    assert "6 tokens · 0.25 s · 24.0 tok/s · 2 rounds · α – · τ 3.00 · γ 3" in text
     assert "speedup 2.40x" in text and "identical so far ✓" in text
-    assert "predicted" in text and "E[τ]/(γc+1)" in text
+    assert "predicted" not in text
+    more_rounds(speculative)
+    text = screen(standard, speculative, 160).export_text()
+    assert "α 0.67" in text and "predicted" in text and "E[τ]/(γc+1)" in text
     # side by side: both panels' titles on one line
     assert any("Standard" in line and "Speculative" in line for line in text.splitlines())
 
@@ -223,10 +233,87 @@ def test_race_json_no_draft_and_cache_options(capsys, factory, monkeypatch):
     assert code == 0, err
     result = json.loads(out)
     assert result["identical"] is True and result["standard"]["tokens"] == result["speculative"]["tokens"]
-    assert made == [CacheOptions(max_kv_size=16)] * 2
+    # each side warmed up on a throwaway session first, then raced on its own
+    assert made == [CacheOptions(max_kv_size=16)] * 4
+    drafting = result["speculative"]["stats"]  # the pair's recommended length (4), not auto: no plain steps
+    assert drafting["plain_rounds"] == 0 and drafting["mean_gamma"] > 3
     code, out, err = run(capsys, "race", "-t", str(target), "-d", str(draft), "--no-draft")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--draft ngram" in err
     code, out, _ = run(
         capsys, "race", "a", "-t", str(target), "-d", str(draft), "-m", "8", "--min-p", "0.05", "--stop", "zz", "--json"
     )
     assert code == 0 and json.loads(out)["identical"] is True
+
+
+def plain_round(i, seconds):
+    event = round_event(i, (), 0, [i + 10], ["x"], seconds)
+    return Round(**{**event.__dict__, "source": "target", "draft_seconds": None, "verify_seconds": None})
+
+
+def test_a_race_decoded_plainly_is_never_a_speedup():
+    """No draft accepted: every token was a target step, so any gap to standard is noise,
+    and the view says so instead of a speedup; with auto, one line says why."""
+    standard, _ = recorded_sides()
+    plain = racing.Side("speculative", "Big + Small", "auto")
+    plain.apply(round_event(0, [10, 11], 0, [10], ["The"], 0.05, discarded=" x"))
+    for i in range(1, 6):
+        plain.apply(plain_round(i, 0.03))
+    plain.apply(Done("length", plain.stats.frozen("length")))
+    assert sides.speedup(standard, plain) > 1 and sides.verdict(standard, plain) == "plain"
+    text = screen(standard, plain, 160, done=True).export_text()
+    assert view.PLAIN in text and "speedup" not in text and "faster" not in text
+    summary = view.summary(standard, plain, temp=0).plain
+    assert view.PLAIN in summary and "γ auto decoded plainly for 5 of 6 rounds" in summary
+    assert "draft step costs" in summary and "0 of 1 tested draft accepted" in summary
+
+
+def test_a_speedup_inside_the_runs_noise_is_said_to_be():
+    standard = racing.Side("standard", "Big", 0)
+    for i, seconds in enumerate(([0.05] * 4 + [0.15] * 4) * 2):  # slow spells: a third of the speed
+        standard.apply(round_event(i, (), 0, [i], ["x"], seconds))
+    speculative = racing.Side("speculative", "Big + Small", 3)
+    for i in range(5):
+        speculative.apply(round_event(i, [1, 2, 3], 2, [1, 2, 3], ["a", "b", "c"], 0.27))
+    now, noise = sides.speedup(standard, speculative), sides.speedup_noise(standard, speculative)
+    assert abs(now - 1) < noise and sides.verdict(standard, speculative) == "noise"
+    text = screen(standard, speculative, 160).export_text()
+    assert f"speedup {now:.2f}x ±{noise:.2f}: within noise" in text
+    summary = view.summary(standard, speculative, temp=0).plain
+    assert "within noise" in summary and f"noise ±{noise:.2f}: two standard errors" in summary
+    # a steady machine: the same speedup is measured, and said
+    steady = racing.Side("standard", "Big", 0)
+    for i in range(16):
+        steady.apply(round_event(i, (), 0, [i], ["x"], 0.1 + 0.001 * (i % 2)))
+    assert sides.verdict(steady, speculative) == "faster"
+    assert sides.speedup_noise(steady, speculative) < 0.05
+
+
+def test_the_final_frame_gives_a_verdict_not_so_far():
+    standard, speculative = recorded_sides()
+    assert "identical so far ✓" in screen(standard, speculative, 160).export_text()
+    final = screen(standard, speculative, 160, done=True).export_text()
+    assert "so far" not in final and "outputs identical ✓" in final
+
+
+def test_the_title_keeps_the_drafters_name_whole():
+    standard, speculative = recorded_sides()
+    long = "/home/someone/.cache/mlxspec/imports/a-rather-long-folder-name/HuggingFaceTB--SmolLM2-135M-Instruct"
+    speculative.models = f"{long} + bundled:smollm2-draft + n-gram"
+    for width in (80, 120, 160):
+        text = screen(standard, speculative, width).export_text()
+        title = next(line for line in text.splitlines() if "Speculative" in line)
+        assert "bundled:smollm2-draft + n-gram" in title, (width, title)
+    assert view.short_models(f"{long} + d", 44) == "…/HuggingFaceTB--SmolLM2-135M-Instruct + d"
+
+
+def test_the_live_view_takes_only_the_lines_it_needs():
+    standard, speculative = recorded_sides()
+    for width in (80, 160):
+        lines = screen(standard, speculative, width, height=60).export_text().splitlines()
+        assert len(lines) < 20, (width, len(lines))
+
+
+def test_the_legend_says_recovered():
+    standard, speculative = recorded_sides()
+    text = screen(standard, speculative, 160).export_text()
+    assert "recovered after a rejection" in text and "resampled" not in text

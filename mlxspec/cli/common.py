@@ -3,7 +3,9 @@ checking output paths before any work, and writing files."""
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -98,7 +100,7 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
     if lookup:
         drafts = compatible_drafts(loaded.target)
         hint = (
-            f"a draft model with the same tokenizer is on this machine: --draft {drafts[0]}"
+            f"a draft model with the same tokenizer is on this machine: {drafts[0]}"
             if drafts
             else "a draft model of the same family (same tokenizer) is usually faster: --draft MODEL"
         )
@@ -131,10 +133,34 @@ def check_launch(models: Models) -> None:
         )
 
 
+PIPE_WIDTH = 160  # tables written to a file or pipe with no COLUMNS: wide enough not to wrap
+
+
+class _TrimmedLines(io.TextIOBase):
+    """Writes whole lines, trailing spaces cut (a table's padding has no use in a file)."""
+
+    def __init__(self, out):
+        self.out, self.pending = out, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.out.write(line.rstrip() + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
 def wide_console() -> Console:
-    """Tables for a terminal at its width; for a file or pipe, wide enough not to wrap."""
+    """Tables for a terminal at its width; for a file or pipe, at the width COLUMNS names
+    (else wide enough not to wrap), with no trailing spaces."""
     console = Console()
-    return console if console.is_terminal else Console(width=160)
+    if console.is_terminal:
+        return console
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+    return Console(width=width, file=_TrimmedLines(sys.stdout))
 
 
 def writable(path: str | None, what: str) -> Path | None:

@@ -24,7 +24,7 @@ DEFAULT_CODE_PROMPT = (
 REFRESH = 1 / 15  # seconds between frames
 
 
-@decoding_options(max_tokens=200)
+@decoding_options(max_tokens=200, exclude=("gamma",))
 @model_options
 def race(
     prompt_arg: Annotated[
@@ -38,6 +38,20 @@ def race(
     *,
     models: Models,
     options: Options,
+    gamma: Annotated[
+        Optional[str],
+        typer.Option(
+            "--gamma",
+            "-g",
+            metavar="N|auto",
+            help=(
+                "Draft tokens per round. Default: the pair's recommended length (a preset's gamma, else 4), so that "
+                "the race shows drafting; 'auto' chooses each round's from what the run measures, plain decoding "
+                "included."
+            ),
+            show_default=False,
+        ),
+    ] = None,
     prompt_opt: Annotated[
         Optional[str], typer.Option("--prompt", metavar="TEXT", help="The prompt.", show_default=False)
     ] = None,
@@ -62,6 +76,8 @@ def race(
     from .. import race as racing
     from ..views import race as view
 
+    if gamma is not None:
+        options = options.replace(gamma=gamma)
     if models.no_draft or options.gamma == 0:
         raise InvalidOption(
             "race compares standard decoding against speculative decoding: give it a draft (or --draft ngram) "
@@ -71,6 +87,8 @@ def race(
     pair = load(models)
     if pair.draft is None and not pair.ngram:
         raise InvalidOption("race needs a draft model (or --draft ngram)")
+    if gamma is None:  # measured: auto decodes plainly through a short race on the bundled pair
+        options = options.replace(gamma=pair.gamma_hint)
     prompt = (
         prompt_opt or prompt_arg or (DEFAULT_CHAT_PROMPT if pair.templated and not options.raw else DEFAULT_CODE_PROMPT)
     )

@@ -171,7 +171,7 @@ def _open(path: Path):
 
     from gguf import GGUFReader
 
-    _check_version(path)
+    check_header(path)
     try:
         with warnings.catch_warnings():  # numpy's overflow warnings on a damaged header: the error says it
             warnings.simplefilter("ignore")
@@ -185,7 +185,9 @@ def _open(path: Path):
     return reader
 
 
-def _check_version(path: Path) -> None:
+def check_header(path: Path) -> None:
+    """Raises unless the file starts as a GGUF file of a version mlxspec reads: checked before
+    anything is said about importing it."""
     with open(path, "rb") as f:
         head = f.read(8)
     if head[:4] != GGUF_MAGIC:

@@ -12,11 +12,37 @@ def _num(value, fmt: str, missing: str = "–") -> str:
     return missing if value is None else format(value, fmt)
 
 
-def _speedup(value: float | None) -> Text:
+NOISE_MARK = "≈"  # a speedup whose distance from 1 is below the repeats' spread
+PLAIN = "plain"  # no draft accepted: standard decoding under another name, never a speedup
+
+
+def _speedup(value: float | None, verdict: str | None = None) -> Text:
     if value is None:
         return Text("–")
+    if verdict == "plain":
+        return Text(PLAIN, style="yellow")
+    if verdict == "noise":
+        return Text(f"{value:.2f}x{NOISE_MARK}", style="yellow")
     style = "green" if value >= 1.05 else "red" if value < 0.95 else "yellow"
     return Text(f"{value:.2f}x", style=style)
+
+
+def _alpha(stats) -> str:
+    return _num(stats.shown_acceptance_rate, ".2f")
+
+
+def noise_note(report) -> Text:
+    """Under the table, when a setting decoded plainly or its speedup is inside the noise."""
+    verdicts = {s.verdict for s in report.settings if s.category == "all"}
+    notes = []
+    if "noise" in verdicts:
+        notes.append(
+            f"{NOISE_MARK} within noise: the speedup differs from 1 by less than the spread of its repeats' speedups "
+            "(± half their range)"
+        )
+    if "plain" in verdicts:
+        notes.append(f"{PLAIN}: decoded plainly, no draft paid here; same speed as standard")
+    return Text("\n".join(notes), style="yellow")
 
 
 # measured / predicted outside this range: the cost model probably does not describe the run
@@ -65,9 +91,9 @@ def settings_table(report, *, wide: bool = True) -> Table:
     peers = wide and any(s.peer_speculative_tps for s in report.settings)
     extras = wide and any(s.stats.ngram_rounds or s.stats.early_stops or s.gamma == "auto" for s in report.settings)
     table = Table(title="All prompts", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-    names = ("T", "γ", "std tok/s", "spec tok/s", "speedup", "α", "τ", "predicted", "meas/pred")
+    names = ("T", "γ", "std tok/s", "spec tok/s", "speedup", "±", "α", "τ", "predicted", "meas/pred")
     if not wide:
-        names = ("T", "γ", "std/s", "spec/s", "speedup", "α", "τ", "pred.", "m/p")
+        names = ("T", "γ", "std/s", "spec/s", "speedup", "±", "α", "τ", "pred.", "m/p")
     for name in names:
         table.add_column(name, justify="right", no_wrap=True)
     if extras:
@@ -81,8 +107,9 @@ def settings_table(report, *, wide: bool = True) -> Table:
             str(s.gamma),
             _num(s.standard_tps, ".1f"),
             _num(s.speculative_tps, ".1f"),
-            _speedup(s.speedup),
-            _num(s.stats.acceptance_rate, ".2f"),
+            _speedup(s.speedup, s.verdict),
+            _num(s.spread, ".2f"),
+            _alpha(s.stats),
             _num(s.stats.tokens_per_round, ".2f"),
             _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
             _vs_predicted(s.vs_predicted),
@@ -142,9 +169,9 @@ def category_table(report) -> Table:
         cells = []
         for key in keys:
             s = by_key.get(key)
-            cell = _speedup(s.speedup if s else None)
-            if s and s.speedup is not None and s.stats.acceptance_rate is not None:  # "–": nothing decoded
-                cell.append(f" ({s.stats.acceptance_rate:.2f})", style="dim")
+            cell = _speedup(s.speedup if s else None, s.verdict if s else None)
+            if s and s.speedup is not None and s.stats.tested:  # nothing decoded: no α either
+                cell.append(f" ({_alpha(s.stats)})", style="dim")
             cells.append(cell)
         table.add_row(category, *cells)
     return table
@@ -168,7 +195,12 @@ def recommendation(report) -> Text:
         best = report.best(temp)
         if best is None:
             continue
-        if best.speedup < 1.0:
+        if best.verdict == "noise":
+            parts.append(
+                f"T{temp:g}: no measurable difference (best γ{best.gamma} gives {best.speedup:.2f}x, within its "
+                f"repeats' spread ±{best.spread:.2f})"
+            )
+        elif best.speedup < 1.0:
             parts.append(f"T{temp:g}: standard decoding (best γ{best.gamma} gives {best.speedup:.2f}x)")
         else:
             parts.append(f"T{temp:g}: γ {best.gamma} ({best.speedup:.2f}x)")
@@ -184,12 +216,12 @@ def render(report, width: int = 160) -> Group:
     )
     wide = width >= 140
     tables = [settings_table(report, wide=wide)] + ([] if wide else [peer_table(report)])
-    note = doubt_note(report)
+    notes = [note for note in (noise_note(report), doubt_note(report)) if note.plain]
     return Group(
         header,
         costs_line(report),
         *tables,
-        *([note] if note.plain else []),
+        *notes,
         category_table(report),
         standard_line(report),
         recommendation(report),
@@ -214,6 +246,7 @@ def csv_rows(report) -> list[dict]:
                 "tokens": r.tokens,
                 "tokens_per_second": rounded(r.tokens_per_second, 3),
                 "acceptance_rate": rounded(stats.acceptance_rate, 4),
+                "drafts_tested": stats.tested,
                 "tokens_per_round": rounded(stats.tokens_per_round, 3),
                 "peak_memory_gb": rounded(r.peak_memory_gb, 3),
             }

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -37,6 +37,21 @@ HELP = """\
 End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
 
 
+HELP_FOOTER = HELP.splitlines()[-1]
+
+
+def help_table() -> Group:
+    """/help: each command beside its description, which wraps in its own column, so that a
+    narrow terminal never breaks an entry mid-line under the next command."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for line in HELP.splitlines()[:-1]:
+        command, _, description = line.partition("  ")
+        table.add_row(Text(command), Text(description.strip()))
+    return Group(table, Text(HELP_FOOTER))
+
+
 def _gamma(text: str):
     return parse_gamma(text.strip().lower())
 
@@ -55,8 +70,8 @@ _SETTINGS = {
 def estimated_speedup(stats) -> float | None:
     """E[tau] / (gamma c + 1), c from this reply's own timings: a draft step over a verify
     pass (which costs about one target step when decoding is memory-bound); prompt lookup
-    drafts for nothing."""
-    if not stats.gamma or not stats.drafted:
+    drafts for nothing. None from too few tested drafts (the α it rests on is not shown)."""
+    if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
         return None
     c = cost_ratio(stats.draft_step, stats.verify_step)
     if c is None and stats.ngram_rounds and not stats.model_rounds:
@@ -206,7 +221,7 @@ class ChatApp:
             if name in ("/quit", "/exit", "/q"):
                 return "quit"
             if name == "/help":
-                self.console.print(HELP, markup=False, highlight=False)
+                self.console.print(help_table())
             elif name == "/stats":
                 self.console.print(self.stats_table())
             elif name == "/reset":
@@ -277,8 +292,12 @@ class ChatApp:
         )
         table.add_row("prefill time", f"{totals.prefill_seconds:.2f} s")
         table.add_row("rounds", str(totals.rounds))
-        if totals.acceptance_rate is not None:
-            table.add_row("acceptance α", f"{totals.acceptance_rate:.3f} ({totals.accepted} of {totals.tested} tested)")
+        if totals.tested:  # the counts always; the rate once enough drafts were tested
+            alpha = totals.shown_acceptance_rate
+            table.add_row(
+                "acceptance α",
+                f"{'–' if alpha is None else f'{alpha:.3f}'} ({totals.accepted} of {totals.tested} tested)",
+            )
             table.add_row("tokens per round τ", f"{totals.tokens_per_round:.2f}")
             rates = [f"{a / t:.2f}" if t else "–" for a, t in zip(totals.position_accepted, totals.position_tested)]
             table.add_row("by position", " ".join(rates))

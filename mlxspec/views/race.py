@@ -14,7 +14,7 @@ from rich.text import Text
 
 from .. import sides as model
 from .bench import doubtful
-from .summary import SEPARATOR, PartsLine
+from .summary import SEPARATOR, PartsLine, alpha_part, counted
 from .tokens import fate_text, legend
 
 NARROW = 100  # columns below which the panels stack
@@ -29,9 +29,8 @@ def _figure_parts(side: model.Side) -> list[str]:
     if side.tokens_per_second:
         parts.append(f"{side.tokens_per_second:.1f} tok/s")
     if side.gamma:
-        parts.append(f"{side.stats.rounds} rounds")
-        if side.stats.acceptance_rate is not None:
-            parts.append(f"α {side.stats.acceptance_rate:.2f}")
+        parts.append(counted(side.stats.rounds, "round"))
+        parts.append(alpha_part(side.stats))
         if side.stats.tokens_per_round:
             parts.append(f"τ {side.stats.tokens_per_round:.2f}")
         parts.append(gamma_label(side.gamma, side.last))
@@ -51,6 +50,22 @@ def gamma_label(gamma, last) -> str:
     if last is not None and last.source == "ngram":
         label += " n-gram"
     return label
+
+
+def short_models(models: str, room: int) -> str:
+    """'target + draft + n-gram' in `room` cells: the drafters' names stay whole; a long
+    target (a path) keeps its last part, then its tail after an ellipsis."""
+    if cell_len(models) <= room:
+        return models
+    target, *drafters = models.split(" + ")
+    joined = "".join(f" + {d}" for d in drafters)
+    left = room - cell_len(joined)
+    name = target.rstrip("/").rsplit("/", 1)[-1]
+    if name != target and cell_len(name) + 2 <= left:
+        return f"…/{name}{joined}"
+    if left >= 4:
+        return f"…{target[-(left - 1) :]}{joined}"
+    return f"…{joined}"
 
 
 def _body(side: model.Side, show_rejected: bool, prompt: str) -> Text:
@@ -74,7 +89,9 @@ def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool
         figure_lines = Text("\n").join(below)
         figure_lines.stylize("dim")
         body = Text.assemble(body, "\n" if body.plain else "", figure_lines)
-    title = Text.assemble((side.method.capitalize(), "bold"), f" · {side.models}")
+    title = Text.assemble(
+        (side.method.capitalize(), "bold"), f" · {short_models(side.models, width - 6 - len(side.method) - 3)}"
+    )
     return Panel(
         body,
         title=title,
@@ -86,64 +103,135 @@ def _panel(side: model.Side, width: int, height: int | None, show_rejected: bool
     )
 
 
-def footer(standard: model.Side, speculative: model.Side, *, temp: float, show_rejected: bool) -> Group:
-    lines = [legend(show_rejected)]
-    now = model.speedup(standard, speculative)
-    predicted = model.predicted_speedup(standard, speculative)
-    parts = [
-        Text.assemble(
-            ("speedup ", "bold"), (f"{now:.2f}x" if now else "–", "bold green" if now and now >= 1 else "bold red")
+PLAIN = "decoded plainly: no draft paid here; same speed as standard"
+
+
+def speedup_text(standard: model.Side, speculative: model.Side) -> Text:
+    """The headline figure, never louder than the run allows: plain decoding said as such,
+    a speedup inside the run's noise said to be, with the noise band beside it."""
+    now, verdict = model.speedup(standard, speculative), model.verdict(standard, speculative)
+    if verdict is None:
+        return Text.assemble(("speedup ", "bold"), "–")
+    if verdict == "plain":
+        return Text(PLAIN, style="yellow")
+    noise = model.speedup_noise(standard, speculative)
+    band = f" ±{noise:.2f}" if noise is not None else ""
+    if verdict == "noise":
+        return Text.assemble(
+            ("speedup ", "bold"),
+            (f"{now:.2f}x{band}", "bold yellow"),
+            (": within noise" if noise is not None else ": too few rounds to tell from noise", "yellow"),
         )
-    ]
-    if predicted:
+    return Text.assemble(
+        ("speedup ", "bold"), (f"{now:.2f}x{band}", "bold green" if verdict == "faster" else "bold red")
+    )
+
+
+def verdict_text(standard: model.Side, speculative: model.Side, *, done: bool) -> Text:
+    """At temperature 0: identical so far (live), identical or different (the final frame)."""
+    differs = model.identical_so_far(standard, speculative)
+    if differs is not None:
+        return Text(f"outputs differ at token {differs} ✗", style="bold red")
+    if not done:
+        return Text("identical so far ✓", style="green")
+    same_length = len(standard.tokens) == len(speculative.tokens)
+    return Text("outputs identical ✓" if same_length else "identical where both ran ✓", style="green")
+
+
+def footer(
+    standard: model.Side, speculative: model.Side, *, temp: float, show_rejected: bool, done: bool = False
+) -> Group:
+    lines = [legend(show_rejected)]
+    parts = [speedup_text(standard, speculative)]
+    predicted = model.predicted_speedup(standard, speculative)
+    alpha = speculative.stats.shown_acceptance_rate
+    if predicted and alpha is not None:  # a prediction from two or three tries says nothing
         c = model.draft_cost(standard, speculative)
         cost = f", c {c:.2f}" if c is not None else ", prompt lookup: c 0"
         parts.append(
             Text(
-                f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {speculative.stats.acceptance_rate:.2f}{cost}, γ "
-                f"{speculative.effective_gamma:.3g})",
+                f"predicted {predicted:.2f}x (E[τ]/(γc+1), α {alpha:.2f}{cost}, γ {speculative.effective_gamma:.3g})",
                 style="dim",
             )
         )
     if temp == 0:
-        differs = model.identical_so_far(standard, speculative)
-        parts.append(
-            Text("identical so far ✓", style="green")
-            if differs is None
-            else Text(f"outputs differ at token {differs} ✗", style="bold red")
-        )
+        parts.append(verdict_text(standard, speculative, done=done))
     lines.append(PartsLine(parts, style=""))
     return Group(*lines)
 
 
+def why_plain(standard: model.Side, speculative: model.Side) -> str | None:
+    """One sentence when `--gamma auto` decoded plainly for most of the race: what it measured."""
+    stats = speculative.stats
+    if speculative.gamma != "auto" or not stats.rounds or stats.plain_rounds * 2 < stats.rounds:
+        return None
+    c, alpha = model.draft_cost(standard, speculative), stats.shown_acceptance_rate
+    measured = []
+    if c is not None:
+        measured.append(f"a draft step costs {c:.2f} of a target step")
+    if alpha is not None:
+        measured.append(f"α {alpha:.2f}")
+    elif stats.tested:
+        measured.append(f"{stats.accepted} of {counted(stats.tested, 'tested draft')} accepted")
+    found = " and ".join(measured) if measured else "what its first rounds measured"
+    return (
+        f" γ auto decoded plainly for {stats.plain_rounds} of {counted(stats.rounds, 'round')}: {found}, so drafting "
+        f"did not pay here (a fixed -g N drafts regardless)."
+    )
+
+
 def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Text:
-    """The closing line: speedup, acceptance, time saved; a slowdown said plainly."""
-    now = model.speedup(standard, speculative)
+    """The closing line: the speedup as the run supports it (plain, within noise, faster,
+    slower), acceptance, time saved; why auto decoded plainly."""
+    now, verdict = model.speedup(standard, speculative), model.verdict(standard, speculative)
     if now is None:
         return Text("No tokens were generated.", style="dim")
     tokens = min(standard.stats.tokens, speculative.stats.tokens)
     saved = tokens / standard.tokens_per_second - tokens / speculative.tokens_per_second
-    alpha = speculative.stats.acceptance_rate
-    detail = f"α {alpha:.2f}, τ {speculative.stats.tokens_per_round:.2f} tokens per round" if alpha is not None else ""
-    if now >= 1:
+    stats = speculative.stats
+    detail = f"{alpha_part(stats)}, τ {stats.tokens_per_round:.2f} tokens per round" if stats.tokens_per_round else ""
+    noise = model.speedup_noise(standard, speculative)
+    band = f"±{noise:.2f}" if noise is not None else ""
+    measured = f"noise {band}; " if band else ""
+    reason = why_plain(standard, speculative)
+    c = model.draft_cost(standard, speculative)
+    if verdict == "plain":
+        text = Text.assemble(
+            ("Speculative decoding ", ""), (PLAIN, "bold yellow"), f" ({now:.2f}x, {counted(stats.rounds, 'round')})."
+        )
+    elif verdict == "noise":
+        why = (
+            f"noise {band}: two standard errors of standard decoding's speed over this run"
+            if band
+            else "too few steps to measure the run's noise"
+        )
+        text = Text.assemble(
+            ("Speculative decoding ran at ", ""),
+            (f"{now:.2f}x standard's speed: within noise", "bold yellow"),
+            f" ({detail}; {why}). More tokens (-m) or `mlxspec bench` measure it properly.",
+        )
+    elif verdict == "faster":
         text = Text.assemble(
             ("Speculative decoding was ", ""),
             (f"{now:.2f}x faster", "bold green"),
-            f" ({detail}): {saved:.2f} s saved over {tokens} tokens.",
+            f" ({measured}{detail}): {saved:.2f} s saved over {tokens} tokens.",
         )
     else:
-        c = model.draft_cost(standard, speculative)
         why = (
             f" The draft costs {c:.2f} of a target step per token; speculation pays when that is small and α "
             f"high (see `mlxspec bench`)."
-            if c
+            if c and not reason  # auto's own line below says it
             else ""
         )
         text = Text.assemble(
-            ("Speculative decoding was ", ""), (f"slower here: {now:.2f}x", "bold red"), f" ({detail}).{why}"
+            ("Speculative decoding was ", ""),
+            (f"slower here: {now:.2f}x", "bold red"),
+            f" ({measured}{detail}).{why}",
         )
+    if reason:
+        text.append(reason, style="yellow")
     predicted = model.predicted_speedup(standard, speculative)
-    if predicted and doubtful(now / predicted):
+    if verdict in ("faster", "slower") and predicted and doubtful(now / predicted):
         text.append(
             f" The theory predicted {predicted:.2f}x: a gap this wide means the timings are noise (a short run, a "
             "busy machine); more tokens (-m) or `mlxspec bench` measure it properly.",
@@ -171,27 +259,30 @@ def render(
 ) -> RenderableType:
     """The whole screen. `height` None: panels as tall as their text (final screen, export).
     `prompt`: shown dim at the start of each panel, the completions following it."""
-    foot = footer(standard, speculative, temp=temp, show_rejected=show_rejected)
+    foot = footer(standard, speculative, temp=temp, show_rejected=show_rejected, done=done)
     parts = [foot]
     if done:
         parts.append(summary(standard, speculative, temp=temp))
     reserved = _lines(Group(*parts), width)
     stacked = width < NARROW
+    widths = (width, width) if stacked else (width // 2, width - width // 2)
+    # as tall as the longer text (both panels alike), and no taller than the screen allows:
+    # a few lines of text take a few lines of the terminal
+    natural = 2 + max(
+        _body_lines(standard, widths[0], show_rejected, prompt),
+        _body_lines(speculative, widths[1], show_rejected, prompt),
+    )
+    panel_height = natural
+    if height is not None:
+        room = (height - reserved) // 2 if stacked else height - reserved
+        panel_height = min(natural, max(room, 4))
     if stacked:
-        panel_height = None if height is None else max((height - reserved) // 2, 4)
         panels = [
             _panel(standard, width, panel_height, show_rejected, prompt),
             _panel(speculative, width, panel_height, show_rejected, prompt),
         ]
         return Group(*panels, *parts)
-    half = width // 2
-    panel_height = None if height is None else max(height - reserved, 4)
-    if panel_height is None:  # equal heights, as tall as the longer text
-        panel_height = max(
-            _body_lines(standard, half, show_rejected, prompt),
-            _body_lines(speculative, width - half, show_rejected, prompt),
-        )
-        panel_height += 2
+    half = widths[0]
     grid = Table.grid(expand=True)
     grid.add_column(ratio=1)
     grid.add_column(ratio=1)
@@ -245,6 +336,8 @@ def as_dict(standard: model.Side, speculative: model.Side, *, temp: float) -> di
             "stats": speculative.stats.to_dict(),
         },
         "speedup": model.speedup(standard, speculative),
+        "speedup_noise": model.speedup_noise(standard, speculative),  # half-width, two standard errors
+        "verdict": model.verdict(standard, speculative),  # plain, noise, faster, slower
         "predicted_speedup": model.predicted_speedup(standard, speculative),
         "draft_cost": model.draft_cost(standard, speculative),
         "identical": model.identical_so_far(standard, speculative) is None if temp == 0 else None,

@@ -16,6 +16,12 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def alpha_part(stats: Stats) -> str:
+    """'α 0.72', or 'α –' when too few drafts were tested for the rate to mean anything."""
+    alpha = stats.shown_acceptance_rate
+    return "α –" if alpha is None else f"α {alpha:.2f}"
+
+
 class PartsLine:
     """Parts joined by a separator (" · ") that wrap only between parts: on a narrow terminal
     a part moves to the next line whole; printed with soft_wrap (a pipe, a file) it is one
@@ -60,8 +66,8 @@ def stats_line(
     parts = [counted(stats.tokens, "token")]
     if stats.tokens_per_second:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
-    if stats.acceptance_rate is not None:
-        parts.append(f"α {stats.acceptance_rate:.2f}")
+    if stats.gamma:
+        parts.append(alpha_part(stats))
     if stats.gamma and stats.tokens_per_round:
         parts.append(f"τ {stats.tokens_per_round:.2f}")
     if estimate:

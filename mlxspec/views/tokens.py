@@ -15,7 +15,7 @@ STYLES = {
 }
 DESCRIPTIONS = {
     "accepted": "draft token accepted",
-    "recovered": "resampled after a rejection",
+    "recovered": "recovered after a rejection",
     "bonus": "bonus from the last verify",
     "rejected": "draft thrown away",
 }
