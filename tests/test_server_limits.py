@@ -348,3 +348,20 @@ def test_bad_limits_are_one_line_before_anything_loads(capsys):
             main(["serve", *args])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_response_sent_before_the_body_was_read_ends_the_connection(server):
+    """A 404 for a body still arriving: the rest is not waited for (a client trickling it a
+    byte at a time would otherwise hold the connection, past every timeout)."""
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n")
+        assert _status_line(sock).startswith(b"HTTP/1.1 404")
+        with contextlib.suppress(OSError):  # already closed: as good
+            sock.sendall(b"x")
+        sock.settimeout(5)
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(4096):  # the rest of the 404's body, then the end
+                pass
+        assert time.monotonic() - start < 3

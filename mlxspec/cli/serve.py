@@ -112,7 +112,7 @@ def serve(
 
 
 def server_limits(*, max_body_mb: float, header_timeout: float, idle_timeout: float, max_connections: int | None):
-    from ..server.limits import MB, Limits, default_max_connections, most_connections_allowed
+    from ..server.limits import MB, Limits, default_max_connections, most_connections_allowed, raise_open_file_limit
 
     for name, value in (
         ("--max-body-mb", max_body_mb),
@@ -121,6 +121,7 @@ def server_limits(*, max_body_mb: float, header_timeout: float, idle_timeout: fl
     ):
         if not value > 0:  # NaN included
             raise InvalidOption(f"{name} must be > 0, got {value}")
+    raise_open_file_limit()
     most = most_connections_allowed()
     if max_connections is not None and not 1 <= max_connections <= most:
         raise InvalidOption(

@@ -33,9 +33,23 @@ def open_file_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+def raise_open_file_limit(wanted: int = 4096) -> None:
+    """Lift the soft open-file limit toward the hard one (macOS starts shells at 256, which
+    leaves a server room for few connections); where that is refused, keep what there is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # macOS may cap below its reported hard limit
+            pass
+
+
 def default_max_connections() -> int:
-    """Half the open-file limit (the rest for the model's files and bursts of accepts), at most 1000."""
-    return max(1, min(MOST_CONNECTIONS, open_file_limit() // 2))
+    """Half the open-file limit, and never more than it leaves beside the reserve (the
+    model's files, one burst of accepts), at most 1000."""
+    limit = open_file_limit()
+    return max(1, min(MOST_CONNECTIONS, limit // 2, limit - RESERVED_FILES))
 
 
 def most_connections_allowed() -> int:

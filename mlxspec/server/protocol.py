@@ -14,6 +14,11 @@ a flood may have its whole request waiting, unread, in its socket while hundreds
 connections arrive. Such a connection is not one to turn away, so before closing the oldest,
 the gate looks (without reading) at what it holds, and passes over one whose request head is
 complete.
+
+Two ways to hold a connection while being served are closed too: a response sent before
+the request's body was read (a 404, a 413) ends the connection, as the rest of that body
+would otherwise keep it open a byte at a time; and a client that stops reading what it is
+sent (its socket full, the server's writes paused) is cut off after the idle timeout.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class GuardedH11(H11Protocol):
         super().__init__(*args, **kwargs)
         self.gate = gate
         self.header_timer: asyncio.TimerHandle | None = None
+        self.write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -88,11 +94,28 @@ class GuardedH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY:
+            self.close()  # answered before its body was read: the rest is not waited for
+            return
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             # kept alive: uvicorn's keep-alive timer covers silence, ours starts with a first byte
             self._await_headers(start_timer=False)
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.write_timer is None:
+            self.write_timer = self.loop.call_later(self.gate.limits.idle_timeout, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+
     def connection_lost(self, exc) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
         self._headers_read()
         self.gate.drop(self)
         super().connection_lost(exc)
