@@ -328,7 +328,13 @@ def walk(family: Family, walks: settings) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILIES) + list(HEAD_FAMILIES))
-def test_random_sessions_stay_exact(load_pair, factory, name):
+def test_random_sessions_stay_exact(load_pair, factory, name, monkeypatch):
+    if name in HEAD_FAMILIES:
+        # fixed draft lengths for auto's timed choices: on a loaded machine they changed a
+        # call's rounds between hypothesis's runs of the same choices (FlakyStrategyDefinition);
+        # auto with heads is walked by demos/session_fuzz.py and tests/test_eagle3.py
+        monkeypatch.setitem(MODES, "auto", dict(gamma=3))
+        monkeypatch.setitem(MODES, "auto+ngram", dict(gamma=3, ngram=True))
     family = load_family(load_pair, name, factory=factory)
     walk(family, settings(WALKS, max_examples=SEQUENCES.get(name, SEQUENCES_ELSEWHERE)))
     print(f"{name}: {dict(family.tally)}")

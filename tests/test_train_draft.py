@@ -173,3 +173,36 @@ def test_fc_blocks_start_balanced_across_the_tapped_layers():
     assert column.shape == (24,)
     shares = column[::8] * rms
     assert np.allclose(shares, shares[0]) and np.isclose(np.prod(column[::8]), 1.0)
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_training_unrolls_the_head_as_the_engine_drafts_with_it(norm_before_residual, tmp_path):
+    """Training-time test's unrolled steps give the logits the engine's forward gives (rows
+    read in one block, then chained), with either residual; the flag survives a save."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxspec.drafters.eagle3_head import Eagle3Head, HeadConfig, load_head, save_head
+    from mlxspec.training.trainer import unroll
+
+    config = HeadConfig(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        vocab_size=50, draft_vocab_size=50, aux_layer_ids=(0, 1, 2), target_hidden_size=16,
+        norm_before_residual=norm_before_residual,
+    )  # fmt: skip
+    mx.random.seed(0)
+    head = Eagle3Head(config, own_embedding=True)
+    head.midlayer.hidden_norm.weight = mx.random.uniform(0.5, 2.0, (32,))
+    width, steps = 7, 3
+    tokens = mx.random.randint(0, 50, (1, width + steps + 1))
+    features = mx.random.normal((1, width, 48)) * 30
+    unrolled = unroll(head, tokens, features, steps)
+    for row in range(width):
+        cache = KVCache()
+        logits, out = head(tokens[:, 1 : row + 2], features[:, : row + 1], cache)
+        for step in range(steps):
+            assert mx.allclose(logits[0, -1], unrolled[step][0, row], atol=1e-4), (row, step)
+            if step + 1 < steps:
+                logits, out = head(tokens[:, row + step + 2 : row + step + 3], out[:, -1:], cache, chained=True)
+    save_head(head, tmp_path / "head", dtype=mx.float32)
+    assert load_head(tmp_path / "head").config.norm_before_residual == norm_before_residual

@@ -122,6 +122,7 @@ def typical_feature_rms(examples: list, layers: int, *, rows: int = 4096, seed: 
         picked.append(features[rng.permutation(len(features))[:256]].astype(np.float32))
         if sum(len(p) for p in picked) >= rows:
             break
+    picked = [p for p in picked if len(p)]  # one-position sequences have nothing after the first
     sample = np.concatenate(picked) if picked else np.ones((1, layers), np.float32)
     blocks = sample.reshape(len(sample), layers, -1)
     return np.median(np.sqrt((blocks**2).mean(-1)), axis=0)
