@@ -18,8 +18,10 @@ import numpy as np
 
 from .data import DataPlan, TrainingError, _write_json, build_data, choose_vocabulary, load_shards, read_prompt_file
 from .trainer import (
+    INITIAL_LOGIT_STD,
     Budget,
     State,
+    calibrate_output,
     evaluate,
     label,
     load_checkpoint,
@@ -160,7 +162,12 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         else None,
     )
     checkpoint = out / "checkpoint"
-    state = load_checkpoint(checkpoint, head) if (checkpoint / "state.json").is_file() else State()
+    if (checkpoint / "state.json").is_file():
+        state = load_checkpoint(checkpoint, head)
+    else:
+        state = State()
+        factor = calibrate_output(head, train_set, draft_index)
+        progress.note(f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}")
     data_seconds = record["answer_seconds"] + record["text_seconds"]
     seconds = None if settings.minutes is None else max(settings.minutes * 60 - data_seconds, 1.0)
     budget = Budget(seconds=seconds, tokens=settings.tokens)
