@@ -67,7 +67,8 @@ def test_trained_head_loads_and_beats_a_random_head(target, tmp_path):
     assert done.returncode == 0, done.stderr
     head = load_head(out, dtype=mx.float32)
     assert head.config.draft_vocab_size == 256
-    # the default layer: residual from the normed fused features, a field vLLM reads as well
+    # the default layer: residual from the normed fused features, a field vLLM reads as well;
+    # fc reads raw features (folded back from the standardised ones it was trained on)
     assert head.config.norm_before_residual and json.loads((out / "config.json").read_text())["norm_before_residual"]
     card = (out / "README.md").read_text()
     assert "held-out" in card.lower() and "train-draft --target" in card
@@ -151,28 +152,40 @@ def test_the_finished_head_is_whole_or_absent(target, tmp_path):
     assert is_head_folder(folder) and not (folder / ".partial").exists()
 
 
-def test_fc_blocks_start_balanced_across_the_tapped_layers():
-    """Layers of scales 40, 200 and 800 (Gemma 3 270M's are 40, 206, 817) each get the same
-    share of fc's output at the start: block scale x layer RMS is the same for all three."""
+def test_the_head_trains_on_standardised_features_and_reads_raw_ones():
+    """Columns of scales 40 and 800 with an outlier column at 2e4 (Gemma 3 270M's shape)
+    are trained on at unit scale; folded back into fc, the head gives the same logits on
+    the raw features as it gave on the standardised ones."""
+    import mlx.core as mx
     import numpy as np
+    from mlx_lm.models.cache import KVCache
 
+    from mlxspec.drafters.eagle3_head import Eagle3Head, HeadConfig
     from mlxspec.training.data import Example
-    from mlxspec.training.trainer import block_scales, typical_feature_rms
+    from mlxspec.training.trainer import feature_scale, fold_feature_scale, standardize
 
     rng = np.random.default_rng(0)
-    scales = np.array([40.0, 200.0, 800.0])
-    features = (rng.standard_normal((64, 3, 8)) * scales[:, None]).reshape(64, 24)
-    features[0] = 1e5  # a first position's massive activations: left out
+    scales = np.repeat([40.0, 200.0, 800.0], 16)
+    raw = rng.standard_normal((64, 48)) * scales
+    raw[:, 5] += 2e4  # an outlier column in every position
+    raw[0] = 1e5  # a first position's massive activations: left out
     example = Example(
-        ids=np.zeros(64, np.int32), features=features.astype(np.float32), top_ids=np.zeros((64, 1), np.int32),
+        ids=np.zeros(64, np.int32), features=raw.astype(np.float32), top_ids=np.zeros((64, 1), np.int32),
         top_probs=np.ones((64, 1), np.float16), train_from=0, held_out=False, greedy=False,
     )  # fmt: skip
-    rms = typical_feature_rms([example], 3)
-    assert np.allclose(rms, scales, rtol=0.25), rms
-    column = block_scales(rms, 8)
-    assert column.shape == (24,)
-    shares = column[::8] * rms
-    assert np.allclose(shares, shares[0]) and np.isclose(np.prod(column[::8]), 1.0)
+    scale = feature_scale([example])
+    standardize([example], scale)
+    assert np.allclose(np.sqrt((example.features[1:] ** 2).mean(0)), 1.0, rtol=0.05)
+    config = HeadConfig(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        vocab_size=50, draft_vocab_size=50, aux_layer_ids=(0, 1, 2), target_hidden_size=16,
+    )  # fmt: skip
+    head = Eagle3Head(config, own_embedding=True)
+    ids = mx.array([list(range(1, 9))])
+    trained, _ = head(ids, mx.array(example.features[None, :8]), KVCache())
+    fold_feature_scale(head, scale)
+    published, _ = head(ids, mx.array(raw[None, :8].astype(np.float32)), KVCache())
+    assert mx.allclose(trained, published, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("norm_before_residual", [False, True])

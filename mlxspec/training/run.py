@@ -23,11 +23,13 @@ from .trainer import (
     State,
     calibrate_output,
     evaluate,
+    feature_scale,
+    fold_feature_scale,
     label,
     load_checkpoint,
     new_head,
+    standardize,
     train,
-    typical_feature_rms,
     write_finished,
 )
 
@@ -149,6 +151,16 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     draft_index[vocabulary] = np.arange(len(vocabulary))
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
+    scale_file = data / "feature_scale.npy"
+    if scale_file.is_file():
+        scale = np.load(scale_file)
+    else:  # fixed once, so that a resumed run trains on the same standardised features
+        scale = feature_scale(train_set, seed=settings.seed)
+        try:
+            np.save(scale_file, scale)
+        except OSError as e:
+            raise TrainingError(f"cannot write {scale_file}: {e.strerror or e}") from None
+    standardize(examples, scale)
 
     head = new_head(
         model,
@@ -157,9 +169,6 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         aux_layer_ids=aux,
         seed=settings.seed,
         norm_before_residual=settings.norm_before_residual,
-        feature_rms=typical_feature_rms(train_set, len(aux), seed=settings.seed)
-        if settings.norm_before_residual
-        else None,
     )
     checkpoint = out / "checkpoint"
     if (checkpoint / "state.json").is_file():
@@ -203,6 +212,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     head.config.extra["mlxspec"] = {"trained_by": "mlxspec train-draft", "held_out": figures} | {
         k: facts[k] for k in ("answer_tokens", "text_tokens", "trained_positions")
     }
+    fold_feature_scale(head, scale)  # the published head reads the target's raw features
     write_finished(head, out, model_card(settings, facts, figures, state, aux, len(vocabulary)))
     mx.clear_cache()
     return facts | {"held_out": figures}
