@@ -203,7 +203,7 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
 
     from rich.console import Console
 
-    from mlxspec.bench import BenchConfig, BenchReport, Run, speed, summarize
+    from mlxspec.bench import BenchConfig, Run, speed, summarize
     from mlxspec.costs import Costs
     from mlxspec.stats import Stats
     from mlxspec.views import bench as view
@@ -229,14 +229,7 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
     assert chat.speedup is None and speed(chat.speculative) is None
     assert overall.speculative_tps == pytest.approx(250.0)  # the empty run is not counted as slow
     assert view.doubtful(overall.vs_predicted) and overall.vs_predicted > 1.5
-    report = BenchReport(
-        machine={"device": "cpu", "mlx": "0", "mlx_lm": "0"},
-        pair={"target": "T", "draft": "D"},
-        config={},
-        costs=costs,
-        runs=runs,
-        settings=settings,
-    )
+    report = bare_report(costs, runs, settings)
     for width in (160, 100):
         out = io.StringIO()
         Console(file=out, width=width).print(view.render(report, width))
@@ -247,6 +240,16 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
     assert not view.doubtful(1.2) and not view.doubtful(None) and view.doubtful(0.4)
 
 
+def bare_report(costs, runs, settings):
+    """A report of these measurements on an unnamed machine and pair."""
+    from mlxspec.bench import BenchReport
+
+    machine = {"device": "cpu", "mlx": "0", "mlx_lm": "0"}
+    return BenchReport(
+        machine=machine, pair={"target": "T", "draft": "D"}, config={}, costs=costs, runs=runs, settings=settings
+    )
+
+
 def test_plain_runs_noise_and_thin_acceptance_are_said_so():
     """A setting that accepted no draft reads "plain", never a speedup, and is never
     recommended; a speedup inside its repeats' spread carries the noise mark, the spread
@@ -255,7 +258,7 @@ def test_plain_runs_noise_and_thin_acceptance_are_said_so():
 
     from rich.console import Console
 
-    from mlxspec.bench import BenchConfig, BenchReport, Run, summarize
+    from mlxspec.bench import BenchConfig, Run, summarize
     from mlxspec.costs import Costs
     from mlxspec.stats import Stats
     from mlxspec.views import bench as view
@@ -280,14 +283,7 @@ def test_plain_runs_noise_and_thin_acceptance_are_said_so():
     assert auto.speedup > 1 and auto.verdict == "plain" and auto.stats.shown_acceptance_rate is None
     assert two.repeat_speedups == pytest.approx([1.25, 1.2 / 1.3]) and two.verdict == "noise"
     assert abs(two.speedup - 1) < two.spread
-    report = BenchReport(
-        machine={"device": "cpu", "mlx": "0", "mlx_lm": "0"},
-        pair={"target": "T", "draft": "D"},
-        config={},
-        costs=costs,
-        runs=runs,
-        settings=settings,
-    )
+    report = bare_report(costs, runs, settings)
     assert report.best(0.0) is two  # the plain setting is never the recommendation
     out = io.StringIO()
     Console(file=out, width=160).print(view.render(report, 160))
