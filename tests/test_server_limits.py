@@ -35,7 +35,10 @@ HEALTH_SECONDS = 0.1
 # /health 50 ms outliers, and a thread beside a busy MLX thread 200 ms ones. So one probe in
 # ten may be slow, none by a second (the stalls fixed here lasted seconds to minutes).
 SLOW_PROBES = 0.1
-STALL_SECONDS = 1.0
+# During the 2000-socket flood the listen queue (128, so that one burst of accepts stays
+# within the open-file limit) fills and the kernel drops a probe's SYN: it connects on the
+# retry, one second later. So a stall is over 1.5 s.
+STALL_SECONDS = 1.5
 LIMITS = ("--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", "2", "--max-connections", str(MAX_CONNECTIONS))
 MB = 1 << 20
 
@@ -348,20 +351,3 @@ def test_bad_limits_are_one_line_before_anything_loads(capsys):
             main(["serve", *args])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
-
-
-def test_a_response_sent_before_the_body_was_read_ends_the_connection(server):
-    """A 404 for a body still arriving: the rest is not waited for (a client trickling it a
-    byte at a time would otherwise hold the connection, past every timeout)."""
-    port = int(server.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n")
-        assert _status_line(sock).startswith(b"HTTP/1.1 404")
-        with contextlib.suppress(OSError):  # already closed: as good
-            sock.sendall(b"x")
-        sock.settimeout(5)
-        start = time.monotonic()
-        with contextlib.suppress(ConnectionResetError):
-            while sock.recv(4096):  # the rest of the 404's body, then the end
-                pass
-        assert time.monotonic() - start < 3

@@ -15,10 +15,8 @@ connections arrive. Such a connection is not one to turn away, so before closing
 the gate looks (without reading) at what it holds, and passes over one whose request head is
 complete.
 
-Two ways to hold a connection while being served are closed too: a response sent before
-the request's body was read (a 404, a 413) ends the connection, as the rest of that body
-would otherwise keep it open a byte at a time; and a client that stops reading what it is
-sent (its socket full, the server's writes paused) is cut off after the idle timeout.
+A client that stops reading what it is sent (its socket full, the server's writes paused)
+is cut off after the idle timeout.
 """
 
 from __future__ import annotations
@@ -94,9 +92,6 @@ class GuardedH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY:
-            self.close()  # answered before its body was read: the rest is not waited for
-            return
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             # kept alive: uvicorn's keep-alive timer covers silence, ours starts with a first byte
             self._await_headers(start_timer=False)
