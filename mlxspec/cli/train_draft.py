@@ -103,8 +103,8 @@ def train_draft(
         bool,
         typer.Option(
             "--norm-before-residual/--raw-residual",
-            help="The head's residual stream starts from its normed fused features, fc balanced across "
-            "the tapped layers (default); --raw-residual: EAGLE-3's original layer.",
+            help="The head's residual stream starts from its normed fused features (default); "
+            "--raw-residual: EAGLE-3's original layer.",
         ),
     ] = True,
 ):

@@ -103,14 +103,10 @@ class GuardedH11(H11Protocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self.write_timer is not None:
-            self.write_timer.cancel()
-            self.write_timer = None
+        self._writes_flowing()
 
     def connection_lost(self, exc) -> None:
-        if self.write_timer is not None:
-            self.write_timer.cancel()
-            self.write_timer = None
+        self._writes_flowing()
         self._headers_read()
         self.gate.drop(self)
         super().connection_lost(exc)
@@ -136,6 +132,11 @@ class GuardedH11(H11Protocol):
         self.gate.waiting.setdefault(self, None)
         if start_timer and self.header_timer is None:
             self.header_timer = self.loop.call_later(self.gate.limits.header_timeout, self.close)
+
+    def _writes_flowing(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
 
     def _headers_read(self) -> None:
         self.gate.waiting.pop(self, None)

@@ -55,8 +55,8 @@ class Settings:
     command: str
     warmup: int = 100  # steps of linear warmup
     raw: bool = False  # prompts without the chat template (a base model)
-    # the residual stream from normed fused features, fc's blocks balanced by their layers'
-    # scale (runs started before this option existed had neither)
+    # the residual stream from normed fused features (runs started before this option
+    # existed had the raw ones)
     norm_before_residual: bool = False
 
 
@@ -138,28 +138,16 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         raise TrainingError("the target wrote no usable data (give more --minutes, prompts or --text)")
     eos = sorted(set(tokenizer.eos_token_ids))
     vocab_size = int((target_config.get("text_config") or target_config)["vocab_size"])
-    vocab_file = data / "vocabulary.npy"
-    if vocab_file.is_file():
-        vocabulary = np.load(vocab_file)
-    else:
-        vocabulary = choose_vocabulary(examples, eos=eos, vocab_size=vocab_size, size=settings.draft_vocab)
-        try:
-            np.save(vocab_file, vocabulary)
-        except OSError as e:
-            raise TrainingError(f"cannot write {vocab_file}: {e.strerror or e}") from None
+    vocabulary = kept(
+        data / "vocabulary.npy",
+        lambda: choose_vocabulary(examples, eos=eos, vocab_size=vocab_size, size=settings.draft_vocab),
+    )
     draft_index = np.full(vocab_size, -1, np.int64)
     draft_index[vocabulary] = np.arange(len(vocabulary))
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
-    scale_file = data / "feature_scale.npy"
-    if scale_file.is_file():
-        scale = np.load(scale_file)
-    else:  # fixed once, so that a resumed run trains on the same standardised features
-        scale = feature_scale(train_set, seed=settings.seed)
-        try:
-            np.save(scale_file, scale)
-        except OSError as e:
-            raise TrainingError(f"cannot write {scale_file}: {e.strerror or e}") from None
+    # fixed once, so that a resumed run trains on the same standardised features
+    scale = kept(data / "feature_scale.npy", lambda: feature_scale(train_set, seed=settings.seed))
     standardize(examples, scale)
 
     head = new_head(
@@ -216,6 +204,19 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     write_finished(head, out, model_card(settings, facts, figures, state, aux, len(vocabulary)))
     mx.clear_cache()
     return facts | {"held_out": figures}
+
+
+def kept(path: Path, compute) -> np.ndarray:
+    """An array the run decides once: read back when a resumed run finds it, else computed
+    and saved."""
+    if path.is_file():
+        return np.load(path)
+    value = compute()
+    try:
+        np.save(path, value)
+    except OSError as e:
+        raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
+    return value
 
 
 def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux, vocab: int) -> str:
