@@ -120,6 +120,26 @@ def test_models_lists_what_is_cached(tmp_path, monkeypatch, capsys):
     assert code == 0 and "qwen3-14b" in out and "Qwen3-0.6B-4bit" in out
 
 
+def test_models_ticks_the_copy_on_disk_not_the_first_name(tmp_path, monkeypatch, capsys, factory):
+    """A preset whose hub repo is not here but whose fallback is: the fallback is ticked (it
+    is what loads), the repo id is not."""
+    target, draft = factory.pair("llama")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[fellback]\ntarget = "nobody/not-downloaded"\ntarget_fallback = "{target}"\ndraft = "{draft}"\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    row = {row["name"]: row for row in json.loads(run(capsys, "models", "--json")[1])}["fellback"]
+    assert row["target_downloaded"] and row["target_on_disk"] == str(target) and row["target_kind"] == "folder"
+    assert row["draft_on_disk"] == str(draft) and row["target_bytes"] > 0
+    for columns, absent, present in (
+        ("200", "· nobody/not-downloaded", f"✓ {target}"),  # the table
+        ("80", "· target nobody/not-downloaded", f"✓ or     {target}"),  # the narrow list
+    ):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "models")
+        assert code == 0 and absent in out and present in out, out
+
+
 def test_models_fit_follows_the_memory_limit(monkeypatch, capsys):
     monkeypatch.setenv("MLXSPEC_MEMORY_LIMIT", "8GB")
     rows = {row["name"]: row for row in json.loads(run(capsys, "models", "--json")[1])}
