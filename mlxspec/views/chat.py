@@ -16,6 +16,7 @@ from ..events import ContextTrimmed, Done, Prefill, Round
 from ..options import parse_gamma
 from ..text import Reasoning
 from ..theory import cost_ratio, predicted_speedup_of
+from .progress import reading, spinner_after
 from .summary import PartsLine, stats_line
 
 if TYPE_CHECKING:
@@ -152,6 +153,11 @@ class ChatApp:
         try:
             events = self.conversation.retry() if retry else self.conversation.reply(message)
             try:
+                with spinner_after(self.console, lambda: reading(None)):  # until the prompt is read
+                    for event in events:
+                        self.show(event)
+                        if not isinstance(event, ContextTrimmed):
+                            break
                 for event in events:
                     self.show(event)
             except KeyboardInterrupt:  # Ctrl-C while printing: let the reply end itself
