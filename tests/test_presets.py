@@ -214,3 +214,18 @@ def test_a_raw_preset_continues_text_instead_of_templating_it(factory, tmp_path,
     assert encode_prompt(base, text) == list(base.tokenizer.encode(text))
     assert encode_prompt(direct, text) != encode_prompt(base, text)
     assert mlxspec.generate(base, text, max_tokens=4).prompt_tokens == len(base.tokenizer.encode(text))
+
+
+def test_a_target_alone_is_told_the_preset_that_holds_it(tmp_path, monkeypatch, capsys, factory):
+    """A --target that is a preset's fallback copy (its folder, as a registry import would be)
+    is told `--pair NAME`, not the draft's path."""
+    target, draft = factory.pair("llama")
+    copy = tmp_path / "imported"  # the preset's copy, named otherwise than the --target
+    copy.symlink_to(target, target_is_directory=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[fellback]\ntarget = "nobody/not-here"\ntarget_fallback = "{copy}"\ndraft = "{draft}"\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    code, _, err = run(capsys, "generate", "def f(", "-t", str(target), "-m", "2")
+    assert code == 0, err
+    assert "on this machine: --pair fellback;" in err and str(draft) not in err
