@@ -17,7 +17,7 @@ from ..options import parse_gamma
 from ..text import Reasoning
 from ..theory import cost_ratio, predicted_speedup_of
 from .progress import reading, spinner_after
-from .summary import PartsLine, stats_line
+from .summary import PartsLine, counted, stats_line
 
 if TYPE_CHECKING:
     from ..chat import Conversation
@@ -265,7 +265,8 @@ class ChatApp:
                 if not argument:
                     raise ValueError("/save needs a file name")
                 path = self.conversation.save(argument)
-                self.console.print(Text(f"(saved {len(self.conversation.turns)} turns to {path})", style="dim"))
+                saved = counted(len(self.conversation.turns), "turn")
+                self.console.print(Text(f"(saved {saved} to {path})", style="dim"))
             elif name in _SETTINGS:
                 field, kind = _SETTINGS[name]
                 if not argument:
@@ -286,7 +287,7 @@ class ChatApp:
     def stats_table(self) -> Table:
         totals = self.conversation.totals
         turns = len(self.conversation.turns)
-        title = f"Conversation: {turns} turn{'' if turns == 1 else 's'}"
+        title = f"Conversation: {counted(turns, 'turn')}"
         table = Table(title=title, title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()
