@@ -409,3 +409,13 @@ def test_piped_tables_follow_columns_and_carry_no_trailing_spaces(capsys, monkey
     monkeypatch.setenv("COLUMNS", "70")
     code, out, _ = run(capsys, "models")
     assert max(map(len, out.splitlines())) > 40  # the narrow listing, not a table cut short
+
+
+def test_loading_steps_name_a_bundled_model_as_the_presets_do():
+    from mlxspec.cli.common import bundled_by_name
+    from mlxspec.presets import ASSETS
+
+    assert bundled_by_name(f"Loading draft {ASSETS}/tiny-draft") == "Loading draft bundled:tiny-draft"
+    assert (
+        bundled_by_name("Finding HuggingFaceTB/SmolLM2-135M-Instruct") == "Finding HuggingFaceTB/SmolLM2-135M-Instruct"
+    )

@@ -33,13 +33,13 @@ class ConsoleReporter(Reporter):
 
     def status(self, message: str) -> None:
         if err.is_terminal:
-            err.print(Text(f"{message}…", style="dim"))
+            err.print(Text(f"{bundled_by_name(message)}…", style="dim"))
 
     def note(self, message: str) -> None:
         err.print(Text(message, style="dim"), soft_wrap=not err.is_terminal)
 
     def busy(self, message: str) -> AbstractContextManager:
-        return err.status(Text(f"{message}…", style="dim")) if err.is_terminal else nullcontext()
+        return err.status(Text(f"{bundled_by_name(message)}…", style="dim")) if err.is_terminal else nullcontext()
 
     def progress(self, what: str, done: int, total: int) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -61,6 +61,14 @@ class ConsoleReporter(Reporter):
         if done >= total:
             self._bar.stop()
             self._bar = None
+
+
+def bundled_by_name(message: str) -> str:
+    """A step's words with a bundled model named as the presets name it (bundled:tiny-target),
+    not by its folder deep inside the installed package."""
+    from ..presets import ASSETS
+
+    return message.replace(f"{ASSETS}/", "bundled:")
 
 
 BUNDLED_NOTE = (
