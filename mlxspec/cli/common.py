@@ -141,7 +141,7 @@ def check_launch(models: Models) -> None:
         )
 
 
-PIPE_WIDTH = 160  # tables written to a file or pipe with no COLUMNS: wide enough not to wrap
+PIPE_WIDTH = 160  # tables written to a file or pipe, with no COLUMNS and no terminal: wide enough not to wrap
 
 
 class _TrimmedLines(io.TextIOBase):
@@ -161,14 +161,27 @@ class _TrimmedLines(io.TextIOBase):
 
 
 def wide_console() -> Console:
-    """Tables for a terminal at its width; for a file or pipe, at the width COLUMNS names
-    (else wide enough not to wrap), with no trailing spaces."""
+    """Tables for a terminal at its width; for a file or pipe, at the width COLUMNS names, else
+    at the width of the terminal the command was typed in (a shell does not export COLUMNS:
+    `mlxspec models | less` on an 80-column terminal is 80 wide), else wide enough not to
+    wrap; with no trailing spaces."""
     console = Console()
     if console.is_terminal:
         return console
     columns = os.environ.get("COLUMNS", "")
-    width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else terminal_columns() or PIPE_WIDTH
     return Console(width=width, file=_TrimmedLines(sys.stdout))
+
+
+def terminal_columns() -> int | None:
+    """The width of the terminal on stderr or stdin, when stdout is piped; None without one."""
+    for stream in (sys.stderr, sys.stdin):
+        try:
+            if stream is not None and stream.isatty():
+                return os.get_terminal_size(stream.fileno()).columns or None
+        except (OSError, ValueError, AttributeError):  # closed, or a stand-in without a descriptor
+            continue
+    return None
 
 
 def writable(path: str | None, what: str) -> Path | None:
