@@ -315,14 +315,19 @@ def compatible_drafts(target: LoadedModel) -> list[str]:
 
 
 def _same_target(preset, target: LoadedModel) -> bool:
-    """The preset's target is the one loaded: named alike, the same folder, or its fallback."""
+    """The preset's target is the one loaded: named alike, or the same folder as one of its
+    names' copies here (a folder, the hub's snapshot, its registry fallback's import)."""
     from .presets import resolve_name
 
     names = {preset.target, *(preset.target_fallback or "").split(",")} - {""}
     if target.name in names or (preset.target_fallback and target.name == preset.target_fallback):
         return True
-    folder = Path(resolve_name(preset.target)).expanduser()
-    return folder.is_dir() and folder.resolve() == Path(target.path).resolve()
+    loaded = Path(target.path).resolve()
+    for name in filter(None, (preset.target, preset.target_fallback)):
+        copy = loading.local_copy(resolve_name(name))
+        if copy is not None and copy.resolve() == loaded:
+            return True
+    return False
 
 
 def _tokenizer_vocab(path: Path) -> dict | None:

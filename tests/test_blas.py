@@ -135,3 +135,30 @@ def test_without_openblas_one_line_says_what_to_install(monkeypatch, capsys):
     blas.reexec_with_openblas()
     out, err = capsys.readouterr()
     assert not out and len(err.splitlines()) == 1 and "apt-get install libopenblas0-pthread" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--verbose", "models", "list"],
+        ["models", "list", "--verbose"],
+        ["models", "--verbose", "list", "--verbose"],
+        ["--verbose", "generate", "def add(a, b):", "-m", "2", "--verbose"],
+        ["generate", "def add(a, b):", "-m", "2", "--verbose"],
+    ],
+)
+def test_verbose_before_or_after_the_command_says_the_blas_once(args, capsys, monkeypatch):
+    from tests.test_cli import run as run_in_process
+
+    monkeypatch.delenv("MLXSPEC_VERBOSE", raising=False)
+    code, _, err = run_in_process(capsys, *args)
+    assert code == 0, err
+    assert err.count("BLAS: ") == 1, err
+
+
+def test_without_verbose_the_blas_is_not_said(capsys, monkeypatch):
+    from tests.test_cli import run as run_in_process
+
+    monkeypatch.delenv("MLXSPEC_VERBOSE", raising=False)
+    code, _, err = run_in_process(capsys, "models", "list")
+    assert code == 0 and "BLAS: " not in err

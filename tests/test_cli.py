@@ -409,3 +409,32 @@ def test_piped_tables_follow_columns_and_carry_no_trailing_spaces(capsys, monkey
     monkeypatch.setenv("COLUMNS", "70")
     code, out, _ = run(capsys, "models")
     assert max(map(len, out.splitlines())) > 40  # the narrow listing, not a table cut short
+
+
+def test_piped_tables_without_columns_take_the_terminals_width(capsys, monkeypatch):
+    """A shell does not export COLUMNS: `mlxspec models | less` at an 80-column terminal is
+    80 wide, read from the terminal on stderr (here a real pseudo-terminal 72 columns wide)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 72, 0, 0))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    with os.fdopen(follower, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        from mlxspec.cli.common import terminal_columns, wide_console
+
+        assert terminal_columns() == 72 and wide_console().width == 72
+    os.close(leader)
+
+
+def test_loading_steps_name_a_bundled_model_as_the_presets_do():
+    from mlxspec.cli.common import bundled_by_name
+    from mlxspec.presets import ASSETS
+
+    assert bundled_by_name(f"Loading draft {ASSETS}/tiny-draft") == "Loading draft bundled:tiny-draft"
+    assert (
+        bundled_by_name("Finding HuggingFaceTB/SmolLM2-135M-Instruct") == "Finding HuggingFaceTB/SmolLM2-135M-Instruct"
+    )

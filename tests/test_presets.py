@@ -120,6 +120,26 @@ def test_models_lists_what_is_cached(tmp_path, monkeypatch, capsys):
     assert code == 0 and "qwen3-14b" in out and "Qwen3-0.6B-4bit" in out
 
 
+def test_models_ticks_the_copy_on_disk_not_the_first_name(tmp_path, monkeypatch, capsys, factory):
+    """A preset whose hub repo is not here but whose fallback is: the fallback is ticked (it
+    is what loads), the repo id is not."""
+    target, draft = factory.pair("llama")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[fellback]\ntarget = "nobody/not-downloaded"\ntarget_fallback = "{target}"\ndraft = "{draft}"\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    row = {row["name"]: row for row in json.loads(run(capsys, "models", "--json")[1])}["fellback"]
+    assert row["target_downloaded"] and row["target_on_disk"] == str(target) and row["target_kind"] == "folder"
+    assert row["draft_on_disk"] == str(draft) and row["target_bytes"] > 0
+    for columns, absent, present in (
+        ("200", "· nobody/not-downloaded", f"✓ {target}"),  # the table
+        ("80", "· target nobody/not-downloaded", f"✓ or     {target}"),  # the narrow list
+    ):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "models")
+        assert code == 0 and absent in out and present in out, out
+
+
 def test_models_fit_follows_the_memory_limit(monkeypatch, capsys):
     monkeypatch.setenv("MLXSPEC_MEMORY_LIMIT", "8GB")
     rows = {row["name"]: row for row in json.loads(run(capsys, "models", "--json")[1])}
@@ -194,3 +214,18 @@ def test_a_raw_preset_continues_text_instead_of_templating_it(factory, tmp_path,
     assert encode_prompt(base, text) == list(base.tokenizer.encode(text))
     assert encode_prompt(direct, text) != encode_prompt(base, text)
     assert mlxspec.generate(base, text, max_tokens=4).prompt_tokens == len(base.tokenizer.encode(text))
+
+
+def test_a_target_alone_is_told_the_preset_that_holds_it(tmp_path, monkeypatch, capsys, factory):
+    """A --target that is a preset's fallback copy (its folder, as a registry import would be)
+    is told `--pair NAME`, not the draft's path."""
+    target, draft = factory.pair("llama")
+    copy = tmp_path / "imported"  # the preset's copy, named otherwise than the --target
+    copy.symlink_to(target, target_is_directory=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[fellback]\ntarget = "nobody/not-here"\ntarget_fallback = "{copy}"\ndraft = "{draft}"\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    code, _, err = run(capsys, "generate", "def f(", "-t", str(target), "-m", "2")
+    assert code == 0, err
+    assert "on this machine: --pair fellback;" in err and str(draft) not in err

@@ -304,6 +304,11 @@ def test_the_title_keeps_the_drafters_name_whole():
         title = next(line for line in text.splitlines() if "Speculative" in line)
         assert "bundled:smollm2-draft + n-gram" in title, (width, title)
     assert view.short_models(f"{long} + d", 44) == "…/HuggingFaceTB--SmolLM2-135M-Instruct + d"
+    # a last part too long for the room keeps its head, cut after a separator, not mid-word
+    drafters = " + smollm2-draft + n-gram"
+    assert view.short_models(f"SmolLM2-135M-Instruct.Q4_1-float32{drafters}", 40) == f"SmolLM2-135M-…{drafters}"
+    assert view.short_models(f"{long}{drafters}", 50) == f"HuggingFaceTB--SmolLM2-…{drafters}"
+    assert view.short_models(f"Averyveryverylongname{drafters}", 30) == f"…{drafters}"
 
 
 def test_the_live_view_takes_only_the_lines_it_needs():

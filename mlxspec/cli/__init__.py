@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from .. import blas, ranks
 from ..errors import MlxspecError
 from .bench import bench
 from .cache_prompt import cache_prompt
 from .chat import chat
-from .common import err, error
+from .common import error
 from .generate import generate
 from .models import models_app
 from .race import race
 from .serve import serve
 from .train_draft import train_draft
+from .verbose import VerboseOption, asked, say_setup, with_verbose
 
 
 def _plain_arguments() -> None:
@@ -59,25 +59,16 @@ app = typer.Typer(
 )
 
 
-VERBOSE_ENV = "MLXSPEC_VERBOSE"
-
-
 @app.callback()
 def _app(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Show the version and exit.")] = False,
-    verbose: Annotated[
-        bool,
-        typer.Option(
-            "--verbose",
-            help=f"Say how this machine is set up for MLX (which BLAS, and why) before the command runs; "
-            f"{VERBOSE_ENV}=1 does the same.",
-        ),
-    ] = False,
+    verbose: VerboseOption = False,
 ):
     """Speculative decoding on MLX: a small draft model proposes, the big target verifies.
     Faster generation with exactly the target's output."""
-    if verbose or os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
-        err.print(Text(blas.describe(), style="dim"), soft_wrap=True)
+    if asked(verbose):
+        say_setup(ctx)
     if version:
         from .. import __version__
 
@@ -85,13 +76,14 @@ def _app(
         raise typer.Exit()
 
 
-app.command()(generate)
-app.command()(chat)
-app.command()(race)
-app.command()(bench)
-app.command()(serve)
-app.command("cache-prompt")(cache_prompt)
-app.command("train-draft")(train_draft)
+# --verbose before the command (the callback above) or after it (each command's own)
+app.command()(with_verbose(generate))
+app.command()(with_verbose(chat))
+app.command()(with_verbose(race))
+app.command()(with_verbose(bench))
+app.command()(with_verbose(serve))
+app.command("cache-prompt")(with_verbose(cache_prompt))
+app.command("train-draft")(with_verbose(train_draft))
 app.add_typer(models_app, name="models")
 
 

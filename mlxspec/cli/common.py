@@ -33,13 +33,13 @@ class ConsoleReporter(Reporter):
 
     def status(self, message: str) -> None:
         if err.is_terminal:
-            err.print(Text(f"{message}…", style="dim"))
+            err.print(Text(f"{bundled_by_name(message)}…", style="dim"))
 
     def note(self, message: str) -> None:
         err.print(Text(message, style="dim"), soft_wrap=not err.is_terminal)
 
     def busy(self, message: str) -> AbstractContextManager:
-        return err.status(Text(f"{message}…", style="dim")) if err.is_terminal else nullcontext()
+        return err.status(Text(f"{bundled_by_name(message)}…", style="dim")) if err.is_terminal else nullcontext()
 
     def progress(self, what: str, done: int, total: int) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -61,6 +61,14 @@ class ConsoleReporter(Reporter):
         if done >= total:
             self._bar.stop()
             self._bar = None
+
+
+def bundled_by_name(message: str) -> str:
+    """A step's words with a bundled model named as the presets name it (bundled:tiny-target),
+    not by its folder deep inside the installed package."""
+    from ..presets import ASSETS
+
+    return message.replace(f"{ASSETS}/", "bundled:")
 
 
 BUNDLED_NOTE = (
@@ -133,7 +141,7 @@ def check_launch(models: Models) -> None:
         )
 
 
-PIPE_WIDTH = 160  # tables written to a file or pipe with no COLUMNS: wide enough not to wrap
+PIPE_WIDTH = 160  # tables written to a file or pipe, with no COLUMNS and no terminal: wide enough not to wrap
 
 
 class _TrimmedLines(io.TextIOBase):
@@ -153,14 +161,27 @@ class _TrimmedLines(io.TextIOBase):
 
 
 def wide_console() -> Console:
-    """Tables for a terminal at its width; for a file or pipe, at the width COLUMNS names
-    (else wide enough not to wrap), with no trailing spaces."""
+    """Tables for a terminal at its width; for a file or pipe, at the width COLUMNS names, else
+    at the width of the terminal the command was typed in (a shell does not export COLUMNS:
+    `mlxspec models | less` on an 80-column terminal is 80 wide), else wide enough not to
+    wrap; with no trailing spaces."""
     console = Console()
     if console.is_terminal:
         return console
     columns = os.environ.get("COLUMNS", "")
-    width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else terminal_columns() or PIPE_WIDTH
     return Console(width=width, file=_TrimmedLines(sys.stdout))
+
+
+def terminal_columns() -> int | None:
+    """The width of the terminal on stderr or stdin, when stdout is piped; None without one."""
+    for stream in (sys.stderr, sys.stdin):
+        try:
+            if stream is not None and stream.isatty():
+                return os.get_terminal_size(stream.fileno()).columns or None
+        except (OSError, ValueError, AttributeError):  # closed, or a stand-in without a descriptor
+            continue
+    return None
 
 
 def writable(path: str | None, what: str) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from typing import Annotated
@@ -32,6 +33,7 @@ def generate(
     """
     from .. import generation
     from ..events import Done, Prefill, Round
+    from ..views.progress import reading, spinner_after
     from ..views.summary import stats_line
 
     if prompt == "-":
@@ -67,7 +69,10 @@ def generate(
             raise typer.Exit(130)
         return
     done, reused = None, None
-    for event in generation.stream(pair, prompt, options, session=session):
+    events = generation.stream(pair, prompt, options, session=session)
+    with spinner_after(err, lambda: reading(None if cached else prompt_tokens(pair, prompt, options))):
+        first = next(events)  # the prompt read: a spinner if that takes a while
+    for event in itertools.chain([first], events):
         if isinstance(event, Prefill) and cached:
             reused = event.prompt_tokens - event.processed_tokens
         elif isinstance(event, Round):
@@ -82,6 +87,13 @@ def generate(
     err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)
+
+
+def prompt_tokens(pair, prompt: str, options: Options) -> int:
+    """How many tokens the prompt is, as the stream will encode it (for the spinner's words)."""
+    from ..generation import encode_prompt
+
+    return len(encode_prompt(pair, prompt, raw=options.raw, system=options.system, think=options.think))
 
 
 def read_prompt_cache(path: str | None, options: Options):

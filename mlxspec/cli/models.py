@@ -11,6 +11,7 @@ from rich.text import Text
 
 from ..errors import InvalidOption
 from .common import ConsoleReporter, err, wide_console
+from .verbose import VerboseOption, asked, say_setup, with_verbose
 
 models_app = typer.Typer(
     help="Model-pair presets (models.toml) and what is on disk: list them, download one, import a GGUF file, "
@@ -23,11 +24,14 @@ models_app = typer.Typer(
 def models(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print the presets as JSON.")] = False,
+    verbose: VerboseOption = False,
 ):
     """List the model-pair presets: models, whether they are downloaded, and whether they fit.
 
     Example: mlxspec models --json
     """
+    if asked(verbose):
+        say_setup(ctx)
     if ctx.invoked_subcommand is not None:
         return
     from ..views.models import WIDE, inventory, models_list, models_table
@@ -41,6 +45,7 @@ def models(
 
 
 @models_app.command("list")
+@with_verbose
 def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False):
     """What is on disk, with sizes, and where the caches are. Kinds: import (a model folder
     converted from a GGUF file: what loads), wheel (a registry package holding a GGUF file),
@@ -65,6 +70,7 @@ def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print the 
 
 
 @models_app.command("rm")
+@with_verbose
 def models_rm(
     name: Annotated[
         str,
@@ -88,6 +94,7 @@ def models_rm(
 
 
 @models_app.command("download")
+@with_verbose
 def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A preset name from `mlxspec models`.")]):
     """Download a preset's target and draft (into the Hugging Face cache, or from the package
     registry where the hub cannot be reached), with progress.
@@ -113,6 +120,7 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
 
 
 @models_app.command("import")
+@with_verbose
 def models_import(
     file: Annotated[
         str,
@@ -175,6 +183,7 @@ def models_import(
 
 
 @models_app.command("verify")
+@with_verbose
 def models_verify(
     name: Annotated[
         str,

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ..errors import InvalidOption
 from ..options import Options
-from .common import load, writable, write_text
+from .common import err, load, writable, write_text
 from .options import Models, decoding_options, model_options
 
 DEFAULT_CHAT_PROMPT = "Explain how a hash map works, with a short example in Python."
@@ -75,6 +75,8 @@ def race(
     """
     from .. import race as racing
     from ..views import race as view
+    from ..views.progress import reading, spinner_after
+    from .generate import prompt_tokens
 
     if gamma is not None:
         options = options.replace(gamma=gamma)
@@ -112,19 +114,23 @@ def race(
             prompt=shown_prompt,
         )
 
+    states = racing.race(pair, prompt, options, cache_options=models.cache_options())
     try:
-        if live:
+        # the warm-up and the first prompt read come before the first state: a spinner if long
+        with spinner_after(err, lambda: reading(prompt_tokens(pair, prompt, options), warming_up=True)):
+            state = next(states, None)
+        if live and state is not None:
             from rich.live import Live
 
-            with Live(console=console, auto_refresh=False, transient=True) as frame:
-                shown = 0.0
-                for latest in racing.race(pair, prompt, options, cache_options=models.cache_options()):
+            with Live(screen(state, False), console=console, auto_refresh=False, transient=True) as frame:
+                shown = time.monotonic()
+                for latest in states:
                     state = latest
                     if time.monotonic() - shown > REFRESH:
                         frame.update(screen(state, False), refresh=True)
                         shown = time.monotonic()
         else:
-            for latest in racing.race(pair, prompt, options, cache_options=models.cache_options()):
+            for latest in states:
                 state = latest
     except KeyboardInterrupt:
         interrupted = True

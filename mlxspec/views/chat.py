@@ -16,7 +16,8 @@ from ..events import ContextTrimmed, Done, Prefill, Round
 from ..options import parse_gamma
 from ..text import Reasoning
 from ..theory import cost_ratio, predicted_speedup_of
-from .summary import PartsLine, stats_line
+from .progress import reading, spinner_after
+from .summary import PartsLine, counted, stats_line
 
 if TYPE_CHECKING:
     from ..chat import Conversation
@@ -152,6 +153,11 @@ class ChatApp:
         try:
             events = self.conversation.retry() if retry else self.conversation.reply(message)
             try:
+                with spinner_after(self.console, lambda: reading(None)):  # until the prompt is read
+                    for event in events:
+                        self.show(event)
+                        if not isinstance(event, ContextTrimmed):
+                            break
                 for event in events:
                     self.show(event)
             except KeyboardInterrupt:  # Ctrl-C while printing: let the reply end itself
@@ -259,7 +265,8 @@ class ChatApp:
                 if not argument:
                     raise ValueError("/save needs a file name")
                 path = self.conversation.save(argument)
-                self.console.print(Text(f"(saved {len(self.conversation.turns)} turns to {path})", style="dim"))
+                saved = counted(len(self.conversation.turns), "turn")
+                self.console.print(Text(f"(saved {saved} to {path})", style="dim"))
             elif name in _SETTINGS:
                 field, kind = _SETTINGS[name]
                 if not argument:
@@ -280,7 +287,7 @@ class ChatApp:
     def stats_table(self) -> Table:
         totals = self.conversation.totals
         turns = len(self.conversation.turns)
-        title = f"Conversation: {turns} turn{'' if turns == 1 else 's'}"
+        title = f"Conversation: {counted(turns, 'turn')}"
         table = Table(title=title, title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()

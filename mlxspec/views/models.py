@@ -1,5 +1,6 @@
-"""`mlxspec models`: the presets, whether each model is in the local Hugging Face cache, its
-size on disk, and whether the pair fits this machine."""
+"""`mlxspec models`: the presets, which of each one's models is on disk (the hub's copy, a
+registry package's import, a bundled or local folder) and its size, and whether the pair
+fits this machine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 WIDE = 120  # columns from which the presets are a table; below, a list
+# what loads is the first of a preset's names with a copy here (hub: the Hugging Face cache's
+# snapshot; import: a GGUF file converted, from a registry package or a file)
+CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
 
 
 def inventory() -> list[dict]:
@@ -31,11 +35,28 @@ def inventory() -> list[dict]:
             "description": preset.description,
         }
         for role, names in (("target", [preset.target, preset.target_fallback]), ("draft", [preset.draft])):
-            local = next((path for n in names if n and (path := local_copy(resolve_name(n)))), None)
-            row[f"{role}_downloaded"] = local is not None
-            row[f"{role}_bytes"] = folder_bytes(local) if local else None
+            # the first name with a copy here is what loads: say which it is, not the first name
+            found = next(((n, path) for n in names if n and (path := local_copy(resolve_name(n)))), None)
+            row[f"{role}_downloaded"] = found is not None
+            row[f"{role}_on_disk"] = found[0] if found else None
+            row[f"{role}_kind"] = copy_kind(found[0]) if found else None
+            row[f"{role}_bytes"] = folder_bytes(found[1]) if found else None
         rows.append(row)
     return rows
+
+
+def copy_kind(name: str) -> str:
+    """What kind of copy a preset's model name has on disk: hub (the Hugging Face cache's
+    snapshot), import (a GGUF file's, or a registry package's, converted folder), bundled
+    (shipped in the package) or folder."""
+    from ..loading import looks_like_path
+    from ..registry import is_registry_name
+
+    if name.startswith("bundled:"):
+        return "bundled"
+    if is_registry_name(name) or name.endswith(".gguf"):
+        return "import"
+    return "folder" if looks_like_path(name) else "hub"
 
 
 def _size(n: int | None) -> str:
@@ -46,6 +67,27 @@ def _size(n: int | None) -> str:
 
 def _have(flag: bool) -> Text:
     return Text("✓", style="green") if flag else Text("·", style="dim")
+
+
+def _fallbacks(row: dict) -> list[str]:
+    return [row["target_fallback"]] if row["target_fallback"] else []
+
+
+def _short(name: str) -> str:
+    """A registry name split over several packages, by its first: the rest are its parts."""
+    first, *rest = name.split(",")
+    return f"{first} (+{len(rest)} parts)" if rest else name
+
+
+def _marked(row: dict, role: str, name: str) -> tuple[Text, Text]:
+    """A model name, ticked when it is the copy on disk, with that copy's kind."""
+    here = row[f"{role}_on_disk"] == name
+    kind = row[f"{role}_kind"]
+    return _have(here), Text.assemble(_short(name), (f" ({kind})", "dim") if here and kind in ("hub", "import") else "")
+
+
+def _named(row: dict, role: str, name: str) -> Text:
+    return Text(" ").join(_marked(row, role, name))
 
 
 def models_table(rows: list[dict]) -> Table:
@@ -62,19 +104,14 @@ def models_table(rows: list[dict]) -> Table:
         fits = {True: Text("yes", style="green"), False: Text("no", style="red"), None: Text("?")}[row["fits"]]
         table.add_row(
             Text(row["name"], style="bold"),
-            Text.assemble(
-                _have(row["target_downloaded"]),
-                " ",
-                row["target"],
-                (f" (or {row['target_fallback']})" if row["target_fallback"] else "", "dim"),
-            ),
-            Text.assemble(_have(row["draft_downloaded"]), " ", row["draft"]),
+            Text("\n").join(_named(row, "target", name) for name in [row["target"], *_fallbacks(row)]),
+            _named(row, "draft", row["draft"]),
             str(row["gamma"]),
             _size(on_disk),
             f"{row['memory_gb']:.1f} GB" if row["memory_gb"] else "?",
             fits,
         )
-    table.caption = "✓ downloaded  · not yet (mlxspec models download NAME)"
+    table.caption = CAPTION
     return table
 
 
@@ -101,7 +138,10 @@ def models_list(rows: list[dict]) -> Group:
                 Text(" · ").join(Text(str(f)) if isinstance(f, str) else f for f in figures),
             )
         )
-        for role in ("target", "draft"):
-            lines.append(Text.assemble("  ", _have(row[f"{role}_downloaded"]), f" {role:<6} ", row[role]))
-    lines.append(Text("✓ downloaded  · not yet (mlxspec models download NAME)", style="dim"))
+        models = [("target", "target", row["target"])]
+        models += [("target", "or", name) for name in _fallbacks(row)] + [("draft", "draft", row["draft"])]
+        for role, label, name in models:
+            mark, shown = _marked(row, role, name)
+            lines.append(Text.assemble("  ", mark, f" {label:<6} ", shown))
+    lines.append(Text(CAPTION, style="dim"))
     return Group(*lines)

@@ -25,7 +25,7 @@ def _figures(side: model.Side) -> str:
 
 
 def _figure_parts(side: model.Side) -> list[str]:
-    parts = [f"{side.stats.tokens} tokens", f"{side.elapsed:.2f} s"]
+    parts = [counted(side.stats.tokens, "token"), f"{side.elapsed:.2f} s"]
     if side.tokens_per_second:
         parts.append(f"{side.tokens_per_second:.1f} tok/s")
     if side.gamma:
@@ -54,7 +54,8 @@ def gamma_label(gamma, last) -> str:
 
 def short_models(models: str, room: int) -> str:
     """'target + draft + n-gram' in `room` cells: the drafters' names stay whole; a long
-    target (a path) keeps its last part, then its tail after an ellipsis."""
+    target (a path) keeps its last part, and a last part too long for the room keeps its
+    head up to a separator (SmolLM2-135M-…), never the middle of a word."""
     if cell_len(models) <= room:
         return models
     target, *drafters = models.split(" + ")
@@ -63,9 +64,18 @@ def short_models(models: str, room: int) -> str:
     name = target.rstrip("/").rsplit("/", 1)[-1]
     if name != target and cell_len(name) + 2 <= left:
         return f"…/{name}{joined}"
-    if left >= 4:
-        return f"…{target[-(left - 1) :]}{joined}"
-    return f"…{joined}"
+    if cell_len(name) <= left:
+        return f"{name}{joined}"
+    return f"{_head(name, left - 1)}…{joined}"
+
+
+SEPARATORS = "-._:"  # where a model name may be cut: Qwen3-14B-…, SmolLM2-135M-…
+
+
+def _head(name: str, room: int) -> str:
+    """The longest start of `name` within `room` cells that ends at a separator (kept)."""
+    cuts = [i + 1 for i, char in enumerate(name) if char in SEPARATORS and cell_len(name[: i + 1]) <= room]
+    return name[: cuts[-1]] if cuts else ""
 
 
 def _body(side: model.Side, show_rejected: bool, prompt: str) -> Text:
@@ -214,7 +224,7 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
         text = Text.assemble(
             ("Speculative decoding was ", ""),
             (f"{now:.2f}x faster", "bold green"),
-            f" ({measured}{detail}): {saved:.2f} s saved over {tokens} tokens.",
+            f" ({measured}{detail}): {saved:.2f} s saved over {counted(tokens, 'token')}.",
         )
     else:
         why = (
