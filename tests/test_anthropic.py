@@ -1,0 +1,248 @@
+"""`POST /v1/messages`, Anthropic's Messages API: `mlxspec serve` in a subprocess driven by the
+real `anthropic` client (and httpx for what the client would not send). Greedy answers are
+checked against the library's standard decoding of the same ids and against the OpenAI chat
+route; tool use with the tiny models of tests/tool_models.py taught Qwen3's and Mistral's
+markup (test_tool_calls.py's fixtures)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+import mlxspec
+
+from .test_server import KEY, TIMEOUT, chat_ids, health, running_server, standard
+from .test_tool_calls import (  # noqa: F401 (fixtures)
+    AFTER_CALL,
+    ANSWER,
+    MAX_TOKENS,
+    PARIS,
+    ROME,
+    TOOLS,
+    mistral,
+    qwen3,
+    server_ids,
+)
+
+USER = [{"role": "user", "content": "def merge_sort(items):"}]
+SYSTEM = "You write Python."
+AUTH = {"x-api-key": KEY}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The bundled pair behind an API key."""
+    log = tmp_path_factory.mktemp("anthropic") / "serve.log"
+    with running_server(log=log, env={"MLXSPEC_API_KEY": KEY}) as (url, _):
+        yield url, log
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return mlxspec.load_pair()
+
+
+@pytest.fixture
+def client(served):
+    return anthropic.Anthropic(base_url=served[0], api_key=KEY, timeout=TIMEOUT, max_retries=0)
+
+
+def ask(client, messages, **fields):
+    fields = {"max_tokens": 24, "extra_body": {"temperature": 0}, **fields}
+    return client.messages.create(model="m", messages=messages, **fields)
+
+
+def text_of(message) -> str:
+    return "".join(block.text for block in message.content if block.type == "text")
+
+
+def prompt_tokens(usage) -> int:
+    return usage.input_tokens + usage.cache_read_input_tokens
+
+
+# --- plain messages on the bundled pair ---------------------------------------------------
+def test_a_message_is_standard_decoding_with_usage(client, pair):
+    message = ask(client, USER)
+    expected = standard(pair, chat_ids(pair, USER), 24)
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert [b.type for b in message.content] == ["text"] and message.content[0].text == expected.text
+    assert message.stop_reason == "max_tokens" and message.stop_sequence is None
+    assert prompt_tokens(message.usage) == len(chat_ids(pair, USER))
+    assert message.usage.output_tokens == len(expected.tokens) == 24
+    spec = message.usage.model_extra["speculative"]
+    assert spec["gamma"] == "auto" and spec["rounds"] >= 1 and spec["accepted"] <= spec["tested"] <= spec["drafted"]
+
+
+def test_greedy_text_equals_the_chat_route(served, client):
+    chat = openai.OpenAI(base_url=f"{served[0]}/v1", api_key=KEY, timeout=TIMEOUT, max_retries=0)
+    messages = USER + [{"role": "assistant", "content": "    if len(items) < 2:"}, {"role": "user", "content": "go on"}]
+    system = [{"type": "text", "text": SYSTEM}]  # a system prompt as text blocks
+    via_messages = ask(client, messages, system=system, max_tokens=32)
+    via_chat = chat.chat.completions.create(
+        model="m", messages=[{"role": "system", "content": SYSTEM}] + messages, temperature=0, max_tokens=32
+    )
+    assert text_of(via_messages) == via_chat.choices[0].message.content
+    assert prompt_tokens(via_messages.usage) == via_chat.usage.prompt_tokens
+    assert via_messages.usage.output_tokens == via_chat.usage.completion_tokens
+
+
+def test_the_system_prompt_is_rendered(client, pair):
+    message = ask(client, USER, system=SYSTEM)
+    ids = chat_ids(pair, [{"role": "system", "content": SYSTEM}] + USER)
+    assert prompt_tokens(message.usage) == len(ids) > len(chat_ids(pair, USER))
+    assert text_of(message) == standard(pair, ids, 24).text
+
+
+def test_a_stream_has_anthropics_event_sequence(client, pair):
+    expected = standard(pair, chat_ids(pair, USER), 24)
+    with client.messages.stream(model="m", messages=USER, max_tokens=24, extra_body={"temperature": 0}) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    kinds = [e.type for e in events]
+    # the client's helper adds its own "text" events beside the raw ones
+    raw = [k for k in kinds if k not in ("text",)]
+    assert raw[0] == "message_start" and raw[1] == "content_block_start"
+    assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(raw[2:-3]) == {"content_block_delta"}
+    start = events[0].message
+    assert start.content == [] and start.stop_reason is None and prompt_tokens(start.usage) == len(chat_ids(pair, USER))
+    assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == expected.text
+    assert text_of(final) == expected.text and final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 24 and final.id == start.id
+
+
+def test_a_stream_on_the_wire_starts_with_a_ping_and_names_each_event(served):
+    body = {"model": "m", "messages": USER, "max_tokens": 8, "stream": True, "temperature": 0}
+    answer = httpx.post(f"{served[0]}/v1/messages", json=body, headers=AUTH, timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    frames = [f for f in answer.text.split("\n\n") if f]
+    names = [f.split("\n")[0].removeprefix("event: ") for f in frames]
+    datas = [json.loads(f.split("\n")[1].removeprefix("data: ")) for f in frames]
+    assert [d["type"] for d in datas] == names
+    assert names[:3] == ["message_start", "ping", "content_block_start"] and names[-1] == "message_stop"
+    end = datas[-2]
+    assert end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert end["usage"]["output_tokens"] == 8 and end["usage"]["speculative"]["rounds"] >= 1
+
+
+def test_stop_sequences_end_the_text_and_are_named(client, pair):
+    ids = chat_ids(pair, USER)
+    full = standard(pair, ids, 40).text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    message = ask(client, USER, max_tokens=40, stop_sequences=["never appears", stop])
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    assert text_of(message) == full[: full.index(stop)] == standard(pair, ids, 40, stop=[stop]).text
+    with client.messages.stream(
+        model="m", messages=USER, max_tokens=40, stop_sequences=[stop], extra_body={"temperature": 0}
+    ) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, text_of(final)) == ("stop_sequence", stop, text_of(message))
+
+
+def test_top_k_temperature_seed_and_gamma_reach_the_engine(client, pair):
+    sampling = {"temperature": 0.9, "top_k": 5, "top_p": 0.95, "seed": 7, "gamma": 2}
+    replies = [text_of(ask(client, USER, extra_body=sampling)) for _ in range(2)]
+    ids = chat_ids(pair, USER)
+    expected = mlxspec.generate(pair, ids, temp=0.9, top_k=5, top_p=0.95, seed=7, gamma=2, max_tokens=24)
+    assert replies == [expected.text, expected.text]
+    other = mlxspec.generate(pair, ids, temp=0.9, top_p=0.95, seed=7, gamma=2, max_tokens=24)
+    assert other.text != expected.text  # top_k changed the draw: it was not ignored
+
+
+def test_count_tokens(client, pair):
+    counted = client.messages.count_tokens(model="m", messages=USER, system=SYSTEM)
+    assert counted.input_tokens == len(chat_ids(pair, [{"role": "system", "content": SYSTEM}] + USER))
+
+
+# --- keys and refusals ----------------------------------------------------------------------
+def test_an_api_key_as_x_api_key_or_bearer(served):
+    url = served[0]
+    for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}):
+        refused = httpx.post(f"{url}/v1/messages", json={}, headers=headers, timeout=TIMEOUT)
+        assert refused.status_code == 401
+        assert refused.json()["type"] == "error" and refused.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
+            model="m", messages=USER, max_tokens=4
+        )
+    bearer = anthropic.Anthropic(base_url=url, auth_token=KEY, timeout=TIMEOUT, max_retries=0)
+    assert ask(bearer, USER, max_tokens=4).usage.output_tokens == 4
+    # the OpenAI routes take x-api-key too
+    assert httpx.get(f"{url}/v1/models", headers=AUTH, timeout=TIMEOUT).status_code == 200
+
+
+LONG = "word " * 3000  # more than the bundled target's 2048 tokens
+BAD_REQUESTS = {
+    "no max_tokens": ({"messages": USER}, "max_tokens is required"),
+    "no messages": ({"max_tokens": 8}, "messages is required"),
+    "empty messages": ({"messages": [], "max_tokens": 8}, "messages is empty"),
+    "a system role in messages": (
+        {"messages": [{"role": "system", "content": "x"}], "max_tokens": 8},
+        "messages[0].role",
+    ),
+    "an image": (
+        {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 8},
+        "a user message takes text and tool_result blocks, not 'image'",
+    ),
+    "a server tool": (
+        {"messages": USER, "max_tokens": 8, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "'web_search_20250305' tools are not supported",
+    ),
+    "a tool without a schema": ({"messages": USER, "max_tokens": 8, "tools": [{"name": "f"}]}, "input_schema"),
+    "a bad tool_choice": ({"messages": USER, "max_tokens": 8, "tool_choice": {"type": "maybe"}}, "tool_choice must"),
+    "negative temperature": ({"messages": USER, "max_tokens": 8, "temperature": -1}, "temperature must be >= 0"),
+    "an empty stop sequence": ({"messages": USER, "max_tokens": 8, "stop_sequences": [""]}, "stop_sequences"),
+    "zero max_tokens": ({"messages": USER, "max_tokens": 0}, "max tokens must be"),
+    "too long": ({"messages": [{"role": "user", "content": LONG}], "max_tokens": 8}, "reads at most 2048"),
+    "not JSON": (b"{nope", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_a_bad_request_is_a_400_in_anthropics_shape(served, case):
+    body, message = BAD_REQUESTS[case]
+    content = body if isinstance(body, bytes) else json.dumps({"model": "m", **body}).encode()
+    headers = {**AUTH, "Content-Type": "application/json"}
+    answer = httpx.post(f"{served[0]}/v1/messages", content=content, headers=headers, timeout=TIMEOUT)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert message in error["error"]["message"] and "\n" not in error["error"]["message"]
+
+
+def test_the_server_keeps_serving_after_refusals(served, client, pair):
+    with pytest.raises(anthropic.BadRequestError, match="temperature must be >= 0") as raised:
+        ask(client, USER, extra_body={"temperature": -1})
+    assert raised.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+        ask(client, USER, tools=[], tool_choice={"type": "sometimes"})
+    wrong_method = httpx.get(f"{served[0]}/v1/messages", headers=AUTH, timeout=TIMEOUT)
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+    assert text_of(ask(client, USER, max_tokens=12)) == standard(pair, chat_ids(pair, USER), 12).text
+
+
+def test_a_client_that_leaves_mid_stream_leaves_the_server_serving(served, client, pair):
+    url = served[0]
+    messages = [{"role": "user", "content": "def long_function():"}]
+    before = health(url, Authorization=f"Bearer {KEY}")["stopped"]
+    body = {"model": "m", "messages": messages, "max_tokens": 1900, "stream": True, "temperature": 0}
+    with httpx.Client(timeout=TIMEOUT, headers=AUTH) as http:
+        with http.stream("POST", f"{url}/v1/messages", json=body) as response:
+            assert response.status_code == 200
+            received = 0
+            for line in response.iter_lines():
+                received += line.startswith("data:")
+                if received == 4:
+                    break
+    closed = time.monotonic()
+    while (state := health(url, Authorization=f"Bearer {KEY}"))["busy"] or state["stopped"] == before:
+        assert time.monotonic() - closed < 5, f"still generating after the client left: {state}"
+        time.sleep(0.05)
+    again = ask(client, messages, max_tokens=20)
+    assert text_of(again) == standard(pair, chat_ids(pair, messages), 20).text
+    assert again.usage.cache_read_input_tokens == prompt_tokens(again.usage) - 1  # the cut left the caches exact
