@@ -246,3 +246,109 @@ def test_a_client_that_leaves_mid_stream_leaves_the_server_serving(served, clien
     again = ask(client, messages, max_tokens=20)
     assert text_of(again) == standard(pair, chat_ids(pair, messages), 20).text
     assert again.usage.cache_read_input_tokens == prompt_tokens(again.usage) - 1  # the cut left the caches exact
+
+
+def test_tools_to_a_model_without_a_tool_format_are_refused(client):
+    with pytest.raises(anthropic.BadRequestError, match="tools are not supported by this model") as raised:
+        ask(client, USER, tools=ANTHROPIC_TOOLS)
+    assert raised.value.body["error"]["type"] == "invalid_request_error"
+
+
+# --- tool use: Qwen3 (Hermes <tool_call> JSON) and Mistral ([TOOL_CALLS]) ------------------
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+CALLED = [
+    PARIS[0],
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "22 C, sunny"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def qwen3_served(qwen3, tmp_path_factory):  # noqa: F811
+    log = tmp_path_factory.mktemp("anthropic-qwen3") / "serve.log"
+    with running_server("--target", str(qwen3[0]), log=log) as (url, _):
+        yield anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0), log
+
+
+def ask_tools(client, messages, **fields):
+    return ask(client, messages, tools=ANTHROPIC_TOOLS, max_tokens=MAX_TOKENS, **fields)
+
+
+def the_tool_use(block, city: str) -> None:
+    assert block.type == "tool_use" and block.id and block.name == "get_weather" and block.input == {"city": city}
+
+
+def test_a_call_comes_back_as_tool_use(qwen3_served, qwen3):  # noqa: F811
+    client, log = qwen3_served
+    message = ask_tools(client, PARIS)
+    assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["tool_use"]
+    the_tool_use(message.content[0], "Paris")
+    assert prompt_tokens(message.usage) == len(server_ids(qwen3[1].tokenizer, PARIS))
+    assert message.usage.model_extra["speculative"]["accepted"] > 0  # prompt lookup drafted from the tools
+    assert "tools 1 (auto)" in log.read_text()  # the console line says tools were in force
+
+
+def test_a_streamed_call_comes_as_input_json_delta(qwen3_served):
+    client, _ = qwen3_served
+    with client.messages.stream(
+        model="m", messages=ROME, tools=ANTHROPIC_TOOLS, max_tokens=MAX_TOKENS, extra_body={"temperature": 0}
+    ) as stream:
+        events = [e for e in stream if e.type in ("content_block_start", "content_block_delta", "content_block_stop")]
+        final = stream.get_final_message()
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert [(e.index, e.content_block.type) for e in starts] == [(0, "text"), (1, "tool_use")]
+    assert starts[1].content_block.input == {} and starts[1].content_block.name == "get_weather"
+    [json_delta] = [e.delta for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert json.loads(json_delta.partial_json) == {"city": "Rome"}
+    assert [e.index for e in events if e.type == "content_block_stop"] == [0, 1]
+    assert final.stop_reason == "tool_use" and final.content[0].text.strip() == "Let me look."
+    the_tool_use(final.content[1], "Rome")
+
+
+def test_a_tool_result_is_rendered_as_the_chat_routes_and_answered(qwen3_served, qwen3):  # noqa: F811
+    client, _ = qwen3_served
+    message = ask_tools(client, CALLED)
+    assert text_of(message) == ANSWER and message.stop_reason == "end_turn"
+    # the same ids as the OpenAI form of the conversation (assistant tool_calls, a tool message)
+    assert prompt_tokens(message.usage) == len(server_ids(qwen3[1].tokenizer, AFTER_CALL))
+    counted = client.messages.count_tokens(model="m", messages=CALLED, tools=ANTHROPIC_TOOLS)
+    assert counted.input_tokens == len(server_ids(qwen3[1].tokenizer, AFTER_CALL))
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_tool_choice_that_needs_a_grammar_is_refused(qwen3_served, choice):
+    client, _ = qwen3_served
+    with pytest.raises(anthropic.BadRequestError, match="constrained decoding") as raised:
+        ask_tools(client, PARIS, tool_choice=choice)
+    assert f"tool_choice {choice}" in raised.value.body["error"]["message"]
+
+
+def test_tool_choice_none_leaves_the_markup_as_text(qwen3_served):
+    client, _ = qwen3_served
+    message = ask_tools(client, PARIS, tool_choice={"type": "none"})
+    assert [b.type for b in message.content] == ["text"] and message.stop_reason == "end_turn"
+    assert "<tool_call>" in text_of(message)
+
+
+def test_a_mistral_call_comes_back_as_tool_use(mistral, tmp_path):  # noqa: F811
+    with running_server("--target", str(mistral[0]), log=tmp_path / "serve.log") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+        message = ask_tools(client, PARIS)
+        assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["tool_use"]
+        the_tool_use(message.content[0], "Paris")
+        with client.messages.stream(
+            model="m", messages=PARIS, tools=ANTHROPIC_TOOLS, max_tokens=MAX_TOKENS, extra_body={"temperature": 0}
+        ) as stream:
+            final = stream.get_final_message()
+        assert final.stop_reason == "tool_use"
+        the_tool_use(final.content[0], "Paris")

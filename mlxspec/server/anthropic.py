@@ -186,10 +186,9 @@ def _tool(tool: dict, param: str) -> dict:
         raise RequestError(f"{param}.name must be a non-empty text", param=f"{param}.name")
     if not isinstance(tool.get("input_schema"), dict):
         raise RequestError(f"{param}.input_schema must be a JSON schema object", param=f"{param}.input_schema")
-    function = {"name": tool["name"], "parameters": tool["input_schema"]}
-    if isinstance(tool.get("description"), str):
-        function["description"] = tool["description"]
-    return {"type": "function", "function": function}
+    # in OpenAI's order (name, description, parameters): templates write the tools as JSON
+    described = {"description": tool["description"]} if isinstance(tool.get("description"), str) else {}
+    return {"type": "function", "function": {"name": tool["name"], **described, "parameters": tool["input_schema"]}}
 
 
 def _tool_choice(choice: dict) -> str | dict:
