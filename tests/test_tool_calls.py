@@ -314,3 +314,10 @@ def test_a_mistral_call_cut_short_is_text(mistral):
     format = tool_format(mistral[1].tokenizer)
     cut = MISTRAL_PARIS[:-6]
     assert split_tool_calls(cut, format) == (cut, [])
+
+
+def test_the_console_note_names_what_was_in_force():
+    from mlxspec.server.worker import job_note
+
+    assert job_note() is None and job_note(tools="tools 1 (auto)") == "tools 1 (auto)"
+    assert job_note(tools="tools 1 (auto)", grammar="grammar json_schema") == "tools 1 (auto) · grammar json_schema"

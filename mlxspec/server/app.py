@@ -36,7 +36,7 @@ from .limits import Limits, read_body
 from .offload import Offload
 from .schema import Reply, RequestError, error_body
 from .tools import ToolUse, tool_use
-from .worker import END, Worker
+from .worker import END, Worker, job_note
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -165,7 +165,7 @@ class Api:
     async def _answer(
         self, request, reply: Reply, ids: list[int], options: Options, body, *, tools: ToolUse | None = None
     ):
-        note = tools.note() if tools else None
+        note = job_note(tools=tools.note() if tools else None)
         job = self.worker.submit(ids, options, asyncio.get_running_loop(), note=note)
         tools = tools if tools and tools.parses else None
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))

@@ -19,7 +19,7 @@ from .app import CLOSING, EventStream, _cancel_on_disconnect, _error_body
 from .limits import read_body
 from .schema import RequestError
 from .tools import ToolUse, tool_use
-from .worker import END
+from .worker import END, job_note
 
 
 class Messages:
@@ -65,7 +65,7 @@ class Messages:
     async def _answer(self, request, ids: list[int], options, *, stream: bool, tools: ToolUse):
         """As the chat route's `_answer`: refused with a plain error until the generation has
         started; a client that leaves stops it."""
-        job = self.api.worker.submit(ids, options, asyncio.get_running_loop(), note=tools.note())
+        job = self.api.worker.submit(ids, options, asyncio.get_running_loop(), note=job_note(tools=tools.note()))
         parsing = tools if tools.parses else None
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         streaming = False
