@@ -78,10 +78,6 @@ class MessagesBody(CountBody):
     gamma: Any = None
 
 
-def parse(kind: type[CountBody], raw: bytes) -> CountBody:
-    return schema.parse(kind, raw)
-
-
 def chat_body(body: CountBody) -> ChatBody:
     """The request as the OpenAI chat request it means, validated as the chat route's own."""
     chat: dict[str, Any] = {"messages": chat_messages(body)}

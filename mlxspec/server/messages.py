@@ -31,7 +31,7 @@ class Messages:
     async def create(self, request):
         api = self.api
         try:
-            body = anthropic.parse(anthropic.MessagesBody, await read_body(request, api.limits))
+            body = schema.parse(anthropic.MessagesBody, await read_body(request, api.limits))
             chat, ids, tools = await self._prompt(body)
             options = schema.request_options(chat, api.defaults)
             api._check(ids, options, "messages")
@@ -41,7 +41,7 @@ class Messages:
 
     async def count_tokens(self, request):
         try:
-            body = anthropic.parse(anthropic.CountBody, await read_body(request, self.api.limits))
+            body = schema.parse(anthropic.CountBody, await read_body(request, self.api.limits))
             _, ids, _ = await self._prompt(body)
             return JSONResponse({"input_tokens": len(ids)})
         except (RequestError, MlxspecError) as e:
