@@ -154,6 +154,17 @@ def test_top_k_temperature_seed_and_gamma_reach_the_engine(client, pair):
     assert other.text != expected.text  # top_k changed the draw: it was not ignored
 
 
+def test_every_route_keeps_the_speculative_figures(served):
+    chat = openai.OpenAI(base_url=f"{served[0]}/v1", api_key=KEY, timeout=TIMEOUT, max_retries=0)
+    completion = chat.completions.create(model="m", prompt="def f(x):", max_tokens=8, temperature=0)
+    stream = chat.chat.completions.create(
+        model="m", messages=USER, max_tokens=8, stream=True, stream_options={"include_usage": True}
+    )
+    usages = [completion.usage, [c for c in stream if c.usage][-1].usage]
+    for usage in usages:
+        assert usage.model_extra["speculative"]["rounds"] >= 1 and usage.model_extra["speculative"]["gamma"] == "auto"
+
+
 def test_count_tokens(client, pair):
     counted = client.messages.count_tokens(model="m", messages=USER, system=SYSTEM)
     assert counted.input_tokens == len(chat_ids(pair, [{"role": "system", "content": SYSTEM}] + USER))
@@ -333,6 +344,44 @@ def test_tool_choice_that_needs_a_grammar_is_refused(qwen3_served, choice):
     assert f"tool_choice {choice}" in raised.value.body["error"]["message"]
 
 
+def test_a_coding_agents_request_is_served(qwen3_served, qwen3):  # noqa: F811
+    """Fields a coding agent sends that change nothing here (cache_control, metadata, betas,
+    a query string, thinking blocks in the history) are read past, not refused."""
+    client, _ = qwen3_served
+    cached = {"cache_control": {"type": "ephemeral"}}
+    tools = [{**tool, **cached} for tool in ANTHROPIC_TOOLS]
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": PARIS[0]["content"], **cached}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "The user wants the weather.", "signature": "x"},
+                CALLED[1]["content"][0],
+            ],
+        },
+        CALLED[2],
+    ]
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": MAX_TOKENS,
+        "messages": history,
+        "tools": tools,
+        "metadata": {"user_id": "someone"},
+        "temperature": 0,
+        "stream": True,
+    }
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219"}
+    url = f"{client.base_url}".rstrip("/") + "/v1/messages?beta=true"
+    with httpx.Client(timeout=TIMEOUT) as http:
+        answer = http.post(url, json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    deltas = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")]
+    text = "".join(d["delta"]["text"] for d in deltas if d["type"] == "content_block_delta")
+    assert text == ANSWER and deltas[-2]["delta"]["stop_reason"] == "end_turn"
+    start = deltas[0]["message"]["usage"]
+    assert start["input_tokens"] + start["cache_read_input_tokens"] == len(server_ids(qwen3[1].tokenizer, AFTER_CALL))
+
+
 def test_tool_choice_none_leaves_the_markup_as_text(qwen3_served):
     client, _ = qwen3_served
     message = ask_tools(client, PARIS, tool_choice={"type": "none"})
@@ -352,3 +401,77 @@ def test_a_mistral_call_comes_back_as_tool_use(mistral, tmp_path):  # noqa: F811
             final = stream.get_final_message()
         assert final.stop_reason == "tool_use"
         the_tool_use(final.content[0], "Paris")
+
+
+# --- the translation and the blocks, on their own ---------------------------------------------
+def test_tool_results_come_before_the_users_text_and_thinking_is_left_out():
+    from mlxspec.server.anthropic import CountBody, chat_messages
+
+    body = CountBody.model_validate(
+        {
+            "system": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "redacted_thinking", "data": "x"},
+                        {"type": "text", "text": "Two calls."},
+                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                        {"type": "tool_use", "id": "t2", "name": "g", "input": {}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "and now?"},
+                        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "1"}]},
+                        {"type": "tool_result", "tool_use_id": "t2", "content": "2", "is_error": True},
+                    ],
+                },
+            ],
+        }
+    )
+    calls = [
+        {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+        {"id": "t2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    ]
+    assert chat_messages(body) == [
+        {"role": "system", "content": "AB"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Two calls.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "t1", "content": "1"},
+        {"role": "tool", "tool_call_id": "t2", "content": "2"},
+        {"role": "user", "content": "and now?"},
+    ]
+
+
+def test_blocks_drop_white_space_beside_calls_and_keep_an_answer_that_is_only_white_space():
+    from mlxspec.server.anthropic import Blocks
+    from mlxspec.tool_calls import ToolCall
+
+    call = ToolCall(id="call_1", name="f", arguments='{"a": 1}')
+    blocks = Blocks()
+    events = [e for part in ["\n", "Sure", ".\n", call, "\n ", call, "\n"] for e in blocks.feed(part)]
+    events += blocks.finish()
+    assert blocks.content == [
+        {"type": "text", "text": "\nSure.\n"},
+        {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}},
+        {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}},
+    ]
+    assert [(e["type"], e["index"]) for e in events] == [
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+        ("content_block_start", 2),
+        ("content_block_delta", 2),
+        ("content_block_stop", 2),
+    ]
+    only_space = Blocks()
+    assert only_space.feed("\n") == [] and only_space.feed(" ") == []
+    only_space.finish()
+    assert only_space.content == [{"type": "text", "text": "\n "}] and not only_space.called
