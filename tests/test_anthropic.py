@@ -475,3 +475,24 @@ def test_blocks_drop_white_space_beside_calls_and_keep_an_answer_that_is_only_wh
     assert only_space.feed("\n") == [] and only_space.feed(" ") == []
     only_space.finish()
     assert only_space.content == [{"type": "text", "text": "\n "}] and not only_space.called
+
+
+# --- the real SmolLM2 pair (slow) -------------------------------------------------------------
+@pytest.mark.slow
+def test_smollm2_answers_through_the_messages_api(tmp_path):
+    from mlxspec.presets import resolve_name
+
+    from . import real_models
+
+    target, draft = real_models.folder(real_models.SMOLLM2), str(resolve_name("bundled:smollm2-draft"))
+    pair = mlxspec.load_pair(str(target), draft)
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    with running_server("--target", str(target), "--draft", draft, log=tmp_path / "serve.log") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+        message = ask(client, question, max_tokens=32)
+        assert "Paris" in text_of(message) and message.stop_reason == "end_turn"
+        assert text_of(message) == standard(pair, chat_ids(pair, question), 32).text
+        assert message.usage.model_extra["speculative"]["accepted"] > 0
+        # SmolLM2's template has no tools section: a tools request is refused in one line, not dropped
+        with pytest.raises(anthropic.BadRequestError, match="tools are not supported by this model"):
+            ask(client, question, tools=ANTHROPIC_TOOLS)
