@@ -15,6 +15,8 @@ import openai
 import pytest
 
 import mlxspec
+from mlxspec.generation import encode_messages
+from mlxspec.server.schema import ChatBody, template_messages
 
 from .test_server import KEY, TIMEOUT, chat_ids, health, running_server, standard
 from .test_tool_calls import (  # noqa: F401 (fixtures)
@@ -334,6 +336,25 @@ def test_a_tool_result_is_rendered_as_the_chat_routes_and_answered(qwen3_served,
     assert prompt_tokens(message.usage) == len(server_ids(qwen3[1].tokenizer, AFTER_CALL))
     counted = client.messages.count_tokens(model="m", messages=CALLED, tools=ANTHROPIC_TOOLS)
     assert counted.input_tokens == len(server_ids(qwen3[1].tokenizer, AFTER_CALL))
+    # thinking disabled reaches the template (Qwen3's: an empty thinking block after the prompt)
+    as_chat = template_messages(ChatBody.model_validate({"messages": AFTER_CALL}))
+    unthinking = encode_messages(qwen3[1].tokenizer, as_chat, think=False, tools=TOOLS)
+    assert len(unthinking) != counted.input_tokens
+    disabled = client.messages.count_tokens(
+        model="m", messages=CALLED, tools=ANTHROPIC_TOOLS, thinking={"type": "disabled"}
+    )
+    assert disabled.input_tokens == len(unthinking)
+
+
+def test_the_servers_no_think_applies_unless_the_request_says_otherwise(qwen3, tmp_path):  # noqa: F811
+    tokenizer = qwen3[1].tokenizer
+    as_chat = template_messages(ChatBody.model_validate({"messages": AFTER_CALL}))
+    with running_server("--target", str(qwen3[0]), "--no-think", log=tmp_path / "serve.log") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+        for thinking, think in ((None, False), ({"type": "enabled"}, True)):
+            extra = {"thinking": thinking} if thinking else {}
+            counted = client.messages.count_tokens(model="m", messages=CALLED, tools=ANTHROPIC_TOOLS, **extra)
+            assert counted.input_tokens == len(encode_messages(tokenizer, as_chat, think=think, tools=TOOLS))
 
 
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])

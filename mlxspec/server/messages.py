@@ -32,8 +32,7 @@ class Messages:
         api = self.api
         try:
             body = schema.parse(anthropic.MessagesBody, await read_body(request, api.limits))
-            chat, ids, tools = await self._prompt(body)
-            options = schema.request_options(chat, api.defaults)
+            options, ids, tools = await self._prompt(body)
             api._check(ids, options, "messages")
             return await self._answer(request, ids, options, stream=body.stream, tools=tools)
         except (RequestError, MlxspecError) as e:
@@ -48,19 +47,20 @@ class Messages:
             return error_response(e)
 
     async def _prompt(self, body):
-        """The chat request, the prompt's ids and the tools in force."""
+        """The request's options (the server's defaults, overridden), the prompt's ids and
+        the tools in force."""
         api = self.api
         chat = anthropic.chat_body(body)
+        options = schema.request_options(chat, api.defaults)
         try:
             tools = tool_use(chat, api.tool_format)
         except RequestError as e:
             raise anthropic.reworded_choice(e, body) from None
-        think = (chat.chat_template_kwargs or {}).get("enable_thinking")
         messages = schema.template_messages(chat)
         ids = await api.offload.run(
-            encode.chat_ids, api.pair, messages, think=think, tools=tools.tools, per_token=api.per_token
+            encode.chat_ids, api.pair, messages, think=options.think, tools=tools.tools, per_token=api.per_token
         )
-        return chat, ids, tools
+        return options, ids, tools
 
     async def _answer(self, request, ids: list[int], options, *, stream: bool, tools: ToolUse):
         """As the chat route's `_answer`: refused with a plain error until the generation has
