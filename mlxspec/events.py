@@ -72,3 +72,4 @@ class Done:
     finish_reason: str  # "eos", "length", "stop", "context" or "interrupted"
     stats: Stats
     text: str = ""  # text held back until the end (a possible start of a stop string)
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")

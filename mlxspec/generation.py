@@ -281,7 +281,7 @@ def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: 
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
     if pair.target.shard is not None:  # every round and plain step is one target forward
         stats.transfers = stats.rounds * pair.target.shard.transfers_per_forward
-    yield Done(reason, stats.frozen(reason), tail)
+    yield Done(reason, stats.frozen(reason), tail, stops.matched if reason == "stop" else None)
 
 
 def _gamma_label(gamma) -> int | str:

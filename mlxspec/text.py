@@ -57,14 +57,16 @@ class StopFilter:
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, piece: str) -> tuple[str, bool]:
         """(text safe to show, whether a stop string was reached)."""
         if not self.stops:
             return piece, False
         self._held += piece
-        at = find_stop(self._held, self.stops)
-        if at is not None:
+        found = earliest_stop(self._held, self.stops)
+        if found is not None:
+            at, self.matched = found
             released, self._held = self._held[:at], ""
             return released, True
         keep = _partial_stop_length(self._held, self.stops)
@@ -79,8 +81,18 @@ class StopFilter:
 
 def find_stop(text: str, stops: tuple[str, ...]) -> int | None:
     """Index in `text` where the earliest stop string starts."""
-    found = [at for at in (text.find(stop) for stop in stops) if at >= 0]
-    return min(found) if found else None
+    found = earliest_stop(text, stops)
+    return found[0] if found else None
+
+
+def earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """Where the earliest stop string starts in `text`, and which it is (of two starting
+    there, the first given)."""
+    found = [(at, i) for i, stop in enumerate(stops) if (at := text.find(stop)) >= 0]
+    if not found:
+        return None
+    at, i = min(found)
+    return at, stops[i]
 
 
 def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlxspec
 from mlxspec import Done, Round
-from mlxspec.text import StopFilter, TextStream, find_stop
+from mlxspec.text import StopFilter, TextStream, earliest_stop, find_stop
 
 
 def test_incremental_text_equals_whole_decoding(load_pair):
@@ -21,13 +21,21 @@ def test_find_stop():
     assert find_stop("x END y STOP", ("STOP", "END")) == 2
 
 
+def test_the_stop_string_that_ended_the_text_is_named():
+    assert earliest_stop("x END y STOP", ("STOP", "END")) == (2, "END")
+    assert earliest_stop("x ENDING", ("END", "ENDING")) == (2, "END")  # same start: the first given
+    stops = StopFilter(("STOP", "END"))
+    assert stops.matched is None and stops.feed("a ST") == ("a ", False) and stops.matched is None
+    assert stops.feed("OP END") == ("", True) and stops.matched == "STOP"
+
+
 def test_stop_filter_holds_back_possible_starts():
     stops = StopFilter(("</end>",))
     assert stops.feed("hello </") == ("hello ", False)
     assert stops.feed("e") == ("", False)
     assert stops.feed("x") == ("</ex", False)  # not a stop after all: released
     assert stops.feed(" a</en") == (" a", False)
-    assert stops.feed("d> tail") == ("", True)
+    assert stops.feed("d> tail") == ("", True) and stops.matched == "</end>"
     assert StopFilter(("AB",)).flush() == ""
     pending = StopFilter(("AB",))
     assert pending.feed("xA") == ("x", False) and pending.flush() == "A"

@@ -21,7 +21,16 @@ from mlxspec.synthetic import IM_END
 from mlxspec.tool_calls import split_tool_calls, tool_format
 
 from .test_server import ROOT, TIMEOUT, running_server
-from .tool_models import MISTRAL_MARKERS, MISTRAL_TEMPLATE, QWEN3_MARKERS, QWEN3_TEMPLATE, build_tool_model, teach
+from .tool_models import (
+    MISTRAL_MARKERS,
+    MISTRAL_TEMPLATE,
+    QWEN3_CODER_MARKERS,
+    QWEN3_CODER_TEMPLATE,
+    QWEN3_MARKERS,
+    QWEN3_TEMPLATE,
+    build_tool_model,
+    teach,
+)
 
 TOOLS = [
     {
@@ -51,6 +60,7 @@ OSLO = "Weather in Oslo?"  # Mistral, no tools given: as `mlxspec generate` asks
 MISTRAL_PARIS = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'
 MISTRAL_OSLO = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
 MAX_TOKENS = 64
+CODER_PARIS = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
 
 
 def server_ids(tokenizer, messages, tools=TOOLS) -> list[int]:
@@ -87,6 +97,13 @@ def mistral(factory):
     lessons = [(PARIS, TOOLS, MISTRAL_PARIS), ([{"role": "user", "content": OSLO}], None, MISTRAL_OSLO)]
     template, markers = MISTRAL_TEMPLATE, MISTRAL_MARKERS
     return taught(factory, "mistral-tools", template=template, markers=markers, lessons=lessons, end="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def qwen3_coder(factory):
+    lessons = [(PARIS, TOOLS, CODER_PARIS), (AFTER_CALL, TOOLS, ANSWER)]
+    template, markers = QWEN3_CODER_TEMPLATE, QWEN3_CODER_MARKERS
+    return taught(factory, "qwen3-coder-tools", template=template, markers=markers, lessons=lessons, end=IM_END)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +253,28 @@ def test_chat_shows_a_parsed_call(mistral):
     assert 'tool call: get_weather({"city": "Oslo"})' in out
 
 
+# --- Qwen3-Coder: calls as XML -------------------------------------------------------------
+def test_qwen3_coder_xml_calls_through_the_server(qwen3_coder, tmp_path):
+    folder, pair = qwen3_coder
+    assert tool_format(pair.tokenizer).name == "qwen3_coder"
+    rendered = pair.tokenizer.decode(server_ids(pair.tokenizer, AFTER_CALL))
+    assert CODER_PARIS in rendered and "<tool_response>\n22 C, sunny\n</tool_response>" in rendered
+    log = tmp_path / "serve.log"
+    with running_server("--target", str(folder), log=log) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        reply = ask(client, PARIS)
+        assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+        the_call(reply.choices[0].message.tool_calls[0], "Paris")
+        # streamed: the client's accumulator reads the call's deltas into the same message
+        with client.chat.completions.stream(model="m", messages=PARIS, tools=TOOLS, temperature=0) as stream:
+            final = stream.get_final_completion().choices[0]
+        assert final.finish_reason == "tool_calls"
+        the_call(final.message.tool_calls[0], "Paris")
+        answered = ask(client, AFTER_CALL)
+        assert answered.choices[0].message.content == ANSWER and answered.choices[0].finish_reason == "stop"
+    assert "tool calls: read with mlx-lm's qwen3_coder parser (<tool_call> … </tool_call>)" in log.read_text()
+
+
 # --- the splitter on fixed texts, fed in awkward pieces ---------------------------------
 def pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
@@ -275,3 +314,10 @@ def test_a_mistral_call_cut_short_is_text(mistral):
     format = tool_format(mistral[1].tokenizer)
     cut = MISTRAL_PARIS[:-6]
     assert split_tool_calls(cut, format) == (cut, [])
+
+
+def test_the_console_note_names_what_was_in_force():
+    from mlxspec.server.worker import job_note
+
+    assert job_note() is None and job_note(tools="tools 1 (auto)") == "tools 1 (auto)"
+    assert job_note(tools="tools 1 (auto)", grammar="grammar json_schema") == "tools 1 (auto) · grammar json_schema"

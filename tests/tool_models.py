@@ -6,7 +6,9 @@ out of text the engine really generated.
 The templates (chat_templates/): Qwen3's chat template (Qwen/Qwen3-*, tokenizer_config.json:
 Hermes-style `<tool_call>` JSON, for which mlx-lm infers its json_tools parser) and a Mistral
 v0.3-style template, shortened to the parts these tests use (`[AVAILABLE_TOOLS]`, `[INST]`,
-`[TOOL_CALLS]` JSON, `[TOOL_RESULTS]`; mlx-lm infers its mistral parser).
+`[TOOL_CALLS]` JSON, `[TOOL_RESULTS]`; mlx-lm infers its mistral parser), and Qwen3-Coder's,
+shortened likewise (calls as XML, `<tool_call>\n<function=NAME>\n<parameter=KEY>`, for which
+mlx-lm infers its qwen3_coder parser).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ QWEN3_TEMPLATE = (TEMPLATES / "qwen3.jinja").read_text()
 
 MISTRAL_TEMPLATE = (TEMPLATES / "mistral.jinja").read_text()
 
+QWEN3_CODER_TEMPLATE = (TEMPLATES / "qwen3_coder.jinja").read_text()
+
 QWEN3_MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+QWEN3_CODER_MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 MISTRAL_MARKERS = ["[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[INST]", "[/INST]"]
 
 

@@ -30,13 +30,13 @@ from ..generation import check_drafting, fit_context
 from ..loading import looks_like_path
 from ..options import Options
 from ..tool_calls import ToolCallSplitter, split_tool_calls, tool_format
-from . import encode, schema
+from . import anthropic, encode, schema
 from .length import bytes_per_token
 from .limits import Limits, read_body
 from .offload import Offload
 from .schema import Reply, RequestError, error_body
 from .tools import ToolUse, tool_use
-from .worker import END, Worker
+from .worker import END, Worker, job_note
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -60,13 +60,18 @@ def create_app(
     limits: Limits = Limits(),
     offload: Offload | None = None,
 ):
+    from .messages import Messages  # built on this module's pieces
+
     api = Api(worker, pair, defaults, limits=limits, offload=offload or Offload())
+    messages = Messages(api)
     app = Starlette(
         routes=[
             Route("/health", api.health, methods=["GET"]),
             Route("/v1/models", api.models, methods=["GET"]),
             Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
             Route("/v1/completions", api.completions, methods=["POST"]),
+            Route("/v1/messages", messages.create, methods=["POST"]),
+            Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
@@ -160,7 +165,7 @@ class Api:
     async def _answer(
         self, request, reply: Reply, ids: list[int], options: Options, body, *, tools: ToolUse | None = None
     ):
-        note = tools.note() if tools else None
+        note = job_note(tools=tools.note() if tools else None)
         job = self.worker.submit(ids, options, asyncio.get_running_loop(), note=note)
         tools = tools if tools and tools.parses else None
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
@@ -292,17 +297,28 @@ async def _http_error(request, exc: HTTPException) -> JSONResponse:
         405: f"{request.method} is not allowed on {request.url.path}",
     }
     message = messages.get(exc.status_code, str(exc.detail))
-    return JSONResponse(
-        error_body(message, code=str(exc.status_code)), status_code=exc.status_code, headers=exc.headers
-    )
+    if anthropic_path(request.url.path):
+        body = anthropic.error_body(message, exc.status_code)
+    else:
+        body = error_body(message, code=str(exc.status_code))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def anthropic_path(path: str) -> bool:
+    """Anthropic's routes answer errors in Anthropic's shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
 async def _internal_error(request, exc: Exception) -> JSONResponse:
+    if anthropic_path(request.url.path):
+        body, status = _error_body(exc)
+        return JSONResponse(anthropic.error_body(body["error"]["message"], status), status_code=status)
     return _error_response(exc)
 
 
 class RequireKey:
-    """Every request must carry `Authorization: Bearer KEY` (compared in constant time)."""
+    """Every request must carry the key, as `Authorization: Bearer KEY` (OpenAI's clients) or
+    `x-api-key: KEY` (Anthropic's), compared in constant time."""
 
     def __init__(self, app, key: str):
         self.app = app
@@ -310,13 +326,23 @@ class RequireKey:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, token = given.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                message = "invalid API key" if given else "missing API key: send the header Authorization: Bearer KEY"
-                response = JSONResponse(
-                    error_body(message, code="invalid_api_key"), status_code=401, headers={"WWW-Authenticate": "Bearer"}
+            headers = dict(scope["headers"])
+            bearer, api_key = headers.get(b"authorization", b""), headers.get(b"x-api-key")
+            scheme, _, token = bearer.partition(b" ")
+            given = [token.strip()] if scheme.lower() == b"bearer" else []
+            given += [api_key] if api_key is not None else []
+            if not any(hmac.compare_digest(key, self.key) for key in given):
+                sent = bearer or api_key is not None
+                message = (
+                    "invalid API key"
+                    if sent
+                    else "missing API key: send the header Authorization: Bearer KEY (or x-api-key: KEY)"
                 )
+                if anthropic_path(scope["path"]):
+                    body = anthropic.error_body(message, 401)
+                else:
+                    body = error_body(message, code="invalid_api_key")
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

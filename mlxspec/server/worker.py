@@ -249,6 +249,15 @@ def _release_thread() -> None:
         clear()
 
 
+def job_note(*, tools: str | None = None, grammar: str | None = None) -> str | None:
+    """What else was in force, for the console line: tools (e.g. "tools 2 (auto)") and a
+    grammar. `grammar` is the hook for constrained decoding (response_format, tool_choice
+    required or named): a route that holds the output to a grammar names it here, e.g.
+    "grammar json_schema", and the line shows it beside the tools."""
+    parts = [part for part in (tools, grammar) if part]
+    return " · ".join(parts) if parts else None
+
+
 def _summary(done: Done, *, note: str | None = None) -> str:
     from ..views.summary import stats_line
 
