@@ -1,0 +1,268 @@
+"""A model's own multi-token-prediction (MTP) head, read from its checkpoint.
+
+Qwen3.5 (dense and MoE) and Qwen3-Next checkpoints carry `mtp.*`: one full-attention decoder
+layer of the body's own kind after a projection of the normed token embedding beside the
+normed hidden state, then a norm; the body's embedding and output layer are shared. The
+forward, as vLLM's `qwen3_next_mtp.py` / `qwen3_5_mtp.py` run it (Qwen's reference):
+
+    e = pre_fc_norm_embedding(embed(token_{j+1}))
+    h = pre_fc_norm_hidden(hidden_j)              the target's last hidden state at j, AFTER
+                                                  its final norm (vLLM's and SGLang's target
+                                                  model returns it normed: HIDDEN_AFTER_NORM)
+    x = fc(concat(e, h))                          embedding first, 2·hidden -> hidden
+    x = layers[0](x)                              full attention at position j (its own KV cache)
+    out = norm(x);  logits = lm_head(out)         predicts token j+2; chained, `out` is the
+                                                  next step's hidden (vLLM's proposer does so)
+
+mlx-lm 0.32 drops `mtp.*` in `sanitize`, so the head is read here, from the shard(s) the
+safetensors index names for it (nothing else is read), with the body's transforms: the hub
+stores Qwen3.5/Next norms zero-centred, and mlx-lm adds 1 to the body's norms exactly when it
+finds the body in the hub's layout (Qwen3.5: conv1d weights in the hub's shape; Qwen3-Next:
+experts unstacked); MoE experts are stacked as mlx-lm stacks them (`switch_mlp`). A folder
+`mlxspec models add-mtp` wrote keeps the head converted already, in `mtp.safetensors`.
+
+The nextn heads of DeepSeek-V3, GLM-4.5+ and MiMo (`enorm`, `hnorm`, `eh_proj`, a decoder
+layer at index num_hidden_layers, `shared_head`) are not served yet: refused naming the family.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import IncompatibleHead, UnsupportedModel
+
+PREFIX = "mtp."
+CONVERTED_FILE = "mtp.safetensors"  # a head stored beside a model, already converted
+HIDDEN_AFTER_NORM = True  # the head reads the target's final hidden state after its final norm
+# families whose checkpoints carry `mtp.*` (a full-attention layer of the body's own kind)
+MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+# families whose checkpoints carry nextn layers, not served yet
+NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "mimo", "mimo_v2_flash")
+# norms the hub stores zero-centred (mlx-lm's sanitize adds 1 to the body's)
+_ZERO_CENTRED = (
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    "norm.weight",
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+_EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def family_of(config: dict) -> str:
+    return str(config.get("model_type", ""))
+
+
+def text_config(config: dict) -> dict:
+    return config.get("text_config") or config
+
+
+def check_family(config: dict, name: str) -> None:
+    family = family_of(config)
+    if family in MTP_FAMILIES:
+        return
+    if family in NEXTN_FAMILIES:
+        raise UnsupportedModel(
+            f"{name} is {family}: its nextn MTP layers are not supported yet "
+            f"(--draft mtp serves {', '.join(MTP_FAMILIES)})"
+        )
+    serves = ", ".join(MTP_FAMILIES)
+    what = family or "of no known family"
+    raise UnsupportedModel(f"{name} is {what}: no MTP head to draft with (--draft mtp serves {serves})")
+
+
+# -- the head
+class MtpHead(nn.Module):
+    """The head's own parameters; the target's embedding and output layer are shared, not
+    owned (they are not in this module's parameters)."""
+
+    def __init__(self, *, layer: nn.Module, hidden_size: int, eps: float):
+        super().__init__()
+        self.pre_fc_norm_embedding = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(hidden_size, eps=eps)
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.layers = [layer]
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        object.__setattr__(self, "_embed", None)
+        object.__setattr__(self, "_output", None)
+        object.__setattr__(self, "draft_to_target", None)  # the target's whole vocabulary
+
+    def share(self, *, embed, output) -> None:
+        """The target's embedding module and its logits function (hidden -> logits)."""
+        object.__setattr__(self, "_embed", embed)
+        object.__setattr__(self, "_output", output)
+
+    def hidden(self, ids: mx.array, hidden: mx.array, cache) -> mx.array:
+        """ids (B, L) tokens j+1, hidden (B, L, H) states at j -> the head's normed output (B, L, H)."""
+        from mlx_lm.models.base import create_attention_mask
+
+        embedded = self.pre_fc_norm_embedding(self._embed(ids).astype(hidden.dtype))
+        x = self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
+        mask = create_attention_mask(x, cache)
+        x = self.layers[0](x, mask=mask, cache=cache)
+        return self.norm(x)
+
+    def __call__(self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False) -> tuple[mx.array, mx.array]:
+        """-> (logits (B, L, target vocab), output (B, L, H): what a chained step reads as its
+        hidden state). `chained` changes nothing: the head reads its own output as it reads
+        the target's (both normed)."""
+        out = self.hidden(ids, hidden, cache)
+        return self._output(out), out
+
+
+@dataclass(frozen=True)
+class Body:
+    """What the head shares with and takes from the target's mlx-lm model."""
+
+    text_model: nn.Module  # the inner model: embed_tokens, layers, norm
+    args: object  # its ModelArgs / TextModelArgs
+    logits: object  # hidden (normed) -> logits, as the target computes them
+
+
+def body_of(model) -> Body:
+    outer = getattr(model, "language_model", model)  # Qwen3.5: a multimodal wrapper
+    inner = outer.model
+    if outer.args.tie_word_embeddings:
+        logits = inner.embed_tokens.as_linear
+    else:
+        logits = outer.lm_head
+    return Body(text_model=inner, args=outer.args, logits=logits)
+
+
+def build_head(body: Body) -> MtpHead:
+    """An MTP head of the body's own kind: its decoder-layer class at a full-attention index."""
+    args = body.args
+    # the body's own class (a tapped layer's class is a subclass of it: capture.py)
+    layer_class = next(c for c in type(body.text_model.layers[0]).__mro__ if not c.__name__.startswith("Tapped"))
+    full_attention = int(getattr(args, "full_attention_interval", 1)) - 1
+    layer = layer_class(args, layer_idx=full_attention)
+    return MtpHead(layer=layer, hidden_size=args.hidden_size, eps=args.rms_norm_eps)
+
+
+# -- reading the checkpoint
+def safetensors_header(path: Path) -> dict:
+    """name -> {"dtype", "shape", ...} from a safetensors file's header, without its data."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header
+
+
+def tensor_files(folder: Path) -> dict[str, Path]:
+    """Every tensor name in a model folder -> the file holding it (the index when there is
+    one, else the headers of its safetensors files)."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return {name: folder / file for name, file in weight_map.items()}
+    names = {}
+    for file in sorted(folder.glob("model*.safetensors")):
+        names.update({name: file for name in safetensors_header(file)})
+    return names
+
+
+def _strip(name: str) -> str | None:
+    """`mtp.x` (or `model.mtp.x`, `language_model.mtp.x`) -> `x`; None for the body's tensors."""
+    at = name.find(PREFIX)
+    if at < 0 or (at and not name[:at].endswith(".")):
+        return None
+    return name[at + len(PREFIX) :]
+
+
+def read_head_tensors(folder: Path) -> tuple[dict[str, mx.array], bool]:
+    """(the head's tensors by their name inside the head, whether they are converted already),
+    reading only the file(s) that hold them. Empty when the folder has none."""
+    converted = folder / CONVERTED_FILE
+    if converted.exists():
+        return dict(mx.load(str(converted))), True
+    files = tensor_files(folder)
+    wanted = {name: _strip(name) for name in files}
+    wanted = {name: short for name, short in wanted.items() if short is not None}
+    tensors = {}
+    for file in sorted({files[name] for name in wanted}):
+        loaded = mx.load(str(file))
+        tensors.update({wanted[name]: loaded[name] for name in loaded if name in wanted})
+    return tensors, False
+
+
+def body_in_hub_layout(folder: Path, family: str) -> bool:
+    """Whether mlx-lm found the body in the hub's layout (and so added 1 to its norms):
+    read from tensor names and shapes in the headers, as its `sanitize` reads them."""
+    files = tensor_files(folder)
+    if family == "qwen3_next":
+        return any(name.endswith(".mlp.experts.0.up_proj.weight") and _strip(name) is None for name in files)
+    conv = [name for name in files if name.endswith("conv1d.weight") and _strip(name) is None]
+    if not conv:
+        return False
+    shape = safetensors_header(files[conv[0]])[conv[0]]["shape"]
+    return shape[-1] != 1
+
+
+def convert(tensors: dict[str, mx.array], *, zero_centred: bool, num_experts: int) -> dict[str, mx.array]:
+    """The hub's head tensors as the body's transforms leave the body's: norms +1 when the
+    body's were, experts stacked into `switch_mlp` (mlx-lm's qwen3_next/qwen3_5_moe sanitize)."""
+    out = dict(tensors)
+    for name in list(out):
+        if zero_centred and out[name].ndim == 1 and (name in _ZERO_CENTRED[:3] or name.endswith(_ZERO_CENTRED[3:])):
+            out[name] = out[name] + 1.0
+    for prefix in sorted({n.split(".experts.")[0] for n in out if ".mlp.experts." in n}):
+        for projection in _EXPERT_PROJECTIONS:
+            parts = [out.pop(f"{prefix}.experts.{e}.{projection}.weight", None) for e in range(num_experts)]
+            if any(p is None for p in parts):
+                raise IncompatibleHead(f"the MTP head's experts are incomplete ({prefix}.experts.*.{projection})")
+            out[f"{prefix}.switch_mlp.{projection}.weight"] = mx.stack(parts)
+        # Qwen3.5-MoE's fused layout: experts.gate_up_proj (E, 2I, H), experts.down_proj
+    for prefix in sorted({n[: -len(".experts.gate_up_proj")] for n in out if n.endswith(".experts.gate_up_proj")}):
+        gate_up = out.pop(f"{prefix}.experts.gate_up_proj")
+        middle = gate_up.shape[-2] // 2
+        out[f"{prefix}.switch_mlp.gate_proj.weight"] = gate_up[..., :middle, :]
+        out[f"{prefix}.switch_mlp.up_proj.weight"] = gate_up[..., middle:, :]
+        out[f"{prefix}.switch_mlp.down_proj.weight"] = out.pop(f"{prefix}.experts.down_proj")
+    return out
+
+
+def load_head(folder: Path, model, config: dict, *, name: str, dtype=None) -> MtpHead:
+    """The MTP head of the model at `folder` (its mlx-lm `model`, its `config`), sharing the
+    body's embedding and output layer. Raises one line naming what is missing or wrong."""
+    check_family(config, name)
+    family = family_of(config)
+    tensors, converted = read_head_tensors(Path(folder))
+    if not tensors:
+        declared = int(text_config(config).get("mtp_num_hidden_layers", 0) or 0)
+        fix = (
+            f"; the original checkpoint has it: mlxspec models add-mtp {name} --from ORIGINAL_REPO"
+            if declared or "quantization" in config
+            else ""
+        )
+        raise IncompatibleHead(f"{name} has no MTP head (no mtp.* tensors in its files){fix}")
+    body = body_of(model)
+    head = build_head(body)
+    if not converted:
+        zero_centred = body_in_hub_layout(Path(folder), family)
+        tensors = convert(tensors, zero_centred=zero_centred, num_experts=int(getattr(body.args, "num_experts", 0)))
+    quantization = config.get("quantization")
+    if converted and quantization and any(n.endswith(".scales") for n in tensors):
+        nn.quantize(
+            head,
+            group_size=quantization["group_size"],
+            bits=quantization["bits"],
+            class_predicate=lambda path, module: f"{path}.scales" in tensors,
+        )
+    try:
+        head.load_weights(list(tensors.items()), strict=True)
+    except ValueError as e:
+        raise IncompatibleHead(f"{name}'s MTP head does not fit its body: {str(e).splitlines()[0]}") from None
+    if dtype is not None:
+        head.set_dtype(dtype)
+    head.share(embed=body.text_model.embed_tokens, output=body.logits)
+    mx.eval(head.parameters())
+    return head
