@@ -51,7 +51,21 @@ CONFIGS = {
         "model_type": "qwen3_5",
         "text_config": QWEN3_5_TEXT,
     },
-    "qwen3_next": {**synthetic.ARCHITECTURES["qwen3_next"], "num_nextn_predict_layers": 1},
+    "qwen3_5_moe": {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            **QWEN3_5_TEXT,
+            "model_type": "qwen3_5_moe_text",
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "norm_topk_prob": True,
+        },
+    },
+    # the hub's Qwen3-Next configs say norm_topk_prob (mlx-lm's default is False)
+    "qwen3_next": {**synthetic.ARCHITECTURES["qwen3_next"], "num_nextn_predict_layers": 1, "norm_topk_prob": True},
 }
 HUB_BODY_SHARD = "model-00001-of-00002.safetensors"
 HUB_HEAD_SHARD = "model-00002-of-00002.safetensors"
@@ -119,7 +133,7 @@ def _jitter_norms(module: nn.Module) -> None:
 
 
 def _hub_body_name(family: str, name: str) -> str:
-    if family == "qwen3_5":
+    if family.startswith("qwen3_5"):
         if name.startswith("language_model.model."):
             return "model.language_model." + name[len("language_model.model.") :]
         return name[len("language_model.") :]  # lm_head
@@ -141,6 +155,15 @@ def _to_hub(tensors: dict, family: str, *, head: bool = False) -> dict:
             value = value - 1.0
         if name.endswith("conv1d.weight"):
             value = value.moveaxis(2, 1)
+        if ".switch_mlp." in name and family == "qwen3_5_moe":  # fused: gate_up_proj (E, 2I, H), down_proj
+            prefix, rest = name.split(".switch_mlp.")
+            projection = rest.split(".")[0]
+            if projection == "down_proj":
+                out[f"{prefix}.experts.down_proj"] = value
+            elif projection == "gate_proj":
+                up = tensors[name.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+            continue
         if ".switch_mlp." in name:
             prefix, rest = name.split(".switch_mlp.")
             projection = rest.split(".")[0]
@@ -271,6 +294,13 @@ def _mlp(t: dict, prefix: str, y: np.ndarray, c: dict) -> np.ndarray:
 
     if prefix + "gate.weight" not in t:
         return dense(prefix, y)
+    if prefix + "experts.gate_up_proj" in t:  # Qwen3.5-MoE's fused experts, split per expert
+        gate_up, down = t[prefix + "experts.gate_up_proj"], t[prefix + "experts.down_proj"]
+        middle = gate_up.shape[1] // 2
+        for e in range(gate_up.shape[0]):
+            t[f"{prefix}experts.{e}.gate_proj.weight"] = gate_up[e, :middle]
+            t[f"{prefix}experts.{e}.up_proj.weight"] = gate_up[e, middle:]
+            t[f"{prefix}experts.{e}.down_proj.weight"] = down[e]
     # sparse MoE (Qwen3-Next): softmax router, top-k (renormalised), a gated shared expert
     router = y @ t[prefix + "gate.weight"].T
     probs = np.exp(router - router.max(axis=-1, keepdims=True))
@@ -279,7 +309,7 @@ def _mlp(t: dict, prefix: str, y: np.ndarray, c: dict) -> np.ndarray:
     out = np.zeros_like(y)
     for row in range(y.shape[0]):
         chosen = probs[row, top[row]]
-        if c.get("norm_topk_prob", True):
+        if c["norm_topk_prob"]:
             chosen = chosen / chosen.sum()
         for weight, expert in zip(chosen, top[row]):
             out[row] += weight * dense(f"{prefix}experts.{expert}.", y[row : row + 1])[0]

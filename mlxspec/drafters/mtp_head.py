@@ -28,6 +28,7 @@ layer at index num_hidden_layers, `shared_head`) are not served yet: refused nam
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ _ZERO_CENTRED = (
     ".k_norm.weight",
 )
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+_PER_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")  # Qwen3-Next's layout: one tensor per expert
 
 
 def family_of(config: dict) -> str:
@@ -214,7 +216,7 @@ def convert(tensors: dict[str, mx.array], *, zero_centred: bool, num_experts: in
     for name in list(out):
         if zero_centred and out[name].ndim == 1 and (name in _ZERO_CENTRED[:3] or name.endswith(_ZERO_CENTRED[3:])):
             out[name] = out[name] + 1.0
-    for prefix in sorted({n.split(".experts.")[0] for n in out if ".mlp.experts." in n}):
+    for prefix in sorted({n.split(".experts.")[0] for n in out if _PER_EXPERT.search(n)}):
         for projection in _EXPERT_PROJECTIONS:
             parts = [out.pop(f"{prefix}.experts.{e}.{projection}.weight", None) for e in range(num_experts)]
             if any(p is None for p in parts):

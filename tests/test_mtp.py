@@ -1,0 +1,171 @@
+"""A model's own MTP head as the drafter (`--draft mtp`): tiny Qwen3.5 (dense, MoE) and
+Qwen3-Next models saved in the hub's layout with their heads (norms zero-centred, conv1d in
+the hub's shape, experts unstacked or fused as the hub stores them, the head in its own
+shard), loaded through mlx-lm as a user's folder is. Heads fitted for a few seconds to their
+target's continuations accept some proposals and miss others, so both rollback paths run
+(the gated-delta state and the attention KV rolled back together)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import KVCache
+
+import mlxspec
+from mlxspec import capture
+from mlxspec.drafters import mtp_head
+from mlxspec.errors import IncompatibleHead, UnsupportedModel
+from tests import mtp_models
+
+PROMPT = list(range(10, 22))
+MAX_TOKENS = 40
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+FIT_STEPS = 100
+EMBEDDING = {
+    "qwen3_5": "model.language_model.embed_tokens.weight",
+    "qwen3_5_moe": "model.language_model.embed_tokens.weight",
+    "qwen3_next": "model.embed_tokens.weight",
+}
+
+
+class Models:
+    def __init__(self, factory):
+        self.factory = factory
+        self.built = {}
+        self.pairs = {}
+
+    def folder(self, family: str, *, fit: int = FIT_STEPS, with_head: bool = True):
+        key = (family, fit, with_head)
+        if key not in self.built:
+            out = self.factory.root / f"{family}-hub-mtp-{fit}-{with_head}"
+            self.built[key] = mtp_models.write_hub_model(
+                family,
+                out,
+                tokenizer_dir=self.factory.tokenizer_dir,
+                eos_token_ids=self.factory.eos,
+                fit_steps=fit,
+                fit_prompts=[PROMPT],
+                with_head=with_head,
+            )
+        return self.built[key]
+
+    def pair(self, family: str):
+        if family not in self.pairs:
+            self.pairs[family] = mlxspec.load_pair(str(self.folder(family)), "mtp")
+        return self.pairs[family]
+
+
+@pytest.fixture(scope="module")
+def models(factory) -> Models:
+    return Models(factory)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_the_mtp_head_equals_standard(models, family):
+    pair = models.pair(family)
+    assert pair.draft.kind == "mtp"
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    assert len(standard) == MAX_TOKENS
+    rates = {}
+    for gamma in (1, 2, 4, "auto"):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma)
+        assert result.tokens == standard, f"gamma={gamma}"
+        rates[gamma] = result.stats.acceptance_rate
+    # right often and wrong sometimes, or both rollback paths would not run
+    assert all(r is not None and 0.05 < r < 1.0 for r in (rates[2], rates[4])), rates
+
+
+def _head_rows(pair, ids):
+    """The target's final normed hidden states along `ids` and the head's logits for rows
+    0 .. n-2 (token j+1 beside hidden j), read at once and then one more row by a chained call."""
+    model, head = pair.target.model, pair.draft.model
+    model(mx.array([ids]))
+    hidden = capture.taps_of(model).take()[0]
+    cache = KVCache()
+    logits, _ = head(mx.array([ids[1:-1]]), hidden[None, :-2], cache)
+    last, _ = head(mx.array([ids[-1:]]), hidden[None, -2:-1], cache)  # one row more, through the cache
+    rows = mx.concatenate([logits[0], last[0]], axis=0)
+    return np.array(hidden[:-1].astype(mx.float32), dtype=np.float64), np.array(rows, dtype=np.float64)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_heads_forward_is_the_published_architecture(models, family):
+    """Against a float64 NumPy forward of vLLM's Qwen3-Next/3.5 MTP on the hub's raw tensors
+    (zero-centred norms, unstacked experts): a wiring error keeps exactness but ruins
+    acceptance, so it is checked here."""
+    folder = models.folder(family)
+    pair = models.pair(family)
+    ids = PROMPT + list(range(40, 52))
+    hidden, logits = _head_rows(pair, ids)
+    config = json.loads((folder / "config.json").read_text())
+    tensors = mtp_models.hub_tensors(folder)
+    expected, _ = mtp_models.reference_logits(tensors, config, ids[1:], hidden, EMBEDDING[family], "lm_head.weight")
+    scale = np.abs(expected).max()
+    assert np.abs(logits - expected).max() < 1e-4 * scale
+    # the check can fail: the same forward with the +1 of the zero-centred head norms taken twice
+    wrong, _ = mtp_models.reference_logits(
+        {k: v + (1.0 if k.startswith("mtp.") and k.endswith("norm.weight") else 0.0) for k, v in tensors.items()},
+        config,
+        ids[1:],
+        hidden,
+        EMBEDDING[family],
+        "lm_head.weight",
+    )
+    assert np.abs(logits - wrong).max() > 1e-2 * scale
+
+
+def test_the_head_is_read_from_its_own_shard_only(models, monkeypatch):
+    folder = models.folder("qwen3_5")
+    read = []
+    original = mx.load
+    monkeypatch.setattr(mtp_head.mx, "load", lambda path, *a, **k: read.append(path) or original(path, *a, **k))
+    tensors, converted = mtp_head.read_head_tensors(folder)
+    assert read == [str(folder / mtp_models.HUB_HEAD_SHARD)] and not converted
+    assert "fc.weight" in tensors and "layers.0.self_attn.q_proj.weight" in tensors
+
+
+def test_a_target_without_mtp_weights_is_refused_naming_what_is_missing(models):
+    folder = models.folder("qwen3_5", fit=0, with_head=False)
+    with pytest.raises(IncompatibleHead, match=r"no MTP head \(no mtp\.\* tensors.*add-mtp"):
+        mlxspec.load_pair(str(folder), "mtp")
+
+
+@pytest.mark.parametrize(
+    "arch, message",
+    [("deepseek_v32", "deepseek_v32: its nextn MTP layers are not supported yet"), ("llama", "llama: no MTP head")],
+)
+def test_other_families_are_refused_naming_the_family(factory, arch, message):
+    target = factory.model(f"{arch}-target", arch=arch, seed=1)
+    with pytest.raises(UnsupportedModel, match=message):
+        mlxspec.load_pair(str(target), "mtp")
+
+
+def test_the_cli_drafts_with_the_mtp_head(models):
+    folder = models.folder("qwen3_5")
+    run = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "def main():", "--target", str(folder), "--draft", "mtp"]
+        + ["-m", "12", "--gamma", "2", "--raw"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_the_cli_refuses_a_model_without_its_head_in_one_line(models):
+    folder = models.folder("qwen3_5", fit=0, with_head=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "hi", "--target", str(folder), "--draft", "mtp", "-m", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no MTP head" in lines[0], run.stderr
