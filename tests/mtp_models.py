@@ -67,6 +67,32 @@ CONFIGS = {
     # the hub's Qwen3-Next configs say norm_topk_prob (mlx-lm's default is False)
     "qwen3_next": {**synthetic.ARCHITECTURES["qwen3_next"], "num_nextn_predict_layers": 1, "norm_topk_prob": True},
 }
+CONFIGS["glm4_moe_lite"] = {
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "model_type": "glm4_moe_lite",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 1,
+    "n_routed_experts": 4,
+    "routed_scaling_factor": 1.8,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1,
+}
+NEXTN = ("glm4_moe_lite",)
 HUB_BODY_SHARD = "model-00001-of-00002.safetensors"
 HUB_HEAD_SHARD = "model-00002-of-00002.safetensors"
 ZERO_CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight")
@@ -100,7 +126,11 @@ def write_hub_model(
     model = model_class(args_class.from_dict(copy.deepcopy(config)))
     synthetic._scale_output_head(model, head_scale)
     body = mtp_head.body_of(model)
-    head = mtp_head.build_head(body)
+    nextn = family in NEXTN
+    head = mtp_head.build_head(body, nextn_vocab=vocab if nextn else None)
+    if nextn:  # random routing biases, as trained checkpoints have
+        for module in (model.model.layers[-1].mlp, head.layers[0].mlp):
+            module.gate.e_score_correction_bias = 0.1 * mx.random.normal(module.gate.e_score_correction_bias.shape)
     # norms away from 1, so that a forgotten +1 (or one too many) changes the output
     _jitter_norms(head)
     head.share(embed=body.text_model.embed_tokens, output=body.logits)
@@ -109,8 +139,23 @@ def write_hub_model(
     mx.eval(model.parameters(), head.parameters())
 
     body_tensors = {_hub_body_name(family, k): v for k, v in tree_flatten(model.parameters())}
-    body_tensors = _to_hub(body_tensors, family)
-    head_tensors = _to_hub({f"mtp.{k}": v for k, v in tree_flatten(head.parameters())}, family, head=True)
+    if nextn:
+        body_tensors = _nextn_to_hub(body_tensors, text)
+        index = text["num_hidden_layers"]
+        own = {
+            f"model.layers.{index}.{k}": v for k, v in tree_flatten(head.parameters()) if not k.startswith("layers.0.")
+        }
+        layer = {
+            f"model.layers.{index}.{k[len('layers.0.') :]}": v
+            for k, v in tree_flatten(head.parameters())
+            if k.startswith("layers.0.")
+        }
+        # DeepSeek-V3 ships a copy of the embedding in its nextn layer: the body's is shared
+        own[f"model.layers.{index}.embed_tokens.weight"] = body_tensors["model.embed_tokens.weight"]
+        head_tensors = own | _nextn_to_hub(layer, text)
+    else:
+        body_tensors = _to_hub(body_tensors, family)
+        head_tensors = _to_hub({f"mtp.{k}": v for k, v in tree_flatten(head.parameters())}, family, head=True)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out_dir / HUB_BODY_SHARD), body_tensors, metadata={"format": "pt"})
@@ -171,6 +216,26 @@ def _to_hub(tensors: dict, family: str, *, head: bool = False) -> dict:
                 out[f"{prefix}.experts.{e}.{projection}.weight"] = value[e]
             continue
         out[name] = value
+    return out
+
+
+def _nextn_to_hub(tensors: dict, config: dict) -> dict:
+    """mlx-lm's DeepSeek/GLM layout back to the hub's: experts unstacked, MLA's embed_q and
+    unembed_out joined back into kv_b_proj (heads, nope + v, kv_lora)."""
+    out = {}
+    nope = config["qk_nope_head_dim"]
+    for name, value in tensors.items():
+        if ".switch_mlp." in name:
+            prefix, rest = name.split(".switch_mlp.")
+            for e in range(value.shape[0]):
+                out[f"{prefix}.experts.{e}.{rest}"] = value[e]
+        elif name.endswith("self_attn.embed_q.weight"):
+            value_part = tensors[name.replace("embed_q", "unembed_out")]  # (heads, v, kv_lora)
+            joined = mx.concatenate([value.swapaxes(-1, -2), value_part], axis=1)  # (heads, nope + v, kv_lora)
+            assert joined.shape[1] == nope + config["v_head_dim"]
+            out[name.replace("embed_q.weight", "kv_b_proj.weight")] = joined.reshape(-1, joined.shape[-1])
+        elif not name.endswith("self_attn.unembed_out.weight"):
+            out[name] = value
     return out
 
 
@@ -315,3 +380,73 @@ def _mlp(t: dict, prefix: str, y: np.ndarray, c: dict) -> np.ndarray:
             out[row] += weight * dense(f"{prefix}experts.{expert}.", y[row : row + 1])[0]
     shared = dense(prefix + "shared_expert.", y)
     return out + shared / (1 + np.exp(-(y @ t[prefix + "shared_expert_gate.weight"].T)))
+
+
+def _rms_plain(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope_interleaved(x, positions, base):
+    """Rope on adjacent pairs (x[2i], x[2i+1]): DeepSeek's MLA (vLLM: is_neox_style=False)."""
+    dims = x.shape[-1]
+    inv = base ** (-np.arange(dims // 2) * 2.0 / dims)
+    angles = positions[:, None] * inv[None]
+    cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+def reference_nextn_logits(t: dict, c: dict, ids: list[int], hidden: np.ndarray):
+    """DeepSeek-V3-style nextn layer (vLLM's `DeepSeekMultiTokenPredictorLayer`) with MLA
+    attention in its naive form (kv_b_proj expanded per head) and the noaux_tc sigmoid
+    router, float64, rows from position 0 -> logits (L, vocab)."""
+    eps, heads = c["rms_norm_eps"], c["num_attention_heads"]
+    nope, rope_dims, v_dims, lora = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+    p = f"model.layers.{c['num_hidden_layers']}."
+    length = len(ids)
+    e = t["model.embed_tokens.weight"][np.array(ids)].copy()
+    e[0] = 0.0  # position 0
+    x = np.concatenate([_rms_plain(e, t[p + "enorm.weight"], eps), _rms_plain(hidden, t[p + "hnorm.weight"], eps)], -1)
+    x = x @ t[p + "eh_proj.weight"].T
+    a = _rms_plain(x, t[p + "input_layernorm.weight"], eps)
+    s = p + "self_attn."
+    q = _rms_plain(a @ t[s + "q_a_proj.weight"].T, t[s + "q_a_layernorm.weight"], eps) @ t[s + "q_b_proj.weight"].T
+    q = q.reshape(length, heads, nope + rope_dims)
+    compressed = a @ t[s + "kv_a_proj_with_mqa.weight"].T
+    latent, k_pe = compressed[:, :lora], compressed[:, lora:]
+    kv = (_rms_plain(latent, t[s + "kv_a_layernorm.weight"], eps) @ t[s + "kv_b_proj.weight"].T).reshape(
+        length, heads, nope + v_dims
+    )
+    positions = np.arange(length, dtype=np.float64)
+    q_pe = _rope_interleaved(q[..., nope:], positions, c["rope_theta"])
+    k_pe = _rope_interleaved(k_pe[:, None, :], positions, c["rope_theta"])[:, 0]
+    outs = []
+    for h in range(heads):
+        scores = (q[:, h, :nope] @ kv[:, h, :nope].T + q_pe[:, h] @ k_pe.T) / np.sqrt(nope + rope_dims)
+        scores = np.where(np.tril(np.ones((length, length), dtype=bool)), scores, -np.inf)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        outs.append((weights / weights.sum(axis=-1, keepdims=True)) @ kv[:, h, nope:])
+    x = x + np.stack(outs, axis=1).reshape(length, heads * v_dims) @ t[s + "o_proj.weight"].T
+    y = _rms_plain(x, t[p + "post_attention_layernorm.weight"], eps)
+    m = p + "mlp."
+
+    def dense(prefix, z):
+        return (_silu(z @ t[prefix + "gate_proj.weight"].T) * (z @ t[prefix + "up_proj.weight"].T)) @ t[
+            prefix + "down_proj.weight"
+        ].T
+
+    scores = 1 / (1 + np.exp(-(y @ t[m + "gate.weight"].T)))
+    chosen = np.argsort(-(scores + t[m + "gate.e_score_correction_bias"]), axis=-1)[:, : c["num_experts_per_tok"]]
+    routed = np.zeros_like(y)
+    for row in range(length):
+        weights = scores[row, chosen[row]]
+        weights = weights / weights.sum() * c["routed_scaling_factor"]
+        for weight, expert in zip(weights, chosen[row]):
+            routed[row] += weight * dense(f"{m}experts.{expert}.", y[row : row + 1])[0]
+    x = x + routed + dense(m + "shared_experts.", y)
+    out = _rms_plain(x, t[p + "shared_head.norm.weight"], eps)
+    head = t.get(p + "shared_head.head.weight", t["lm_head.weight"])
+    return out @ head.T, x

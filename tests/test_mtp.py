@@ -24,13 +24,24 @@ from tests import mtp_models
 
 PROMPT = list(range(10, 22))
 MAX_TOKENS = 40
-FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4_moe_lite"]  # the last: a nextn layer
 FIT_STEPS = 100
 EMBEDDING = {
     "qwen3_5": "model.language_model.embed_tokens.weight",
     "qwen3_5_moe": "model.language_model.embed_tokens.weight",
     "qwen3_next": "model.embed_tokens.weight",
 }
+
+
+def reference(family: str, tensors: dict, config: dict, ids: list[int], hidden: np.ndarray) -> np.ndarray:
+    if family in mtp_models.NEXTN:
+        return mtp_models.reference_nextn_logits(tensors, config, ids, hidden)[0]
+    return mtp_models.reference_logits(tensors, config, ids, hidden, EMBEDDING[family], "lm_head.weight")[0]
+
+
+def is_head_norm(name: str, family: str, config: dict) -> bool:
+    head = f"model.layers.{config.get('num_hidden_layers')}." if family in mtp_models.NEXTN else "mtp."
+    return name.startswith(head) and name.endswith("norm.weight")
 
 
 class Models:
@@ -95,27 +106,21 @@ def _head_rows(pair, ids):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_heads_forward_is_the_published_architecture(models, family):
-    """Against a float64 NumPy forward of vLLM's Qwen3-Next/3.5 MTP on the hub's raw tensors
-    (zero-centred norms, unstacked experts): a wiring error keeps exactness but ruins
-    acceptance, so it is checked here."""
+    """Against a float64 NumPy forward of vLLM's Qwen3-Next/3.5 MTP (or DeepSeek nextn layer)
+    on the hub's raw tensors (zero-centred norms, unstacked experts, MLA's kv_b_proj): a
+    wiring error keeps exactness but ruins acceptance, so it is checked here."""
     folder = models.folder(family)
     pair = models.pair(family)
     ids = PROMPT + list(range(40, 52))
     hidden, logits = _head_rows(pair, ids)
     config = json.loads((folder / "config.json").read_text())
     tensors = mtp_models.hub_tensors(folder)
-    expected, _ = mtp_models.reference_logits(tensors, config, ids[1:], hidden, EMBEDDING[family], "lm_head.weight")
+    expected = reference(family, tensors, config, ids[1:], hidden)
     scale = np.abs(expected).max()
     assert np.abs(logits - expected).max() < 1e-4 * scale
-    # the check can fail: the same forward with the +1 of the zero-centred head norms taken twice
-    wrong, _ = mtp_models.reference_logits(
-        {k: v + (1.0 if k.startswith("mtp.") and k.endswith("norm.weight") else 0.0) for k, v in tensors.items()},
-        config,
-        ids[1:],
-        hidden,
-        EMBEDDING[family],
-        "lm_head.weight",
-    )
+    # the check can fail: the same forward with 1 added to the head's norms (a +1 taken twice)
+    shifted = {k: v + 1.0 if is_head_norm(k, family, config) else v for k, v in tensors.items()}
+    wrong = reference(family, shifted, config, ids[1:], hidden)
     assert np.abs(logits - wrong).max() > 1e-2 * scale
 
 
@@ -137,7 +142,10 @@ def test_a_target_without_mtp_weights_is_refused_naming_what_is_missing(models):
 
 @pytest.mark.parametrize(
     "arch, message",
-    [("deepseek_v32", "deepseek_v32: its nextn MTP layers are not supported yet"), ("llama", "llama: no MTP head")],
+    [
+        ("deepseek_v32", "is deepseek_v32: its nextn MTP layers are not supported yet"),
+        ("llama", "is llama: no MTP head"),
+    ],
 )
 def test_other_families_are_refused_naming_the_family(factory, arch, message):
     target = factory.model(f"{arch}-target", arch=arch, seed=1)

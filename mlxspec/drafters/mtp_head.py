@@ -21,8 +21,10 @@ finds the body in the hub's layout (Qwen3.5: conv1d weights in the hub's shape; 
 experts unstacked); MoE experts are stacked as mlx-lm stacks them (`switch_mlp`). A folder
 `mlxspec models add-mtp` wrote keeps the head converted already, in `mtp.safetensors`.
 
-The nextn heads of DeepSeek-V3, GLM-4.5+ and MiMo (`enorm`, `hnorm`, `eh_proj`, a decoder
-layer at index num_hidden_layers, `shared_head`) are not served yet: refused naming the family.
+DeepSeek-style nextn layers (`enorm`, `hnorm`, `eh_proj`, a decoder layer, `shared_head`, at
+index num_hidden_layers: NextnHead) are served for glm4_moe_lite (GLM-4.7-Flash), the layer's
+tensors put through the body's own `sanitize` (MLA's kv_b_proj split, experts stacked). The
+other nextn families (DeepSeek-V3, GLM-4.5, MiMo) are refused naming the family.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ CONVERTED_FILE = "mtp.safetensors"  # a head stored beside a model, already conv
 HIDDEN_AFTER_NORM = True  # the head reads the target's final hidden state after its final norm
 # families whose checkpoints carry `mtp.*` (a full-attention layer of the body's own kind)
 MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-# families whose checkpoints carry nextn layers, not served yet
-NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "mimo", "mimo_v2_flash")
+# families whose checkpoints carry a nextn layer at index num_hidden_layers (served)
+NEXTN_FAMILIES = ("glm4_moe_lite",)
+# nextn families not served yet: mlx-lm 0.32's deepseek_v3 drops only layer 61 (a smaller
+# checkpoint with its nextn layer does not load), the others are untested here
+NEXTN_REFUSED = ("deepseek_v3", "deepseek_v32", "glm4_moe", "mimo", "mimo_v2_flash")
 # norms the hub stores zero-centred (mlx-lm's sanitize adds 1 to the body's)
 _ZERO_CENTRED = (
     "pre_fc_norm_embedding.weight",
@@ -69,14 +74,13 @@ def text_config(config: dict) -> dict:
 
 def check_family(config: dict, name: str) -> None:
     family = family_of(config)
-    if family in MTP_FAMILIES:
+    if family in MTP_FAMILIES + NEXTN_FAMILIES:
         return
-    if family in NEXTN_FAMILIES:
+    serves = ", ".join(MTP_FAMILIES + NEXTN_FAMILIES)
+    if family in NEXTN_REFUSED:
         raise UnsupportedModel(
-            f"{name} is {family}: its nextn MTP layers are not supported yet "
-            f"(--draft mtp serves {', '.join(MTP_FAMILIES)})"
+            f"{name} is {family}: its nextn MTP layers are not supported yet (--draft mtp serves {serves})"
         )
-    serves = ", ".join(MTP_FAMILIES)
     what = family or "of no known family"
     raise UnsupportedModel(f"{name} is {what}: no MTP head to draft with (--draft mtp serves {serves})")
 
@@ -120,6 +124,54 @@ class MtpHead(nn.Module):
         return self._output(out), out
 
 
+class SharedHead(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, vocab_size: int | None):
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        if vocab_size:  # the checkpoint's own copy of the output layer
+            self.head = nn.Linear(hidden_size, vocab_size, bias=False)
+
+
+class NextnHead(nn.Module):
+    """DeepSeek-V3-style nextn layer (GLM-4.5+, DeepSeek-V3, MiMo), as vLLM's
+    `deepseek_mtp.py` runs it:
+
+        e = enorm(embed(token_{j+1}))  (zero at position 0: "not needed by MTP")
+        x = eh_proj(concat(e, hnorm(hidden_j)))     embedding first
+        out = layer(x)                              pre-norm: what a chained step reads
+        logits = shared_head.head(shared_head.norm(out))   (the target's lm_head without one)
+    """
+
+    def __init__(self, *, layer: nn.Module, hidden_size: int, eps: float, vocab_size: int | None):
+        super().__init__()
+        self.enorm = nn.RMSNorm(hidden_size, eps=eps)
+        self.hnorm = nn.RMSNorm(hidden_size, eps=eps)
+        self.eh_proj = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.layers = [layer]
+        self.shared_head = SharedHead(hidden_size, eps, vocab_size)
+        object.__setattr__(self, "_embed", None)
+        object.__setattr__(self, "_output", None)
+        object.__setattr__(self, "draft_to_target", None)
+
+    def share(self, *, embed, output) -> None:
+        object.__setattr__(self, "_embed", embed)
+        object.__setattr__(self, "_output", self.shared_head.head if "head" in self.shared_head else output)
+
+    def hidden(self, ids: mx.array, hidden: mx.array, cache) -> mx.array:
+        from mlx_lm.models.base import create_attention_mask
+
+        embedded = self._embed(ids).astype(hidden.dtype)
+        if cache is None or cache.offset == 0:  # row 0 sits at position 0
+            embedded = mx.where((mx.arange(ids.shape[1]) == 0)[None, :, None], 0, embedded)
+        x = self.eh_proj(mx.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1))
+        mask = create_attention_mask(x, cache, return_array=True)  # MLA takes an array mask
+        return self.layers[0](x, mask=mask, cache=cache)
+
+    def __call__(self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False) -> tuple[mx.array, mx.array]:
+        out = self.hidden(ids, hidden, cache)
+        return self._output(self.shared_head.norm(out)), out
+
+
 @dataclass(frozen=True)
 class Body:
     """What the head shares with and takes from the target's mlx-lm model."""
@@ -139,11 +191,15 @@ def body_of(model) -> Body:
     return Body(text_model=inner, args=outer.args, logits=logits)
 
 
-def build_head(body: Body) -> MtpHead:
-    """An MTP head of the body's own kind: its decoder-layer class at a full-attention index."""
+def build_head(body: Body, *, nextn_vocab: int | None = None) -> MtpHead | NextnHead:
+    """An MTP head of the body's own kind: its decoder-layer class at a full-attention index
+    (`mtp.*`), or at index num_hidden_layers (nextn: MoE there as the body's later layers)."""
     args = body.args
     # the body's own class (a tapped layer's class is a subclass of it: capture.py)
     layer_class = next(c for c in type(body.text_model.layers[0]).__mro__ if not c.__name__.startswith("Tapped"))
+    if args.model_type in NEXTN_FAMILIES:
+        layer = layer_class(args, layer_idx=args.num_hidden_layers)
+        return NextnHead(layer=layer, hidden_size=args.hidden_size, eps=args.rms_norm_eps, vocab_size=nextn_vocab)
     full_attention = int(getattr(args, "full_attention_interval", 1)) - 1
     layer = layer_class(args, layer_idx=full_attention)
     return MtpHead(layer=layer, hidden_size=args.hidden_size, eps=args.rms_norm_eps)
@@ -172,22 +228,27 @@ def tensor_files(folder: Path) -> dict[str, Path]:
     return names
 
 
-def _strip(name: str) -> str | None:
-    """`mtp.x` (or `model.mtp.x`, `language_model.mtp.x`) -> `x`; None for the body's tensors."""
+def _strip(name: str, nextn: int | None = None) -> str | None:
+    """`mtp.x` (or `model.mtp.x`, `language_model.mtp.x`), or with `nextn` the layer's
+    `model.layers.{nextn}.x` -> `x`; None for the body's tensors."""
+    if nextn is not None:
+        prefix = f"model.layers.{nextn}."
+        return name[len(prefix) :] if name.startswith(prefix) else None
     at = name.find(PREFIX)
     if at < 0 or (at and not name[:at].endswith(".")):
         return None
     return name[at + len(PREFIX) :]
 
 
-def read_head_tensors(folder: Path) -> tuple[dict[str, mx.array], bool]:
+def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[str, mx.array], bool]:
     """(the head's tensors by their name inside the head, whether they are converted already),
-    reading only the file(s) that hold them. Empty when the folder has none."""
+    reading only the file(s) that hold them. Empty when the folder has none. `nextn`: the
+    index of the nextn layer (num_hidden_layers), for those families."""
     converted = folder / CONVERTED_FILE
     if converted.exists():
         return dict(mx.load(str(converted))), True
     files = tensor_files(folder)
-    wanted = {name: _strip(name) for name in files}
+    wanted = {name: _strip(name, nextn) for name in files}
     wanted = {name: short for name, short in wanted.items() if short is not None}
     tensors = {}
     for file in sorted({files[name] for name in wanted}):
@@ -232,23 +293,47 @@ def convert(tensors: dict[str, mx.array], *, zero_centred: bool, num_experts: in
     return out
 
 
-def load_head(folder: Path, model, config: dict, *, name: str, dtype=None) -> MtpHead:
+_NEXTN_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
+
+
+def convert_nextn(tensors: dict[str, mx.array], model) -> dict[str, mx.array]:
+    """A nextn layer's hub tensors through the body's own `sanitize` (experts stacked, MLA's
+    kv_b_proj split as mlx-lm splits it): the layer's tensors are shown to it under the
+    index of the body's last layer, which it transforms as it would that layer's. Its own
+    copy of the embedding is left out: the body's is shared (as vLLM loads it)."""
+    last = model.args.num_hidden_layers - 1
+    own = {k: v for k, v in tensors.items() if k.startswith(_NEXTN_OWN)}
+    layer = {
+        f"model.layers.{last}.{k}": v for k, v in tensors.items() if not k.startswith(_NEXTN_OWN + ("embed_tokens.",))
+    }
+    prefix = f"model.layers.{last}."
+    sanitized = {"layers.0." + k[len(prefix) :]: v for k, v in model.sanitize(layer).items()}
+    return own | sanitized
+
+
+def load_head(folder: Path, model, config: dict, *, name: str, dtype=None) -> MtpHead | NextnHead:
     """The MTP head of the model at `folder` (its mlx-lm `model`, its `config`), sharing the
     body's embedding and output layer. Raises one line naming what is missing or wrong."""
     check_family(config, name)
     family = family_of(config)
-    tensors, converted = read_head_tensors(Path(folder))
+    nextn = int(text_config(config)["num_hidden_layers"]) if family in NEXTN_FAMILIES else None
+    tensors, converted = read_head_tensors(Path(folder), nextn=nextn)
     if not tensors:
         declared = int(text_config(config).get("mtp_num_hidden_layers", 0) or 0)
+        declared = declared or int(text_config(config).get("num_nextn_predict_layers", 0) or 0)
         fix = (
             f"; the original checkpoint has it: mlxspec models add-mtp {name} --from ORIGINAL_REPO"
             if declared or "quantization" in config
             else ""
         )
-        raise IncompatibleHead(f"{name} has no MTP head (no mtp.* tensors in its files){fix}")
+        what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
+        raise IncompatibleHead(f"{name} has no MTP head (no {what} tensors in its files){fix}")
     body = body_of(model)
-    head = build_head(body)
-    if not converted:
+    own_output = tensors.get("shared_head.head.weight")
+    head = build_head(body, nextn_vocab=None if own_output is None else own_output.shape[0])
+    if nextn is not None and not converted:
+        tensors = convert_nextn(tensors, model)
+    elif not converted:
         zero_centred = body_in_hub_layout(Path(folder), family)
         tensors = convert(tensors, zero_centred=zero_centred, num_experts=int(getattr(body.args, "num_experts", 0)))
     quantization = config.get("quantization")
