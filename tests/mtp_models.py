@@ -109,16 +109,20 @@ def write_hub_model(
     fit_steps: int = 0,
     fit_prompts: list[list[int]] = (),
     with_head: bool = True,
+    vocab_size: int | None = None,
+    overrides: dict | None = None,
 ) -> Path:
-    """A `family` model with its MTP head in the hub's layout at `out_dir`."""
+    """A `family` model with its MTP head in the hub's layout at `out_dir`; `overrides` change
+    its (text) config."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
     from mlxspec.drafters import mtp_head
 
     config = copy.deepcopy(CONFIGS[family])
-    vocab = synthetic.tokenizer_size(tokenizer_dir)
+    vocab = vocab_size or synthetic.tokenizer_size(tokenizer_dir)
     text = config.get("text_config", config)
+    text.update(overrides or {})
     text["vocab_size"] = vocab
     config["eos_token_id"] = eos_token_ids
     mx.random.seed(seed)

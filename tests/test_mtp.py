@@ -177,3 +177,58 @@ def test_the_cli_refuses_a_model_without_its_head_in_one_line(models):
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "no MTP head" in lines[0], run.stderr
+
+
+@pytest.mark.slow
+def test_sampling_with_the_mtp_head_has_the_targets_joint_law(factory):
+    """The whole engine (the head's cache, the target's gated-delta state and KV restored and
+    trimmed) at temperature 1 on a six-word Qwen3.5: the joint law of the first three ids
+    against the target's exact law, chi-square."""
+    from collections import Counter
+
+    from mlxspec import engine
+    from mlxspec.drafting import Policy
+    from mlxspec.events import Round
+    from mlxspec.generation import Session
+    from mlxspec.sampling import SamplingParams
+    from tests.test_distribution import LENGTH, fits
+    from tests.test_eagle3 import exact_law_of
+
+    vocab, prompt, runs = 6, [1, 4, 2], 4000
+    folder = mtp_models.write_hub_model(
+        "qwen3_5",
+        factory.root / "dist-qwen3_5-mtp",
+        tokenizer_dir=factory.tokenizer_dir,
+        eos_token_ids=factory.eos,
+        seed=11,
+        head_scale=5.0,
+        vocab_size=vocab,
+        overrides={"hidden_size": 32, "intermediate_size": 64},
+        fit_steps=60,  # right often enough that whole rounds are accepted too
+        fit_prompts=[prompt],
+    )
+    pair = mlxspec.load_pair(str(folder), "mtp")
+    params = SamplingParams(temp=1.0)
+    law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
+    counts, fates = Counter(), Counter()
+    for i in range(runs):
+        session = Session(pair)
+        emitted = []
+        for event in engine.decode(
+            session.target,
+            session.draft,
+            prompt,
+            policy=Policy(gamma=2, stop=0.0, controller=session.controller),
+            params=params,
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(9000 + i),
+        ):
+            if isinstance(event, Round):
+                emitted += event.emitted
+                if event.drafted:
+                    fates[event.accepted] += 1
+        counts[tuple(emitted)] += 1
+    assert all(fates[n] > 50 for n in range(3)), fates  # rejections, partial and full acceptance
+    ok, statistic, threshold = fits(counts, law)
+    assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
