@@ -232,3 +232,77 @@ def test_sampling_with_the_mtp_head_has_the_targets_joint_law(factory):
     assert all(fates[n] > 50 for n in range(3)), fates  # rejections, partial and full acceptance
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
+
+
+# -- a conversion that lost its head, given it back
+
+
+@pytest.fixture(scope="module")
+def conversion(models):
+    """What mlx-lm's convert makes of the Qwen3.5 original at 4 bits: no head."""
+    original = models.folder("qwen3_5")
+    return original, models.factory.quantized(original, 4)
+
+
+def add_mtp_cli(model, original, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "mlxspec", "models", "add-mtp", str(model), "--from", str(original), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_conversion_without_its_head_is_refused_with_the_fix(conversion):
+    _, converted = conversion
+    with pytest.raises(IncompatibleHead, match=r"no MTP head .*mlxspec models add-mtp .* --from ORIGINAL_REPO"):
+        mlxspec.load_pair(str(converted), "mtp")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "body"])
+def test_add_mtp_gives_a_4bit_body_its_head(conversion, models, tmp_path, precision):
+    """A 4-bit body with the head in bf16 or at the body's 4 bits: read from the original's
+    head shard alone, stored beside the model, found by `--draft mtp`, exact."""
+    import shutil
+
+    original, converted = conversion
+    model = tmp_path / "conversion"
+    shutil.copytree(converted, model)
+    run = add_mtp_cli(model, original, "--precision", precision)
+    assert run.returncode == 0, run.stderr
+    stored = mx.load(str(model / mtp_head.CONVERTED_FILE))
+    assert stored["fc.weight"].dtype == (mx.bfloat16 if precision == "bf16" else mx.uint32)
+    pair = mlxspec.load_pair(str(model), "mtp")
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=0).tokens
+    for gamma in (2, "auto"):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=gamma)
+        assert result.tokens == standard, f"gamma={gamma}"
+    # the stored head is the original's: over the original's float body, on the same hidden
+    # states, it gives the hub head's logits (to bf16's or 4 bits' precision)
+    hub_pair = models.pair("qwen3_5")
+    tensors, quantized = mtp_head.read_head_tensors(model)
+    stored_head = mtp_head.head_from(
+        tensors,
+        model=hub_pair.target.model,
+        config=hub_pair.target.config,
+        hub_folder=model,
+        quantized=quantized,
+        name="x",
+    )
+    stored_head.set_dtype(mx.float32)
+    ids = PROMPT + list(range(40, 52))
+    hidden, expected = _head_rows(hub_pair, ids)
+    states = mx.array(hidden, dtype=mx.float32)[None]
+    logits, _ = stored_head(mx.array([ids[1:]]), states, KVCache())
+    logits, expected = np.array(logits[0], dtype=np.float64), expected
+    agree = (logits.argmax(-1) == expected.argmax(-1)).mean()
+    assert agree > (0.95 if precision == "bf16" else 0.7), agree
+    assert np.abs(logits - expected).max() < (0.05 if precision == "bf16" else 0.5) * np.abs(expected).max()
+
+
+def test_add_mtp_refuses_an_original_without_a_head_in_one_line(conversion, models, tmp_path):
+    _, converted = conversion
+    run = add_mtp_cli(converted, models.folder("qwen3_5", fit=0, with_head=False))
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has no MTP head either" in lines[0], run.stderr

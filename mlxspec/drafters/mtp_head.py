@@ -42,6 +42,7 @@ from ..errors import IncompatibleHead, UnsupportedModel
 
 PREFIX = "mtp."
 CONVERTED_FILE = "mtp.safetensors"  # a head stored beside a model, already converted
+QUANTIZED_KEY = "mlxspec.quantized"  # its metadata: the quantization of each quantized module
 HIDDEN_AFTER_NORM = True  # the head reads the target's final hidden state after its final norm
 # families whose checkpoints carry `mtp.*` (a full-attention layer of the body's own kind)
 MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
@@ -240,13 +241,15 @@ def _strip(name: str, nextn: int | None = None) -> str | None:
     return name[at + len(PREFIX) :]
 
 
-def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[str, mx.array], bool]:
-    """(the head's tensors by their name inside the head, whether they are converted already),
-    reading only the file(s) that hold them. Empty when the folder has none. `nextn`: the
-    index of the nextn layer (num_hidden_layers), for those families."""
+def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[str, mx.array], dict | None]:
+    """(the head's tensors by their name inside the head, the quantization of a head stored
+    converted already, by module path, or None for the hub's layout), reading only the
+    file(s) that hold them. Empty when the folder has none. `nextn`: the index of the nextn
+    layer (num_hidden_layers), for those families."""
     converted = folder / CONVERTED_FILE
     if converted.exists():
-        return dict(mx.load(str(converted))), True
+        tensors, metadata = mx.load(str(converted), return_metadata=True)
+        return dict(tensors), json.loads(metadata.get(QUANTIZED_KEY, "{}"))
     files = tensor_files(folder)
     wanted = {name: _strip(name, nextn) for name in files}
     wanted = {name: short for name, short in wanted.items() if short is not None}
@@ -254,18 +257,22 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
     for file in sorted({files[name] for name in wanted}):
         loaded = mx.load(str(file))
         tensors.update({wanted[name]: loaded[name] for name in loaded if name in wanted})
-    return tensors, False
+    return tensors, None
 
 
 def body_in_hub_layout(folder: Path, family: str) -> bool:
     """Whether mlx-lm found the body in the hub's layout (and so added 1 to its norms):
     read from tensor names and shapes in the headers, as its `sanitize` reads them."""
     files = tensor_files(folder)
+    if family in NEXTN_FAMILIES:
+        return False
     if family == "qwen3_next":
         return any(name.endswith(".mlp.experts.0.up_proj.weight") and _strip(name) is None for name in files)
     conv = [name for name in files if name.endswith("conv1d.weight") and _strip(name) is None]
     if not conv:
         return False
+    if not files[conv[0]].exists():  # an original fetched for its head alone: the hub's layout
+        return True
     shape = safetensors_header(files[conv[0]])[conv[0]]["shape"]
     return shape[-1] != 1
 
@@ -311,13 +318,17 @@ def convert_nextn(tensors: dict[str, mx.array], model) -> dict[str, mx.array]:
     return own | sanitized
 
 
+def nextn_index(config: dict) -> int | None:
+    """Where a nextn family keeps its head: the layer index num_hidden_layers."""
+    return int(text_config(config)["num_hidden_layers"]) if family_of(config) in NEXTN_FAMILIES else None
+
+
 def load_head(folder: Path, model, config: dict, *, name: str, dtype=None) -> MtpHead | NextnHead:
     """The MTP head of the model at `folder` (its mlx-lm `model`, its `config`), sharing the
     body's embedding and output layer. Raises one line naming what is missing or wrong."""
     check_family(config, name)
-    family = family_of(config)
-    nextn = int(text_config(config)["num_hidden_layers"]) if family in NEXTN_FAMILIES else None
-    tensors, converted = read_head_tensors(Path(folder), nextn=nextn)
+    nextn = nextn_index(config)
+    tensors, quantized = read_head_tensors(Path(folder), nextn=nextn)
     if not tensors:
         declared = int(text_config(config).get("mtp_num_hidden_layers", 0) or 0)
         declared = declared or int(text_config(config).get("num_nextn_predict_layers", 0) or 0)
@@ -328,28 +339,66 @@ def load_head(folder: Path, model, config: dict, *, name: str, dtype=None) -> Mt
         )
         what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
         raise IncompatibleHead(f"{name} has no MTP head (no {what} tensors in its files){fix}")
+    head = head_from(tensors, model=model, config=config, hub_folder=Path(folder), quantized=quantized, name=name)
+    if dtype is not None:
+        head.set_dtype(dtype)
+    return head
+
+
+def head_from(
+    tensors: dict[str, mx.array], *, model, config: dict, hub_folder: Path, quantized: dict | None, name: str
+) -> MtpHead | NextnHead:
+    """The head from its tensors: in the hub's layout (`quantized` None: the body's transforms
+    applied, `hub_folder` says whether the body's norms were zero-centred) or converted
+    already (`quantized`: the quantization of each quantized module, by path)."""
+    family = family_of(config)
     body = body_of(model)
     own_output = tensors.get("shared_head.head.weight")
     head = build_head(body, nextn_vocab=None if own_output is None else own_output.shape[0])
-    if nextn is not None and not converted:
+    if quantized is None and nextn_index(config) is not None:
         tensors = convert_nextn(tensors, model)
-    elif not converted:
-        zero_centred = body_in_hub_layout(Path(folder), family)
+    elif quantized is None:
+        zero_centred = body_in_hub_layout(hub_folder, family)
         tensors = convert(tensors, zero_centred=zero_centred, num_experts=int(getattr(body.args, "num_experts", 0)))
-    quantization = config.get("quantization")
-    if converted and quantization and any(n.endswith(".scales") for n in tensors):
-        nn.quantize(
-            head,
-            group_size=quantization["group_size"],
-            bits=quantization["bits"],
-            class_predicate=lambda path, module: f"{path}.scales" in tensors,
-        )
+    if quantized:
+        nn.quantize(head, class_predicate=lambda path, module: quantized.get(path, False))
     try:
         head.load_weights(list(tensors.items()), strict=True)
     except ValueError as e:
         raise IncompatibleHead(f"{name}'s MTP head does not fit its body: {str(e).splitlines()[0]}") from None
-    if dtype is not None:
-        head.set_dtype(dtype)
     head.share(embed=body.text_model.embed_tokens, output=body.logits)
     mx.eval(head.parameters())
     return head
+
+
+def quantize_head(head: nn.Module, *, model, group_size: int, bits: int, mode: str = "affine") -> dict:
+    """Quantize the head as mlx-lm quantizes a body (its family's predicate: MoE gates at 8
+    bits; layers whose input does not split into groups stay as they are). Returns what
+    was quantized, by module path, as `save_converted` records it."""
+    predicate = getattr(model, "quant_predicate", None)
+    if predicate is None and hasattr(model, "language_model"):
+        predicate = getattr(model.language_model, "quant_predicate", None)
+    chosen = {}
+
+    def choose(path, module):
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
+            return False
+        params = predicate(path, module) if predicate is not None else True
+        if params is False:
+            return False
+        params = {"group_size": group_size, "bits": bits, "mode": mode} | (params if isinstance(params, dict) else {})
+        chosen[path] = params
+        return params
+
+    nn.quantize(head, class_predicate=choose)
+    return chosen
+
+
+def save_converted(head: nn.Module, folder: Path, *, quantized: dict, source: str) -> Path:
+    """The head, converted, beside a model (CONVERTED_FILE): `--draft mtp` reads it there."""
+    from mlx.utils import tree_flatten
+
+    path = Path(folder) / CONVERTED_FILE
+    metadata = {QUANTIZED_KEY: json.dumps(quantized), "source": source, "format": "mlx"}
+    mx.save_safetensors(str(path), dict(tree_flatten(head.parameters())), metadata=metadata)
+    return path
