@@ -30,6 +30,7 @@ _OVERHEAD_BYTES = 512 * 2**20
 
 NGRAM = "ngram"  # as a draft name: prompt-lookup drafting, no draft model
 MTP_DRAFT = "mtp"  # as a draft name: the target's own multi-token-prediction head
+OWN_HEAD = "the model's MTP head"  # how views name that drafter
 
 
 @dataclass
@@ -59,7 +60,19 @@ class Pair:
         return self.target.path.resolve() == BUNDLED_TARGET.resolve()
 
     @property
+    def own_head(self) -> bool:
+        """The target drafts for itself with its own MTP head."""
+        return self.draft is not None and self.draft.kind == MTP_DRAFT
+
+    @property
+    def drafting(self) -> str | None:
+        """How the pair drafts, where its draft is no model of its own."""
+        return OWN_HEAD if self.own_head else None
+
+    @property
     def description(self) -> str:
+        if self.own_head:
+            return f"{self.target.label} · drafting: {OWN_HEAD}" + (" + n-gram" if self.ngram else "")
         drafts = [self.draft.label] if self.draft else []
         drafts += ["n-gram"] if self.ngram else []
         return self.target.label + "".join(f" + {d}" for d in drafts)

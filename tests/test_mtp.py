@@ -153,10 +153,11 @@ def test_other_families_are_refused_naming_the_family(factory, arch, message):
         mlxspec.load_pair(str(target), "mtp")
 
 
-def test_the_cli_drafts_with_the_mtp_head(models):
+@pytest.mark.parametrize("command", ["generate", "race"])
+def test_the_cli_drafts_with_the_mtp_head(models, command):
     folder = models.folder("qwen3_5")
     run = subprocess.run(
-        [sys.executable, "-m", "mlxspec", "generate", "def main():", "--target", str(folder), "--draft", "mtp"]
+        [sys.executable, "-m", "mlxspec", command, "def main():", "--target", str(folder), "--draft", "mtp"]
         + ["-m", "12", "--gamma", "2", "--raw"],
         capture_output=True,
         text=True,
@@ -164,6 +165,20 @@ def test_the_cli_drafts_with_the_mtp_head(models):
     )
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr
+    if command == "race":
+        assert "drafting: the model's MTP head" in run.stdout
+
+
+def test_the_views_name_the_head_and_its_acceptance_by_position(models):
+    from mlxspec.views.summary import stats_line
+
+    pair = models.pair("qwen3_5")
+    assert pair.description.endswith("· drafting: the model's MTP head")
+    stats = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=4).stats
+    line = str(stats_line(stats, by_position=pair.own_head))
+    rates = stats.per_position_acceptance
+    assert "by position " + " ".join(f"{r:.2f}" for r in rates) in line, line
+    assert "by position" not in str(stats_line(stats))
 
 
 def test_the_cli_refuses_a_model_without_its_head_in_one_line(models):
