@@ -321,3 +321,31 @@ def test_add_mtp_refuses_an_original_without_a_head_in_one_line(conversion, mode
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "has no MTP head either" in lines[0], run.stderr
+
+
+def test_models_says_which_presets_draft_with_their_own_head(models, tmp_path, monkeypatch, capsys):
+    from tests.test_cli import run
+
+    folder = models.folder("qwen3_5")
+    mine = tmp_path / "models.toml"
+    mine.write_text(f'[tiny-mtp]\ntarget = "{folder}"\ndraft = "mtp"\ngamma = 2\n')
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    code, out, _ = run(capsys, "models", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == 0 and rows["qwen3.5-4b-mtp"]["mtp_head"] and not rows["qwen3-14b"]["mtp_head"]
+    assert rows["tiny-mtp"]["mtp_head"] and rows["tiny-mtp"]["draft_downloaded"]  # in the target's own folder
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "the model's own MTP head" in out
+    pair = mlxspec.load_pair(pair="tiny-mtp")
+    assert pair.own_head and pair.gamma_hint == 2
+
+
+def test_another_tools_mtp_file_is_refused_in_one_line(conversion, tmp_path):
+    import shutil
+
+    _, converted = conversion
+    model = tmp_path / "foreign"
+    shutil.copytree(converted, model)
+    mx.save_safetensors(str(model / mtp_head.CONVERTED_FILE), {"mtp.fc.weight": mx.zeros((4, 8))})
+    with pytest.raises(IncompatibleHead, match="not written by `mlxspec models add-mtp`"):
+        mlxspec.load_pair(str(model), "mtp")

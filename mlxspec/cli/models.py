@@ -95,13 +95,16 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
 
     Example: mlxspec models download smollm2
     """
-    from ..pairs import check_memory, resolve_first
+    from ..pairs import MTP_DRAFT, check_memory, resolve_first
     from ..presets import find_preset
 
     preset = find_preset(name)
     reporter = ConsoleReporter()
     targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
     for role, names in (("target", targets), ("draft", [preset.draft])):
+        if role == "draft" and preset.draft == MTP_DRAFT:
+            err.print(Text("draft: the model's own MTP head, in the target's checkpoint", style="dim"))
+            continue
         if Path(names[0]).exists():
             err.print(Text(f"{role} {names[0]}: bundled, nothing to download", style="dim"))
             continue

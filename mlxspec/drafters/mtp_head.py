@@ -249,7 +249,12 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
     converted = folder / CONVERTED_FILE
     if converted.exists():
         tensors, metadata = mx.load(str(converted), return_metadata=True)
-        return dict(tensors), json.loads(metadata.get(QUANTIZED_KEY, "{}"))
+        if QUANTIZED_KEY not in metadata:  # another tool's sidecar (MTPLX writes one of this name)
+            raise IncompatibleHead(
+                f"{converted} was not written by `mlxspec models add-mtp` (its layout is unknown): move it "
+                "away and run add-mtp"
+            )
+        return dict(tensors), json.loads(metadata[QUANTIZED_KEY])
     files = tensor_files(folder)
     wanted = {name: _strip(name, nextn) for name in files}
     wanted = {name: short for name, short in wanted.items() if short is not None}

@@ -13,7 +13,7 @@ WIDE = 120  # columns from which the presets are a table; below, a list
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
     from ..loading import folder_bytes, local_copy
-    from ..pairs import machine_memory
+    from ..pairs import MTP_DRAFT, machine_memory
     from ..presets import load_presets, resolve_name
 
     memory = machine_memory()
@@ -30,12 +30,20 @@ def inventory() -> list[dict]:
             "suits": list(preset.suits),
             "description": preset.description,
         }
+        row["mtp_head"] = preset.draft == MTP_DRAFT  # the target's own head: nothing else to fetch
         for role, names in (("target", [preset.target, preset.target_fallback]), ("draft", [preset.draft])):
+            if role == "draft" and row["mtp_head"]:
+                row["draft_downloaded"], row["draft_bytes"] = row["target_downloaded"], None
+                continue
             local = next((path for n in names if n and (path := local_copy(resolve_name(n)))), None)
             row[f"{role}_downloaded"] = local is not None
             row[f"{role}_bytes"] = folder_bytes(local) if local else None
         rows.append(row)
     return rows
+
+
+def _draft(row: dict) -> str:
+    return "the model's own MTP head" if row.get("mtp_head") else row["draft"]
 
 
 def _size(n: int | None) -> str:
@@ -68,7 +76,7 @@ def models_table(rows: list[dict]) -> Table:
                 row["target"],
                 (f" (or {row['target_fallback']})" if row["target_fallback"] else "", "dim"),
             ),
-            Text.assemble(_have(row["draft_downloaded"]), " ", row["draft"]),
+            Text.assemble(_have(row["draft_downloaded"]), " ", _draft(row)),
             str(row["gamma"]),
             _size(on_disk),
             f"{row['memory_gb']:.1f} GB" if row["memory_gb"] else "?",
@@ -102,6 +110,7 @@ def models_list(rows: list[dict]) -> Group:
             )
         )
         for role in ("target", "draft"):
-            lines.append(Text.assemble("  ", _have(row[f"{role}_downloaded"]), f" {role:<6} ", row[role]))
+            shown = _draft(row) if role == "draft" else row[role]
+            lines.append(Text.assemble("  ", _have(row[f"{role}_downloaded"]), f" {role:<6} ", shown))
     lines.append(Text("✓ downloaded  · not yet (mlxspec models download NAME)", style="dim"))
     return Group(*lines)
