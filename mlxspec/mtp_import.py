@@ -84,7 +84,7 @@ def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Report
     """Only the original's config, index and the shard(s) its index says hold the head."""
     from huggingface_hub import hf_hub_download
 
-    from .drafters.mtp_head import _strip
+    from .drafters.mtp_head import head_tensor_name
 
     def fetch(filename: str) -> Path:
         try:
@@ -97,7 +97,7 @@ def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Report
     fetch("config.json")
     index = fetch(INDEX)
     weight_map = json.loads(index.read_text()).get("weight_map", {})
-    shards = sorted({file for tensor, file in weight_map.items() if _strip(tensor, nextn) is not None})
+    shards = sorted({file for tensor, file in weight_map.items() if head_tensor_name(tensor, nextn) is not None})
     if not shards:
         what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
         raise IncompatibleHead(f"{repo} has no MTP head either (its index names no {what} tensors)")

@@ -229,7 +229,7 @@ def tensor_files(folder: Path) -> dict[str, Path]:
     return names
 
 
-def _strip(name: str, nextn: int | None = None) -> str | None:
+def head_tensor_name(name: str, nextn: int | None = None) -> str | None:
     """`mtp.x` (or `model.mtp.x`, `language_model.mtp.x`), or with `nextn` the layer's
     `model.layers.{nextn}.x` -> `x`; None for the body's tensors."""
     if nextn is not None:
@@ -256,7 +256,7 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
             )
         return dict(tensors), json.loads(metadata[QUANTIZED_KEY])
     files = tensor_files(folder)
-    wanted = {name: _strip(name, nextn) for name in files}
+    wanted = {name: head_tensor_name(name, nextn) for name in files}
     wanted = {name: short for name, short in wanted.items() if short is not None}
     tensors = {}
     for file in sorted({files[name] for name in wanted}):
@@ -272,8 +272,8 @@ def body_in_hub_layout(folder: Path, family: str) -> bool:
     if family in NEXTN_FAMILIES:
         return False
     if family == "qwen3_next":
-        return any(name.endswith(".mlp.experts.0.up_proj.weight") and _strip(name) is None for name in files)
-    conv = [name for name in files if name.endswith("conv1d.weight") and _strip(name) is None]
+        return any(name.endswith(".mlp.experts.0.up_proj.weight") and head_tensor_name(name) is None for name in files)
+    conv = [name for name in files if name.endswith("conv1d.weight") and head_tensor_name(name) is None]
     if not conv:
         return False
     if not files[conv[0]].exists():  # an original fetched for its head alone: the hub's layout
