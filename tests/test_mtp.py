@@ -349,3 +349,21 @@ def test_another_tools_mtp_file_is_refused_in_one_line(conversion, tmp_path):
     mx.save_safetensors(str(model / mtp_head.CONVERTED_FILE), {"mtp.fc.weight": mx.zeros((4, 8))})
     with pytest.raises(IncompatibleHead, match="not written by `mlxspec models add-mtp`"):
         mlxspec.load_pair(str(model), "mtp")
+
+
+def test_serve_drafts_with_the_mtp_head_and_says_so(models, tmp_path):
+    """The real server on loopback with `--draft mtp`, asked with the real openai client:
+    the greedy completion is standard decoding's, and the log names the drafter."""
+    import openai
+
+    from tests.test_server import running_server
+
+    folder = models.folder("qwen3_5")
+    pair = models.pair("qwen3_5")
+    log = tmp_path / "serve.log"
+    with running_server("--target", str(folder), "--draft", "mtp", "--gamma", "2", log=log) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+        reply = client.completions.create(model="x", prompt="def main():", temperature=0, max_tokens=16)
+    expected = mlxspec.generate(pair, "def main():", raw=True, gamma=0, max_tokens=16)
+    assert reply.choices[0].text == expected.text
+    assert "drafting: the model's MTP head" in log.read_text()
