@@ -110,16 +110,17 @@ def _tapped_norm_class(cls: type) -> type:
 
         def __call__(self, x, *args, **kwargs):
             out = cls.__call__(self, x, *args, **kwargs)
-            self._mlxspec_taps.seen[FINAL] = out
+            self._mlxspec_taps.seen[FINAL] = out if self._mlxspec_after_norm else x
             return out
 
         _TAPPED_NORMS[cls] = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__})
     return _TAPPED_NORMS[cls]
 
 
-def install_final(model) -> Taps:
-    """Tap what `model`'s final norm returns (the hidden state its output layer reads): the
-    feature an MTP head reads. Any family whose inner model ends in `norm` (mlx-lm's)."""
+def install_final(model, *, after_norm: bool = True) -> Taps:
+    """Tap what `model`'s final norm returns (the hidden state its output layer reads), or
+    with `after_norm` False what it is given: the feature an MTP head reads. Any family whose
+    inner model ends in `norm` (mlx-lm's)."""
     inner = getattr(model, "language_model", model).model
     norm = getattr(inner, "norm", None)
     if norm is None:
@@ -133,4 +134,5 @@ def install_final(model) -> Taps:
     if not type(norm).__name__.startswith("Tapped"):
         norm.__class__ = _tapped_norm_class(type(norm))
     object.__setattr__(norm, "_mlxspec_taps", taps)
+    object.__setattr__(norm, "_mlxspec_after_norm", after_norm)
     return taps

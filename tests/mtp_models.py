@@ -250,8 +250,9 @@ def continuations(model, prompts: list[list[int]], *, length: int = 40, extra: i
     from mlx_lm.models.cache import make_prompt_cache
 
     from mlxspec import capture
+    from mlxspec.drafters.mtp_head import HIDDEN_AFTER_NORM
 
-    taps = capture.install_final(model)
+    taps = capture.install_final(model, after_norm=HIDDEN_AFTER_NORM)
     rng = np.random.default_rng(seed)
     vocab = model(mx.array([[0]])).shape[-1]
     size = len(prompts[0]) if prompts else 8

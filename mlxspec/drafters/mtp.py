@@ -33,7 +33,7 @@ def load_mtp(target):
 
     from ..errors import IncompatibleHead
     from ..loading import LoadedModel
-    from .mtp_head import CONVERTED_FILE, head_tensor_name, load_head, nextn_index, tensor_files
+    from .mtp_head import CONVERTED_FILE, HIDDEN_AFTER_NORM, head_tensor_name, load_head, nextn_index, tensor_files
 
     if getattr(target, "shard", None) is not None:
         raise IncompatibleHead(
@@ -42,7 +42,7 @@ def load_mtp(target):
         )
     dtype = mx.float32 if mx.default_device() == mx.cpu else None
     head = load_head(Path(target.path), target.model, target.config, name=target.name, dtype=dtype)
-    capture.install_final(target.model)
+    capture.install_final(target.model, after_norm=HIDDEN_AFTER_NORM)
     nextn = nextn_index(target.config)
     files = {f for name, f in tensor_files(Path(target.path)).items() if head_tensor_name(name, nextn) is not None}
     files |= {Path(target.path) / CONVERTED_FILE} if (Path(target.path) / CONVERTED_FILE).exists() else set()

@@ -43,7 +43,10 @@ from ..errors import IncompatibleHead, UnsupportedModel
 PREFIX = "mtp."
 CONVERTED_FILE = "mtp.safetensors"  # a head stored beside a model, already converted
 QUANTIZED_KEY = "mlxspec.quantized"  # its metadata: the quantization of each quantized module
-HIDDEN_AFTER_NORM = True  # the head reads the target's final hidden state after its final norm
+# the head reads the target's last hidden state after its final norm, as vLLM's and SGLang's
+# MTP drafters are given it (their target models return it normed); some MLX ports feed it
+# before the norm. A real checkpoint's acceptance (on a Mac) is what would settle it.
+HIDDEN_AFTER_NORM = True
 # families whose checkpoints carry `mtp.*` (a full-attention layer of the body's own kind)
 MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 # families whose checkpoints carry a nextn layer at index num_hidden_layers (served)
