@@ -124,14 +124,19 @@ def test_the_heads_forward_is_the_published_architecture(models, family):
     assert np.abs(logits - wrong).max() > 1e-2 * scale
 
 
-def test_the_head_is_read_from_its_own_shard_only(models, monkeypatch):
-    folder = models.folder("qwen3_5")
-    read = []
-    original = mx.load
-    monkeypatch.setattr(mtp_head.mx, "load", lambda path, *a, **k: read.append(path) or original(path, *a, **k))
-    tensors, converted = mtp_head.read_head_tensors(folder)
-    assert read == [str(folder / mtp_models.HUB_HEAD_SHARD)] and not converted
+def test_the_head_is_read_from_its_own_shard_only(models, tmp_path):
+    """With the body's shard gone (only the index names it), the head still reads: nothing
+    but the shard the index names for `mtp.*` is opened."""
+    import shutil
+
+    folder = tmp_path / "head-only"
+    shutil.copytree(models.folder("qwen3_5"), folder)
+    (folder / mtp_models.HUB_BODY_SHARD).unlink()
+    tensors, quantized = mtp_head.read_head_tensors(folder)
+    assert quantized is None  # the hub's layout
     assert "fc.weight" in tensors and "layers.0.self_attn.q_proj.weight" in tensors
+    assert all(not name.startswith(("model.", "lm_head")) for name in tensors)
+    assert mtp_head.body_in_hub_layout(folder, "qwen3_5")  # an original fetched for its head alone
 
 
 def test_a_target_without_mtp_weights_is_refused_naming_what_is_missing(models):
