@@ -315,7 +315,8 @@ def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | 
     measured = cost_model.measure(pair, encoded[0])
     report = BenchReport(
         machine=machine_info(),
-        pair={"target": pair.target.name, "draft": pair.draft.name if pair.draft else None},
+        pair={"target": pair.target.name, "draft": pair.draft.name if pair.draft else None}
+        | ({"drafting": pair.drafting} if pair.drafting else {}),
         config={k: v for k, v in asdict(config).items() if k != "prompts"}
         | {"prompts": [p.name for p in config.prompts]},
         costs=measured,

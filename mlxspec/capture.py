@@ -99,3 +99,40 @@ def default_aux_layers(count: int) -> tuple[int, int, int]:
     """EAGLE-3's low, middle and high features (its code and vLLM's default), kept inside a
     shallow target."""
     return (min(2, count - 1), count // 2, max(count - 3, 0))
+
+
+FINAL = "final"  # a Taps id: the target's last hidden state after its final norm (an MTP head's input)
+_TAPPED_NORMS: dict[type, type] = {}
+
+
+def _tapped_norm_class(cls: type) -> type:
+    if cls not in _TAPPED_NORMS:
+
+        def __call__(self, x, *args, **kwargs):
+            out = cls.__call__(self, x, *args, **kwargs)
+            self._mlxspec_taps.seen[FINAL] = out if self._mlxspec_after_norm else x
+            return out
+
+        _TAPPED_NORMS[cls] = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__})
+    return _TAPPED_NORMS[cls]
+
+
+def install_final(model, *, after_norm: bool = True) -> Taps:
+    """Tap what `model`'s final norm returns (the hidden state its output layer reads), or
+    with `after_norm` False what it is given: the feature an MTP head reads. Any family whose
+    inner model ends in `norm` (mlx-lm's)."""
+    inner = getattr(model, "language_model", model).model
+    norm = getattr(inner, "norm", None)
+    if norm is None:
+        raise UnsupportedModel(f"{model_family(model)} has no final norm to read hidden states from")
+    taps = getattr(model, "_mlxspec_taps", None)
+    if taps is None:
+        taps = Taps((FINAL,))
+        object.__setattr__(model, "_mlxspec_taps", taps)
+    else:
+        taps.layer_ids = (FINAL,)
+    if not type(norm).__name__.startswith("Tapped"):
+        norm.__class__ = _tapped_norm_class(type(norm))
+    object.__setattr__(norm, "_mlxspec_taps", taps)
+    object.__setattr__(norm, "_mlxspec_after_norm", after_norm)
+    return taps

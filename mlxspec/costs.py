@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .caches import make_cache
-from .drafters import EAGLE3
+from .drafters import HEAD_KINDS
 from .pairs import Pair
 from .sampling import SamplingParams, warp
 
@@ -80,7 +80,7 @@ def measure(
     ]
 
     draft_step = 0.0
-    if pair.draft is not None and pair.draft.kind == EAGLE3:
+    if pair.draft is not None and pair.draft.kind in HEAD_KINDS:
         draft_step = _head_step_time(pair, prompt, params, repeats)
     elif pair.draft is not None:
         draft_cache = make_cache(pair.draft.model, "draft")
@@ -93,7 +93,7 @@ def measure(
 
 
 def _head_step_time(pair: Pair, prompt: list[int], params: SamplingParams, repeats: int) -> float:
-    """Median seconds of one chained step of an EAGLE-3 head after reading the prompt's rows
+    """Median seconds of one chained step of a head (EAGLE-3, MTP) after reading the prompt's rows
     (its features taken from one target pass), with its q placed at target width as the
     engine does when sampling."""
     from mlx_lm.models.cache import KVCache
@@ -111,7 +111,9 @@ def _head_step_time(pair: Pair, prompt: list[int], params: SamplingParams, repea
     for _ in range(repeats + 1):
         start = time.perf_counter()
         logits, _ = head(token, hidden, cache, chained=True)
-        if params.greedy:
+        if head.draft_to_target is None:  # an MTP head: the target's whole vocabulary
+            result = mx.argmax(logits[0, -1]) if params.greedy else warp(logits[0, -1], params)
+        elif params.greedy:
             result = head.draft_to_target[mx.argmax(logits[0, -1])]
         else:
             result = mx.zeros((pair.target.width,)).at[head.draft_to_target].add(warp(logits[0, -1], params))

@@ -19,10 +19,11 @@ from mlx_lm.generate import generation_stream, wired_limit
 from . import capture, engine
 from .caches import CacheOptions
 from .cursor import Cursor
-from .drafters import EAGLE3
+from .drafters import HEAD_KINDS, MTP
 from .drafters.base import Drafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.model import ModelDrafter
+from .drafters.mtp import MtpDrafter
 from .drafting import Controller, ControllerConfig, Policy, PromptLookup
 from .errors import InvalidOption, PromptTooLong
 from .events import Done, Prefill, Round
@@ -94,7 +95,7 @@ def make_cursors(pair: Pair, *, cache_options: CacheOptions) -> tuple[Cursor, Dr
     """The target's cursor and the pair's drafter over it: a draft model's own cursor, or a
     head that reads the target's features (the target's cursor then keeps them)."""
     width = pair.target.width
-    head = pair.draft is not None and pair.draft.kind == EAGLE3
+    head = pair.draft is not None and pair.draft.kind in HEAD_KINDS
     target = Cursor(
         pair.target.model,
         f"target {pair.target.name}",
@@ -107,7 +108,8 @@ def make_cursors(pair: Pair, *, cache_options: CacheOptions) -> tuple[Cursor, Dr
         return target, None
     name = f"draft {pair.draft.name}"
     if head:
-        return target, Eagle3Drafter(pair.draft.model, target, name=name)
+        drafter = MtpDrafter if pair.draft.kind == MTP else Eagle3Drafter
+        return target, drafter(pair.draft.model, target, name=name)
     return target, ModelDrafter(pair.draft.model, name, pair.draft.width, width, cache_options=cache_options)
 
 

@@ -44,7 +44,7 @@ class LoadedModel:
     context_length: int | None = None
     extra: dict = field(default_factory=dict)
     shard: object = None  # distributed.ShardInfo: how this model is split across ranks (None: it is not)
-    kind: str = "model"  # as a draft: "model", or "eagle3" for a head over the target's features
+    kind: str = "model"  # as a draft: "model", "eagle3" (a head over the target's features) or "mtp" (its own head)
 
     @property
     def label(self) -> str:

@@ -29,6 +29,8 @@ _OVERHEAD_BYTES = 512 * 2**20
 
 
 NGRAM = "ngram"  # as a draft name: prompt-lookup drafting, no draft model
+MTP_DRAFT = "mtp"  # as a draft name: the target's own multi-token-prediction head
+OWN_HEAD = "the model's MTP head"  # how views name that drafter
 
 
 @dataclass
@@ -58,7 +60,19 @@ class Pair:
         return self.target.path.resolve() == BUNDLED_TARGET.resolve()
 
     @property
+    def own_head(self) -> bool:
+        """The target drafts for itself with its own MTP head."""
+        return self.draft is not None and self.draft.kind == MTP_DRAFT
+
+    @property
+    def drafting(self) -> str | None:
+        """How the pair drafts, where its draft is no model of its own."""
+        return OWN_HEAD if self.own_head else None
+
+    @property
     def description(self) -> str:
+        if self.own_head:
+            return f"{self.target.label} · drafting: {OWN_HEAD}" + (" + n-gram" if self.ngram else "")
         drafts = [self.draft.label] if self.draft else []
         drafts += ["n-gram"] if self.ngram else []
         return self.target.label + "".join(f" + {d}" for d in drafts)
@@ -78,7 +92,8 @@ def load_pair(
     (pypi:NAME) or models.toml preset name.
 
     With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
-    lookup, with no draft model. `no_draft` loads the target only. Raises MlxspecError
+    lookup, with no draft model; draft="mtp" with the target's own MTP head (drafters/mtp.py).
+    `no_draft` loads the target only. Raises MlxspecError
     subclasses with one-line messages.
 
     `shard="pipeline"` or `"tensor"`, in a process mlx.launch started (every rank calls
@@ -103,7 +118,8 @@ def load_pair(
 
     target_name, target_path = resolve_first(targets, offline, reporter)
     draft_path = None
-    if draft_name and main:
+    own_head = draft_name == MTP_DRAFT  # the target's own MTP head: nothing to find
+    if draft_name and main and not own_head:
         reporter.status(f"Finding {draft_name}")
         draft_path = _resolve_checked(draft_name, offline, reporter)
     draft_bytes = loading.weight_bytes(draft_path) if draft_path else 0
@@ -124,7 +140,11 @@ def load_pair(
         from .drafters.heads import is_head, load_eagle3
 
         reporter.status(f"Loading draft {draft_name}")
-        if is_head(draft_path):  # a head over the target's own hidden states, its tokenizer the target's
+        if own_head:
+            from .drafters.mtp import load_mtp
+
+            draft_model = load_mtp(target_model)
+        elif is_head(draft_path):  # a head over the target's own hidden states, its tokenizer the target's
             draft_model = load_eagle3(draft_name, draft_path, target_model)
         else:
             draft_model = loading.load(str(draft_path))

@@ -51,10 +51,12 @@ def race(
                 session=Session(pair, cache_options=cache_options),
             )
     target_label = pair.target.label
-    drafts = ([pair.draft.label] if pair.draft else []) + (["n-gram"] if pair.ngram else [])
     standard = Side("standard", target_label, 0)
     speculative = Side(
-        "speculative", " + ".join([target_label, *drafts]), options.gamma if isinstance(options.gamma, int) else "auto"
+        "speculative",
+        pair.description,
+        options.gamma if isinstance(options.gamma, int) else "auto",
+        by_position=pair.own_head,
     )
     generators = {
         id(standard): stream(

@@ -22,6 +22,7 @@ class Side:
     method: str  # "standard" or "speculative"
     models: str
     gamma: int | str  # or "auto"
+    by_position: bool = False  # the summary gives acceptance by draft position (a model's own MTP head)
     segments: list[tuple[str, str]] = field(default_factory=list)  # (text, fate)
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)

@@ -106,7 +106,7 @@ def _fit(head, sequences, features, kept: np.ndarray, vocab: int, steps: int) ->
 
 
 def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
-    """What a head that read `history`'s rows in one block proposes greedily."""
+    """What a head (EAGLE-3, MTP) that read `history`'s rows in one block proposes greedily."""
     from mlx_lm.models.cache import KVCache
 
     from mlxspec import capture
@@ -119,6 +119,7 @@ def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
     out = []
     for i in range(n):
         logits, pre = head(tokens, hidden, cache, chained=i > 0)
-        out.append(head.draft_to_target[mx.argmax(logits[0, -1])].item())
+        choice = mx.argmax(logits[0, -1])  # an MTP head's ids are the target's already
+        out.append((choice if head.draft_to_target is None else head.draft_to_target[choice]).item())
         tokens, hidden = mx.array([[out[-1]]]), pre[:, -1:]
     return out

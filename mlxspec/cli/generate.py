@@ -83,7 +83,7 @@ def generate(
             sys.stdout.write(event.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    line = stats_line(done.stats, lookup=pair.draft is None and pair.ngram, reused=reused)
+    line = stats_line(done.stats, lookup=pair.draft is None and pair.ngram, reused=reused, by_position=pair.own_head)
     err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)

@@ -1,4 +1,5 @@
-"""`mlxspec models`: the presets, downloading them, importing GGUF files, what is on disk."""
+"""`mlxspec models`: the presets, downloading them, importing GGUF files, what is on disk, a
+conversion given back its MTP head."""
 
 from __future__ import annotations
 
@@ -101,13 +102,16 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
 
     Example: mlxspec models download smollm2
     """
-    from ..pairs import check_memory, resolve_first
+    from ..pairs import MTP_DRAFT, check_memory, resolve_first
     from ..presets import find_preset
 
     preset = find_preset(name)
     reporter = ConsoleReporter()
     targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
     for role, names in (("target", targets), ("draft", [preset.draft])):
+        if role == "draft" and preset.draft == MTP_DRAFT:
+            err.print(Text("draft: the model's own MTP head, in the target's checkpoint", style="dim"))
+            continue
         if Path(names[0]).exists():
             err.print(Text(f"{role} {names[0]}: bundled, nothing to download", style="dim"))
             continue
@@ -211,3 +215,35 @@ def models_verify(
     if changed := source_changed(folder):
         raise DamagedWeights(f"{changed}: import it again with --force")
     print(f"{folder}: {checked} weight file{'s' if checked != 1 else ''} as imported")
+
+
+@models_app.command("add-mtp")
+def models_add_mtp(
+    name: Annotated[str, typer.Argument(metavar="REPO_OR_DIR", help="The model whose conversion lost its MTP head.")],
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            metavar="ORIGINAL",
+            help="The original checkpoint (repo id or folder): only the shard(s) holding its head are fetched.",
+        ),
+    ],
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            metavar="body|bf16",
+            help="Quantize the head as the body is (its bits and group size), or keep it in bfloat16.",
+        ),
+    ] = "body",
+):
+    """Give a model the MTP head of its original checkpoint, stored beside it (mtp.safetensors),
+    so that `--draft mtp` drafts with it.
+
+    Example: mlxspec models add-mtp mlx-community/Qwen3.5-4B-4bit --from Qwen/Qwen3.5-4B
+    """
+    from ..mtp_import import PRECISIONS, add_mtp
+
+    if precision not in PRECISIONS:
+        raise InvalidOption(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    print(add_mtp(name, source=source, precision=precision, reporter=ConsoleReporter()))

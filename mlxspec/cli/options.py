@@ -71,7 +71,8 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             metavar="MODEL",
             help=(
                 "Draft model sharing the target's tokenizer (same kinds of name); 'ngram' drafts by prompt "
-                "lookup, no model. With a --target and no draft: prompt lookup."
+                "lookup, no model; 'mtp' with the target's own MTP head (Qwen3.5, Qwen3-Next). With a --target "
+                "and no draft: prompt lookup."
             ),
             show_default=False,
         ),

@@ -1,5 +1,7 @@
 """Drafters, one module per kind behind one interface (base.Drafter): a separate draft model
-(model.py) and an EAGLE-3 head reading the target's hidden states (eagle3.py). Prompt lookup
+(model.py), an EAGLE-3 head reading the target's hidden states (eagle3.py) and the target's own
+MTP head reading its last hidden state (mtp.py). Prompt lookup
 proposes through the drafting policy (drafting/lookup.py) and needs no drafter."""
 
-MODEL_DRAFT, EAGLE3 = "model", "eagle3"  # LoadedModel.kind of a pair's draft
+MODEL_DRAFT, EAGLE3, MTP = "model", "eagle3", "mtp"  # LoadedModel.kind of a pair's draft
+HEAD_KINDS = (EAGLE3, MTP)  # drafters that read the target's hidden states

@@ -36,7 +36,7 @@ class Eagle3Drafter:
 
     def __init__(self, head: Eagle3Head, target: Cursor, *, name: str):
         if target.features is None:
-            raise ValueError("an EAGLE-3 drafter needs a target cursor that keeps its features")
+            raise ValueError(f"a {self.kind} drafter needs a target cursor that keeps its features")
         self.head = head
         self.target = target
         self.name = name
@@ -123,13 +123,22 @@ class Eagle3Drafter:
                     stopped = True
                     break
                 confidences.append(confidence)
-            token = to_target[choice]
+            token = choice if to_target is None else to_target[choice]
             mx.async_eval(token)
             ids.append(token)
-            rows.append(None if probs is None else mx.zeros((self.width,), dtype=probs.dtype).at[to_target].add(probs))
+            rows.append(self._target_row(probs))
             if i + 1 < count:
                 tokens, hidden = token.reshape(1, 1), out[:, -1:]
         return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
+
+    def _target_row(self, probs: mx.array | None) -> mx.array | None:
+        """q over the target's ids: the head's row placed at the ids its rows stand for."""
+        to_target = self.head.draft_to_target
+        if probs is None:
+            return None
+        if to_target is None:  # a head over the target's whole vocabulary (MTP)
+            return probs
+        return mx.zeros((self.width,), dtype=probs.dtype).at[to_target].add(probs)
 
     def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
         """Keep the rows read from the target's features; drop the chained ones."""

@@ -219,7 +219,7 @@ class Worker:
                 job.post(event)
                 if isinstance(event, Done):
                     self.served += 1
-                    self._log(_summary(event, note=job.note))
+                    self._log(_summary(event, note=job.note, by_position=self.pair.own_head))
                 elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
                     self.stopped += 1
                     break
@@ -258,9 +258,9 @@ def job_note(*, tools: str | None = None, grammar: str | None = None) -> str | N
     return " · ".join(parts) if parts else None
 
 
-def _summary(done: Done, *, note: str | None = None) -> str:
+def _summary(done: Done, *, note: str | None = None, by_position: bool = False) -> str:
     from ..views.summary import stats_line
 
     stats = done.stats
-    line = stats_line(stats, reused=stats.prompt_tokens - stats.prefill_tokens)
+    line = stats_line(stats, reused=stats.prompt_tokens - stats.prefill_tokens, by_position=by_position)
     return f"{line} · {note}" if note else str(line)

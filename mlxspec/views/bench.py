@@ -7,6 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .summary import position_part
+
 
 def _num(value, fmt: str, missing: str = "–") -> str:
     return missing if value is None else format(value, fmt)
@@ -115,7 +117,7 @@ def settings_table(report, *, wide: bool = True) -> Table:
             _vs_predicted(s.vs_predicted),
         ]
         if extras:
-            row.append(_drafting(s))
+            row.append(_drafting(s, by_position=bool(report.pair.get("drafting"))))
         if peers:
             row += _peer_cells(s)
         table.add_row(*row)
@@ -133,7 +135,9 @@ def peer_table(report) -> Table:
     for name in ("T", "γ", "drafting", "mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm"):
         table.add_column(name, justify="right" if name != "drafting" else "left")
     for s in (s for s in report.settings if s.category == "all"):
-        table.add_row(f"{s.temp:g}", str(s.gamma), _drafting(s), *_peer_cells(s))
+        table.add_row(
+            f"{s.temp:g}", str(s.gamma), _drafting(s, by_position=bool(report.pair.get("drafting"))), *_peer_cells(s)
+        )
     return table
 
 
@@ -145,8 +149,10 @@ def _peer_cells(s) -> list[str]:
     ]
 
 
-def _drafting(s) -> str:
+def _drafting(s, *, by_position: bool = False) -> str:
     parts = []
+    if by_position and (positions := position_part(s.stats)):
+        parts.append(positions)
     if s.stats.mean_gamma is not None and s.gamma == "auto":
         parts.append(f"mean γ {s.stats.mean_gamma:.1f}")
     if s.stats.plain_rounds:
@@ -209,8 +215,14 @@ def recommendation(report) -> Text:
 
 def render(report, width: int = 160) -> Group:
     """Everything; below 140 columns the wide table splits in two."""
+    drafting = report.pair.get("drafting")
+    models = (
+        f"{report.pair['target']} · drafting: {drafting}"
+        if drafting
+        else f"{report.pair['target']} + {report.pair['draft']}"
+    )
     header = Text(
-        f"{report.pair['target']} + {report.pair['draft']}  ·  {report.machine.get('device')}  ·  "
+        f"{models}  ·  {report.machine.get('device')}  ·  "
         f"mlx {report.machine.get('mlx')}, mlx-lm {report.machine.get('mlx_lm')}  ·  {report.seconds:.0f} s",
         style="bold",
     )

@@ -80,8 +80,8 @@ def estimated_speedup(stats) -> float | None:
     return predicted_speedup_of(stats, c=c) if c is not None else None
 
 
-def stat_line(stats, reused: int, *, lookup: bool = False) -> PartsLine:
-    return stats_line(stats, estimate=estimated_speedup(stats), reused=reused, lookup=lookup)
+def stat_line(stats, reused: int, *, lookup: bool = False, by_position: bool = False) -> PartsLine:
+    return stats_line(stats, estimate=estimated_speedup(stats), reused=reused, lookup=lookup, by_position=by_position)
 
 
 def banner(pair, options) -> Text:
@@ -193,7 +193,9 @@ class ChatApp:
                 self.console.print(Text.assemble(("tool call: ", "bold cyan"), call.describe()), soft_wrap=True)
             pair = self.conversation.pair
             self.console.print(
-                stat_line(event.stats, self._reused, lookup=pair.draft is None and pair.ngram),
+                stat_line(
+                    event.stats, self._reused, lookup=pair.draft is None and pair.ngram, by_position=pair.own_head
+                ),
                 soft_wrap=not self.console.is_terminal,
             )
             turns = self.conversation.turns

@@ -17,7 +17,7 @@ CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
     from ..loading import folder_bytes, local_copy
-    from ..pairs import machine_memory
+    from ..pairs import MTP_DRAFT, machine_memory
     from ..presets import load_presets, resolve_name
 
     memory = machine_memory()
@@ -34,7 +34,12 @@ def inventory() -> list[dict]:
             "suits": list(preset.suits),
             "description": preset.description,
         }
+        row["mtp_head"] = preset.draft == MTP_DRAFT  # the target's own head: nothing else to fetch
         for role, names in (("target", [preset.target, preset.target_fallback]), ("draft", [preset.draft])):
+            if role == "draft" and row["mtp_head"]:  # read from the target's own files
+                row.update(draft_downloaded=row["target_downloaded"], draft_on_disk=None, draft_kind=None)
+                row["draft_bytes"] = None
+                continue
             # the first name with a copy here is what loads: say which it is, not the first name
             found = next(((n, path) for n in names if n and (path := local_copy(resolve_name(n)))), None)
             row[f"{role}_downloaded"] = found is not None
@@ -57,6 +62,10 @@ def copy_kind(name: str) -> str:
     if is_registry_name(name) or name.endswith(".gguf"):
         return "import"
     return "folder" if looks_like_path(name) else "hub"
+
+
+def _draft(row: dict) -> str:
+    return "the model's own MTP head" if row.get("mtp_head") else row["draft"]
 
 
 def _size(n: int | None) -> str:
@@ -90,6 +99,12 @@ def _named(row: dict, role: str, name: str) -> Text:
     return Text(" ").join(_marked(row, role, name))
 
 
+def _draft_cell(row: dict) -> Text:
+    if row.get("mtp_head"):
+        return Text.assemble(_have(row["draft_downloaded"]), " ", _draft(row))
+    return _named(row, "draft", row["draft"])
+
+
 def models_table(rows: list[dict]) -> Table:
     table = Table(title="Model-pair presets (--pair NAME)", title_justify="left", header_style="bold")
     table.add_column("name", no_wrap=True)
@@ -105,7 +120,7 @@ def models_table(rows: list[dict]) -> Table:
         table.add_row(
             Text(row["name"], style="bold"),
             Text("\n").join(_named(row, "target", name) for name in [row["target"], *_fallbacks(row)]),
-            _named(row, "draft", row["draft"]),
+            _draft_cell(row),
             str(row["gamma"]),
             _size(on_disk),
             f"{row['memory_gb']:.1f} GB" if row["memory_gb"] else "?",
@@ -142,6 +157,8 @@ def models_list(rows: list[dict]) -> Group:
         models += [("target", "or", name) for name in _fallbacks(row)] + [("draft", "draft", row["draft"])]
         for role, label, name in models:
             mark, shown = _marked(row, role, name)
+            if role == "draft" and row.get("mtp_head"):
+                mark, shown = _have(row["draft_downloaded"]), Text(_draft(row))
             lines.append(Text.assemble("  ", mark, f" {label:<6} ", shown))
     lines.append(Text(CAPTION, style="dim"))
     return Group(*lines)

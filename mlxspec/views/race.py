@@ -14,7 +14,7 @@ from rich.text import Text
 
 from .. import sides as model
 from .bench import doubtful
-from .summary import SEPARATOR, PartsLine, alpha_part, counted
+from .summary import SEPARATOR, PartsLine, alpha_part, counted, position_part
 from .tokens import fate_text, legend
 
 NARROW = 100  # columns below which the panels stack
@@ -200,6 +200,8 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
     saved = tokens / standard.tokens_per_second - tokens / speculative.tokens_per_second
     stats = speculative.stats
     detail = f"{alpha_part(stats)}, τ {stats.tokens_per_round:.2f} tokens per round" if stats.tokens_per_round else ""
+    if detail and speculative.by_position and (positions := position_part(stats)):
+        detail += f", {positions}"
     noise = model.speedup_noise(standard, speculative)
     band = f"±{noise:.2f}" if noise is not None else ""
     measured = f"noise {band}; " if band else ""

@@ -57,12 +57,27 @@ class PartsLine:
         yield text
 
 
+def position_part(stats: Stats) -> str | None:
+    """'by position 0.81 0.62 0.40': acceptance at each draft position (a head chained on its
+    own outputs: whether chaining pays), or None before two positions were tested."""
+    rates = stats.per_position_acceptance
+    if sum(1 for r in rates if r is not None) < 2:
+        return None
+    return "by position " + " ".join("–" if r is None else f"{r:.2f}" for r in rates)
+
+
 def stats_line(
-    stats: Stats, *, estimate: float | None = None, reused: int | None = None, lookup: bool = False
+    stats: Stats,
+    *,
+    estimate: float | None = None,
+    reused: int | None = None,
+    lookup: bool = False,
+    by_position: bool = False,
 ) -> PartsLine:
     """e.g. `64 tokens · 41.3 tok/s · α 0.72 · τ 3.10 · γ 4 · prefill 0.05 s (12 tokens)`.
     `estimate`: a speedup estimate to show; `reused`: prompt tokens the caches already held;
-    `lookup`: the pair drafts by prompt lookup alone (no draft model)."""
+    `lookup`: the pair drafts by prompt lookup alone (no draft model); `by_position`: show
+    acceptance by draft position (a model's own MTP head)."""
     parts = [counted(stats.tokens, "token")]
     if stats.tokens_per_second:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
@@ -70,6 +85,8 @@ def stats_line(
         parts.append(alpha_part(stats))
     if stats.gamma and stats.tokens_per_round:
         parts.append(f"τ {stats.tokens_per_round:.2f}")
+    if by_position and stats.gamma and (positions := position_part(stats)):
+        parts.append(positions)
     if estimate:
         parts.append(f"≈{estimate:.2f}x est.")
     if stats.gamma == "auto":

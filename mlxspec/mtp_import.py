@@ -1,0 +1,108 @@
+"""`mlxspec models add-mtp`: give a conversion that lost its MTP head the original's.
+
+mlx-lm 0.32 drops `mtp.*` (and nextn layers) when it converts, so most 4-bit folders on
+mlx-community have no head. The original checkpoint has it: its safetensors index names the
+shard(s) that hold it, and only those are fetched (or read, from a local folder). The head
+is converted as mlx-lm converts the body (drafters/mtp_head.py), quantized as the body is
+(its bits and group size, its family's predicate) unless bf16 is asked for, and stored
+beside the model as `mtp.safetensors`, where `--draft mtp` finds it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import loading
+from .errors import IncompatibleHead, ModelNotFound
+
+PRECISIONS = ("body", "bf16")
+INDEX = "model.safetensors.index.json"
+
+
+def add_mtp(
+    name: str,
+    *,
+    source: str,
+    precision: str = "body",
+    reporter: loading.Reporter | None = None,
+    offline: bool | None = None,
+) -> Path:
+    """Store the MTP head of `source` (the original checkpoint: a folder or a repo id) beside
+    the model `name`; returns the file written. Raises one line when the original has no
+    head or its head does not fit the model."""
+    import mlx.core as mx
+
+    from .drafters import mtp_head
+
+    reporter = reporter or loading.Reporter()
+    reporter.status(f"Loading {name}")
+    loaded = loading.load(name, offline=offline)
+    config = loaded.config
+    mtp_head.check_family(config, name)
+    nextn = mtp_head.nextn_index(config)
+    original = _head_files(source, nextn=nextn, reporter=reporter, offline=offline)
+    tensors, _ = mtp_head.read_head_tensors(original, nextn=nextn)
+    if not tensors:
+        what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
+        raise IncompatibleHead(f"{source} has no MTP head either (no {what} tensors in its index)")
+    head = mtp_head.head_from(
+        tensors, model=loaded.model, config=config, hub_folder=original, quantized=None, name=name
+    )
+    quantization = config.get("quantization")
+    quantized = {}
+    if precision == "body" and quantization:
+        quantized = mtp_head.quantize_head(
+            head,
+            model=loaded.model,
+            group_size=int(quantization["group_size"]),
+            bits=int(quantization["bits"]),
+            mode=quantization.get("mode", "affine"),
+        )
+    else:
+        head.set_dtype(mx.bfloat16)
+    mx.eval(head.parameters())
+    path = mtp_head.save_converted(head, loaded.path, quantized=quantized, source=source)
+    reporter.note(f"wrote {path}")
+    return path
+
+
+def _head_files(source: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
+    """A folder holding the original's index and the shard(s) with its head: the folder
+    itself when it is local, else a download of those files alone."""
+    local = Path(source).expanduser()
+    if local.is_dir():
+        if not (local / INDEX).exists() and not list(local.glob("model*.safetensors")):
+            raise ModelNotFound(f"{source} holds no safetensors weights")
+        return local
+    if loading.looks_like_path(source):
+        raise ModelNotFound(f"no folder {source}")
+    return _fetch_head_shards(source, nextn=nextn, reporter=reporter, offline=offline)
+
+
+def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
+    """Only the original's config, index and the shard(s) its index says hold the head."""
+    from huggingface_hub import hf_hub_download
+
+    from .drafters.mtp_head import head_tensor_name
+
+    def fetch(filename: str) -> Path:
+        try:
+            return Path(
+                hf_hub_download(repo, filename, local_files_only=bool(offline), cache_dir=loading.hub_cache_dir())
+            )
+        except Exception as e:  # huggingface_hub raises many types; each means "not here"
+            raise ModelNotFound(f"cannot fetch {filename} from {repo}: {loading._first_line(e)}") from None
+
+    fetch("config.json")
+    index = fetch(INDEX)
+    weight_map = json.loads(index.read_text()).get("weight_map", {})
+    shards = sorted({file for tensor, file in weight_map.items() if head_tensor_name(tensor, nextn) is not None})
+    if not shards:
+        what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
+        raise IncompatibleHead(f"{repo} has no MTP head either (its index names no {what} tensors)")
+    for done, shard in enumerate(shards):
+        reporter.progress(f"Fetching the MTP head from {repo}", done, len(shards))
+        fetch(shard)
+    reporter.progress(f"Fetching the MTP head from {repo}", len(shards), len(shards))
+    return index.parent
