@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from . import loading
-from .errors import IncompatibleHead, ModelNotFound
+from .errors import IncompatibleHead, MlxspecError, ModelNotFound
 
 PRECISIONS = ("body", "bf16")
 INDEX = "model.safetensors.index.json"
@@ -40,6 +40,7 @@ def add_mtp(
     loaded = loading.load(name, offline=offline)
     config = loaded.config
     mtp_head.check_family(config, name)
+    _check_writable(Path(loaded.path))  # before any shard is fetched
     nextn = mtp_head.nextn_index(config)
     original = _head_files(source, nextn=nextn, reporter=reporter, offline=offline)
     tensors, _ = mtp_head.read_head_tensors(original, nextn=nextn)
@@ -62,9 +63,25 @@ def add_mtp(
     else:
         head.set_dtype(mx.bfloat16)
     mx.eval(head.parameters())
-    path = mtp_head.save_converted(head, loaded.path, quantized=quantized, source=source)
+    try:
+        path = mtp_head.save_converted(head, loaded.path, quantized=quantized, source=source)
+    except (OSError, RuntimeError) as e:  # mlx says "Failed to open file" as a RuntimeError
+        raise MlxspecError(f"cannot write the MTP head beside {loaded.path}: {loading._first_line(e)}") from None
     reporter.note(f"wrote {path}")
     return path
+
+
+def _check_writable(folder: Path) -> None:
+    """The head is stored beside the model: say so now if it cannot be, not after a download."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mlxspec-write-check-"):
+            pass
+    except OSError as e:
+        raise MlxspecError(
+            f"cannot write the MTP head beside {folder} ({e.strerror}): copy the model to a folder you can write"
+        ) from None
 
 
 def _head_files(source: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
