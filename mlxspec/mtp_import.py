@@ -41,6 +41,9 @@ def add_mtp(
     config = loaded.config
     mtp_head.check_family(config, name)
     _check_writable(Path(loaded.path))  # before any shard is fetched
+    existing = Path(loaded.path) / mtp_head.CONVERTED_FILE
+    if existing.is_file() and not mtp_head.written_by_mlxspec(existing):  # MTPLX writes one of this name
+        raise IncompatibleHead(f"{existing} was written by another tool: move it away, or add-mtp would overwrite it")
     nextn = mtp_head.nextn_index(config)
     original = _head_files(source, nextn=nextn, reporter=reporter, offline=offline)
     tensors, _ = mtp_head.read_head_tensors(original, nextn=nextn)

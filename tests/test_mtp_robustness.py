@@ -179,6 +179,22 @@ def test_add_mtp_that_cannot_write_says_so_in_one_line(capsys, hub, factory, tmp
     assert code != 0 and len(lines) == 1 and "cannot write the MTP head beside" in lines[0], err
 
 
+def test_add_mtp_leaves_another_tools_head_file_alone(capsys, hub, factory, tmp_path):
+    """MTPLX stores its head under the same name: add-mtp once overwrote it without a word."""
+    model = copy(factory.quantized(hub, 4), tmp_path, "conversion")
+    theirs = model / "mtp.safetensors"
+    mx.save_safetensors(str(theirs), {"mtp.fc.weight": mx.zeros((4, 8))}, metadata={"format": "mlx"})
+    before = theirs.read_bytes()
+    code, _, err = run(capsys, "models", "add-mtp", str(model), "--from", str(hub))
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "written by another tool" in lines[0], err
+    assert theirs.read_bytes() == before
+    # add-mtp's own file is replaced as before (a second run, say with other --precision)
+    theirs.unlink()
+    assert run(capsys, "models", "add-mtp", str(model), "--from", str(hub))[0] == 0
+    assert run(capsys, "models", "add-mtp", str(model), "--from", str(hub), "--precision", "bf16")[0] == 0
+
+
 def test_add_mtp_from_an_original_missing_its_head_shard(capsys, hub, factory, tmp_path):
     model = copy(factory.quantized(hub, 4), tmp_path, "conversion")
     original = copy(hub, tmp_path, "original")

@@ -219,6 +219,18 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
+def written_by_mlxspec(path: Path) -> bool:
+    """Whether a CONVERTED_FILE is add-mtp's (its header's metadata says so), read without its
+    data; a damaged header is no one's."""
+    try:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            metadata = json.loads(f.read(size)).get("__metadata__") or {}
+    except (OSError, ValueError, struct.error, AttributeError):
+        return False
+    return QUANTIZED_KEY in metadata
+
+
 def tensor_files(folder: Path) -> dict[str, Path]:
     """Every tensor name in a model folder -> the file holding it (the index when there is
     one, else the headers of its safetensors files)."""
