@@ -211,3 +211,28 @@ def test_a_prompt_cache_file_with_the_head_is_refused_in_one_line(capsys, hub, t
     code, _, err = run(capsys, "generate", "x", "--prompt-cache", str(path), "-t", str(hub), "--draft", "mtp")
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "hidden states" in lines[0], err
+
+
+@pytest.mark.slow
+def test_the_server_keeps_conversations_exact_with_the_head(hub, pair, tmp_path):
+    """The real server with --draft mtp, the real openai client: prompts that grow, branch
+    back and alternate (the target's caches and the head's rolled back between them) give
+    standard decoding's text, and after a bad request's 4xx the server goes on."""
+    import openai
+
+    from tests.test_server import running_server
+
+    def completion(client, prompt):
+        return client.completions.create(model="x", prompt=prompt, temperature=0, max_tokens=14).choices[0].text
+
+    def expected(prompt):
+        return mlxspec.generate(pair, prompt, raw=True, gamma=0, max_tokens=14).text
+
+    prompts = ["def main():", "def main():\n    x = 1", "import os", "def main():\n    y", "import os\nimport sys"]
+    with running_server("--target", str(hub), "--draft", "mtp", "--gamma", "3", log=tmp_path / "serve.log") as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+        for prompt in prompts + prompts[::-1]:
+            assert completion(client, prompt) == expected(prompt), prompt
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="x", prompt="def", temperature=0, max_tokens=-3)
+        assert completion(client, prompts[0]) == expected(prompts[0])
