@@ -210,7 +210,7 @@ def test_a_prompt_cache_file_with_the_head_is_refused_in_one_line(capsys, hub, t
     assert prompt_cache.read(path).ids
     code, _, err = run(capsys, "generate", "x", "--prompt-cache", str(path), "-t", str(hub), "--draft", "mtp")
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "hidden states" in lines[0], err
+    assert code == 2 and len(lines) == 1 and f"hidden states {hub.name} MTP head reads" in lines[0], err
 
 
 @pytest.mark.slow
