@@ -45,7 +45,8 @@ def add_mtp(
     if existing.is_file() and not mtp_head.written_by_mlxspec(existing):  # MTPLX writes one of this name
         raise IncompatibleHead(f"{existing} was written by another tool: move it away, or add-mtp would overwrite it")
     nextn = mtp_head.nextn_index(config)
-    original = _head_files(source, nextn=nextn, reporter=reporter, offline=offline)
+    family = mtp_head.family_of(config)
+    original = _head_files(source, family=family, nextn=nextn, reporter=reporter, offline=offline)
     tensors, _ = mtp_head.read_head_tensors(original, nextn=nextn)
     if not tensors:
         what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
@@ -87,20 +88,35 @@ def _check_writable(folder: Path) -> None:
         ) from None
 
 
-def _head_files(source: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
+def _head_files(
+    source: str, *, family: str, nextn: int | None, reporter: loading.Reporter, offline: bool | None
+) -> Path:
     """A folder holding the original's index and the shard(s) with its head: the folder
     itself when it is local, else a download of those files alone."""
     local = Path(source).expanduser()
     if local.is_dir():
         if not (local / INDEX).exists() and not list(local.glob("model*.safetensors")):
             raise ModelNotFound(f"{source} holds no safetensors weights")
+        _check_family(local / "config.json", family=family, source=source)
         return local
     if loading.looks_like_path(source):
         raise ModelNotFound(f"no folder {source}")
-    return _fetch_head_shards(source, nextn=nextn, reporter=reporter, offline=offline)
+    return _fetch_head_shards(source, family=family, nextn=nextn, reporter=reporter, offline=offline)
 
 
-def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
+def _check_family(config: Path, *, family: str, source: str) -> None:
+    """The original is the model's own family (read before any shard is fetched): another
+    family's head would be refused later for its names or shapes, or said to be missing."""
+    if not config.exists():
+        return
+    theirs = str(json.loads(config.read_text()).get("model_type", ""))
+    if theirs and theirs != family:
+        raise IncompatibleHead(f"{source} is {theirs}, the model is {family}: give the model's own original checkpoint")
+
+
+def _fetch_head_shards(
+    repo: str, *, family: str, nextn: int | None, reporter: loading.Reporter, offline: bool | None
+) -> Path:
     """Only the original's config, index and the shard(s) its index says hold the head."""
     from huggingface_hub import hf_hub_download
 
@@ -114,7 +130,7 @@ def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Report
         except Exception as e:  # huggingface_hub raises many types; each means "not here"
             raise ModelNotFound(f"cannot fetch {filename} from {repo}: {loading._first_line(e)}") from None
 
-    fetch("config.json")
+    _check_family(fetch("config.json"), family=family, source=repo)
     index = fetch(INDEX)
     weight_map = json.loads(index.read_text()).get("weight_map", {})
     shards = sorted({file for tensor, file in weight_map.items() if head_tensor_name(tensor, nextn) is not None})

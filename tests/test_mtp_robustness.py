@@ -195,6 +195,16 @@ def test_add_mtp_leaves_another_tools_head_file_alone(capsys, hub, factory, tmp_
     assert run(capsys, "models", "add-mtp", str(model), "--from", str(hub), "--precision", "bf16")[0] == 0
 
 
+def test_add_mtp_from_another_familys_original_says_so(capsys, factory, hub, tmp_path):
+    """A GLM model given a Qwen3.5 original was told the original 'has no MTP head either'."""
+    glm = mtp_models.write_hub_model(
+        "glm4_moe_lite", tmp_path / "glm", tokenizer_dir=factory.tokenizer_dir, eos_token_ids=factory.eos
+    )
+    code, _, err = run(capsys, "models", "add-mtp", str(glm), "--from", str(hub))
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "is qwen3_5, the model is glm4_moe_lite" in lines[0], err
+
+
 def test_add_mtp_from_an_original_missing_its_head_shard(capsys, hub, factory, tmp_path):
     model = copy(factory.quantized(hub, 4), tmp_path, "conversion")
     original = copy(hub, tmp_path, "original")
