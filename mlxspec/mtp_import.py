@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from . import loading
-from .errors import IncompatibleHead, ModelNotFound
+from .errors import IncompatibleHead, MlxspecError, ModelNotFound
 
 PRECISIONS = ("body", "bf16")
 INDEX = "model.safetensors.index.json"
@@ -40,8 +40,13 @@ def add_mtp(
     loaded = loading.load(name, offline=offline)
     config = loaded.config
     mtp_head.check_family(config, name)
+    _check_writable(Path(loaded.path))  # before any shard is fetched
+    existing = Path(loaded.path) / mtp_head.CONVERTED_FILE
+    if existing.is_file() and not mtp_head.written_by_mlxspec(existing):  # MTPLX writes one of this name
+        raise IncompatibleHead(f"{existing} was written by another tool: move it away, or add-mtp would overwrite it")
     nextn = mtp_head.nextn_index(config)
-    original = _head_files(source, nextn=nextn, reporter=reporter, offline=offline)
+    family = mtp_head.family_of(config)
+    original = _head_files(source, family=family, nextn=nextn, reporter=reporter, offline=offline)
     tensors, _ = mtp_head.read_head_tensors(original, nextn=nextn)
     if not tensors:
         what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
@@ -62,25 +67,56 @@ def add_mtp(
     else:
         head.set_dtype(mx.bfloat16)
     mx.eval(head.parameters())
-    path = mtp_head.save_converted(head, loaded.path, quantized=quantized, source=source)
+    try:
+        path = mtp_head.save_converted(head, loaded.path, quantized=quantized, source=source)
+    except (OSError, RuntimeError) as e:  # mlx says "Failed to open file" as a RuntimeError
+        raise MlxspecError(f"cannot write the MTP head beside {loaded.path}: {loading._first_line(e)}") from None
     reporter.note(f"wrote {path}")
     return path
 
 
-def _head_files(source: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
+def _check_writable(folder: Path) -> None:
+    """The head is stored beside the model: say so now if it cannot be, not after a download."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mlxspec-write-check-"):
+            pass
+    except OSError as e:
+        raise MlxspecError(
+            f"cannot write the MTP head beside {folder} ({e.strerror}): copy the model to a folder you can write"
+        ) from None
+
+
+def _head_files(
+    source: str, *, family: str, nextn: int | None, reporter: loading.Reporter, offline: bool | None
+) -> Path:
     """A folder holding the original's index and the shard(s) with its head: the folder
     itself when it is local, else a download of those files alone."""
     local = Path(source).expanduser()
     if local.is_dir():
         if not (local / INDEX).exists() and not list(local.glob("model*.safetensors")):
             raise ModelNotFound(f"{source} holds no safetensors weights")
+        _check_family(local / "config.json", family=family, source=source)
         return local
     if loading.looks_like_path(source):
         raise ModelNotFound(f"no folder {source}")
-    return _fetch_head_shards(source, nextn=nextn, reporter=reporter, offline=offline)
+    return _fetch_head_shards(source, family=family, nextn=nextn, reporter=reporter, offline=offline)
 
 
-def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Reporter, offline: bool | None) -> Path:
+def _check_family(config: Path, *, family: str, source: str) -> None:
+    """The original is the model's own family (read before any shard is fetched): another
+    family's head would be refused later for its names or shapes, or said to be missing."""
+    if not config.exists():
+        return
+    theirs = str(json.loads(config.read_text()).get("model_type", ""))
+    if theirs and theirs != family:
+        raise IncompatibleHead(f"{source} is {theirs}, the model is {family}: give the model's own original checkpoint")
+
+
+def _fetch_head_shards(
+    repo: str, *, family: str, nextn: int | None, reporter: loading.Reporter, offline: bool | None
+) -> Path:
     """Only the original's config, index and the shard(s) its index says hold the head."""
     from huggingface_hub import hf_hub_download
 
@@ -94,7 +130,7 @@ def _fetch_head_shards(repo: str, *, nextn: int | None, reporter: loading.Report
         except Exception as e:  # huggingface_hub raises many types; each means "not here"
             raise ModelNotFound(f"cannot fetch {filename} from {repo}: {loading._first_line(e)}") from None
 
-    fetch("config.json")
+    _check_family(fetch("config.json"), family=family, source=repo)
     index = fetch(INDEX)
     weight_map = json.loads(index.read_text()).get("weight_map", {})
     shards = sorted({file for tensor, file in weight_map.items() if head_tensor_name(tensor, nextn) is not None})

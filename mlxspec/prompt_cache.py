@@ -102,8 +102,9 @@ def _refuse_heads(session) -> None:
     caches does not hold."""
     draft = session.pair.draft
     if draft is not None and draft.kind != "model":
+        head = draft.label if draft.kind == "mtp" else f"the {draft.kind} head {draft.label}"  # "X MTP head"
         raise InvalidOption(
-            f"prompt-cache files hold KV caches, not the hidden states the {draft.kind} head {draft.label} reads: "
+            f"prompt-cache files hold KV caches, not the hidden states {head} reads: "
             "use them with a draft model, prompt lookup or --no-draft"
         )
 

@@ -21,15 +21,17 @@ from .sampling import sample
 
 
 def acceptance_probability(target_prob: mx.array, draft_prob: mx.array) -> mx.array:
-    """min(1, p(x) / q(x)) elementwise. An id the draft could not have proposed (q = 0) is
-    accepted, which never happens for sampled ids; it keeps the division defined."""
+    """min(1, p(x) / q(x)) elementwise. Where q(x) is not positive (an id the draft could not
+    have proposed, or a NaN row from a draft whose logits overflowed) the draft is rejected:
+    the id is then drawn from the residual, which falls back to p for a NaN row, so the
+    output stays the target's whatever the draft computed."""
     ratio = target_prob / mx.where(draft_prob > 0, draft_prob, 1)
-    return mx.where(draft_prob > 0, mx.minimum(ratio, 1), 1)
+    return mx.where(draft_prob > 0, mx.minimum(ratio, 1), 0)
 
 
 def residual(target_probs: mx.array, draft_probs: mx.array) -> mx.array:
     """norm(max(0, p - q)) along the last axis. Where p <= q everywhere (only possible when
-    p == q, so no rejection can happen there) it falls back to p."""
+    p == q, so no rejection can happen there) or q holds NaN it falls back to p."""
     excess = mx.maximum(target_probs - draft_probs, 0)
     total = excess.sum(axis=-1, keepdims=True)
     return mx.where(total > 0, excess / mx.where(total > 0, total, 1), target_probs)

@@ -93,6 +93,8 @@ HEAD_FAMILIES = {
     # Qwen3.5's own MTP head (tests/mtp_models.py): its KV cache beside the target's
     # gated-delta state (restored from snapshots) and attention KV (trimmed)
     "ArraysCache, Qwen3.5 MTP head": ("mtp:qwen3_5", CacheOptions()),
+    # GLM-4.7-Flash's nextn layer: MLA's KV cache, the embedding zeroed at the head's row 0
+    "KVCache, GLM nextn head": ("mtp:glm4_moe_lite", CacheOptions()),
 }
 # Rotating caches both trim (before wrapping, after a block) and restore (after single
 # steps), where a stale checkpoint can hide: they get more sequences. With checkpoints

@@ -101,6 +101,19 @@ def test_one_hot_all_rejected():
         assert run_rule(drafted, [one_hot(2), one_hot(2)], target, seed) == (0, 0)
 
 
+def test_a_nan_draft_row_is_rejected_and_the_target_sampled():
+    """A draft whose logits overflowed proposes from a NaN row: never accepted (NaN > 0 is
+    false; it once counted as q = 0 and was accepted with probability 1), and the id comes
+    from p. The MTP review found it: a head with NaN weights emitted its own argmax."""
+    nan = [float("nan")] * 3
+    counts = np.zeros(3)
+    for seed in range(2000):
+        n, token = run_rule([0, 0], [nan, nan], [P, P, P], seed)
+        assert n == 0
+        counts[token] += 1
+    assert np.allclose(counts / counts.sum(), P, atol=0.04)
+
+
 def test_no_drafts_is_a_plain_sample_of_the_target():
     counts = np.zeros(3)
     for seed in range(2000):

@@ -219,6 +219,18 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
+def written_by_mlxspec(path: Path) -> bool:
+    """Whether a CONVERTED_FILE is add-mtp's (its header's metadata says so), read without its
+    data; a damaged header is no one's."""
+    try:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            metadata = json.loads(f.read(size)).get("__metadata__") or {}
+    except (OSError, ValueError, struct.error, AttributeError):
+        return False
+    return QUANTIZED_KEY in metadata
+
+
 def tensor_files(folder: Path) -> dict[str, Path]:
     """Every tensor name in a model folder -> the file holding it (the index when there is
     one, else the headers of its safetensors files)."""
@@ -251,7 +263,7 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
     layer (num_hidden_layers), for those families."""
     converted = folder / CONVERTED_FILE
     if converted.exists():
-        tensors, metadata = mx.load(str(converted), return_metadata=True)
+        tensors, metadata = _load(converted, return_metadata=True)
         if QUANTIZED_KEY not in metadata:  # another tool's sidecar (MTPLX writes one of this name)
             raise IncompatibleHead(
                 f"{converted} was not written by `mlxspec models add-mtp` (its layout is unknown): move it "
@@ -263,9 +275,22 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
     wanted = {name: short for name, short in wanted.items() if short is not None}
     tensors = {}
     for file in sorted({files[name] for name in wanted}):
-        loaded = mx.load(str(file))
+        if not file.exists():  # mlx-lm globs the files it finds: only the index remembers this one
+            raise IncompatibleHead(
+                f"{folder}'s index names {file.name} for the MTP head, and there is no such file "
+                "(an interrupted download? fetch the model again)"
+            )
+        loaded = _load(file)
         tensors.update({wanted[name]: loaded[name] for name in loaded if name in wanted})
     return tensors, None
+
+
+def _load(file: Path, **kwargs):
+    """mx.load, with a damaged file said in one line."""
+    try:
+        return mx.load(str(file), **kwargs)
+    except (RuntimeError, ValueError) as e:
+        raise IncompatibleHead(f"cannot read the MTP head from {file}: {str(e).splitlines()[0]}") from None
 
 
 def body_in_hub_layout(folder: Path, family: str) -> bool:
@@ -370,13 +395,28 @@ def head_from(
         tensors = convert(tensors, zero_centred=zero_centred, num_experts=int(getattr(body.args, "num_experts", 0)))
     if quantized:
         nn.quantize(head, class_predicate=lambda path, module: quantized.get(path, False))
+    _check_kinds(head, tensors, name)
     try:
         head.load_weights(list(tensors.items()), strict=True)
-    except ValueError as e:
-        raise IncompatibleHead(f"{name}'s MTP head does not fit its body: {str(e).splitlines()[0]}") from None
+    except ValueError as e:  # its message names the parameters on a second line
+        raise IncompatibleHead(f"{name}'s MTP head does not fit its body: {' '.join(str(e).split())}") from None
     head.share(embed=body.text_model.embed_tokens, output=body.logits)
     mx.eval(head.parameters())
     return head
+
+
+def _check_kinds(head: nn.Module, tensors: dict[str, mx.array], name: str) -> None:
+    """load_weights checks names and shapes, not dtypes: integers where the head holds floats
+    (or floats where it holds packed quantized weights) would load and draft nonsense."""
+    from mlx.utils import tree_flatten
+
+    expected = dict(tree_flatten(head.parameters()))
+    for key, value in tensors.items():
+        want = expected.get(key)
+        if want is not None and mx.issubdtype(value.dtype, mx.floating) != mx.issubdtype(want.dtype, mx.floating):
+            raise IncompatibleHead(
+                f"{name}'s MTP head does not fit its body: {key} is {value.dtype} where {want.dtype} belongs"
+            )
 
 
 def quantize_head(head: nn.Module, *, model, group_size: int, bits: int, mode: str = "affine") -> dict:
