@@ -42,7 +42,7 @@ import numpy as np
 
 from .errors import InvalidOption
 
-KINDS = ("json_schema", "json_object", "regex", "lark")
+KINDS = ("json_schema", "json_object", "regex", "lark", "llguidance")
 # any JSON object: OpenAI's {"type": "json_object"}
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
@@ -76,15 +76,25 @@ class GrammarSpec:
     def json_object(cls) -> GrammarSpec:
         return cls("json_object", json.dumps(JSON_OBJECT_SCHEMA), "a JSON object")
 
+    @classmethod
+    def grammar_file(cls, text: str, *, label: str = "the grammar") -> GrammarSpec:
+        """A grammar file's text: llguidance's own JSON format ({"grammars": [...]}), else Lark."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and "grammars" in data:
+            return cls("llguidance", text, label)
+        return cls("lark", text, label)
+
     @property
     def name(self) -> str:
         return self.label or self.kind
 
     def describe(self) -> str:
         """One short line for the console and `--json` output."""
-        return {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "lark": "grammar"}[
-            self.kind
-        ]
+        names = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex"}
+        return names.get(self.kind, "grammar")
 
     def llguidance_grammar(self) -> str:
         from llguidance import LLMatcher
@@ -96,12 +106,16 @@ class GrammarSpec:
                 raise InvalidOption(f"{self.name} is not one the grammar engine accepts: {_first_line(e)}") from None
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.source)
+        if self.kind == "llguidance":
+            return self.source
         return LLMatcher.grammar_from_lark(self.source)
 
 
-def _first_line(error) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+def _first_line(error, limit: int = 240) -> str:
+    """An engine's message on one line (its parse errors span several), cut to `limit`."""
+    text = " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
+    text = text or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _BRIDGES: dict[int, tuple[object, object]] = {}  # id(tokenizer) -> (tokenizer, LLTokenizer)

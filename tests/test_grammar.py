@@ -307,3 +307,46 @@ def test_rollback_over_ids_read_after_the_grammar_stopped():
     assert matcher.allowed().nonzero()[0].tolist() == [EOS]
     matcher.rollback_to(2)
     assert matcher.allowed().nonzero()[0].tolist() == [0, 1]
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    from mlxspec.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+def test_generate_json_schema_regex_and_grammar(capsys, factory, tmp_path):
+    target, draft = (str(p) for p in factory.pair("llama"))
+    schema = tmp_path / "pet.json"
+    schema.write_text(json.dumps(SCHEMA))
+    lark = tmp_path / "answer.lark"
+    lark.write_text('start: "yes" | "no" | "maybe"\n')
+    common = ("-t", target, "-d", draft, "-m", "80", "--json")
+    code, out, _ = run_cli(capsys, "generate", "def main(", "--grammar", str(lark), *common)
+    assert code == 0 and json.loads(out)["text"] in ("yes", "no", "maybe")
+    assert json.loads(out)["finish_reason"] == "stop" or json.loads(out)["finish_reason"] == "eos"
+    code, out, _ = run_cli(capsys, "generate", "def main(", "--regex", "[0-9]{2}-[a-z]{2}", *common)
+    assert code == 0 and re.fullmatch("[0-9]{2}-[a-z]{2}", json.loads(out)["text"])
+    code, out, _ = run_cli(capsys, "generate", "def main(", "--json-schema", str(schema), *common, "--temp", "1")
+    assert code == 0 and json.loads(out)["text"].lstrip().startswith("{")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--json-schema", "/no/such.json"), "--json-schema /no/such.json: no such file"),
+        (("--regex", "a("), "--regex is not one the grammar engine accepts"),
+        (("--regex", "a", "--grammar", "x.lark"), "give one of --json-schema, --regex and --grammar"),
+    ],
+)
+def test_bad_grammars_are_one_line_and_exit_2(capsys, factory, args, message):
+    target, draft = (str(p) for p in factory.pair("llama"))
+    code, _, err = run_cli(capsys, "generate", "def main(", "-t", target, "-d", draft, "-m", "4", *args)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1
