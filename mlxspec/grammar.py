@@ -45,6 +45,10 @@ from .errors import InvalidOption
 KINDS = ("json_schema", "json_object", "regex", "lark", "llguidance")
 # any JSON object: OpenAI's {"type": "json_object"}
 JSON_OBJECT_SCHEMA = {"type": "object"}
+# JSON as json.dumps writes it (", " and ": ", no other whitespace): with whitespace left
+# free, small models fill a reply with newlines until max tokens (measured on the bundled
+# pair: 8 of 8 greedy replies); vLLM offers the same switch (disable_any_whitespace)
+JSON_OPTIONS = {"whitespace_flexible": False}
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class GrammarSpec:
 
         if self.kind in ("json_schema", "json_object"):
             try:
-                return LLMatcher.grammar_from_json_schema(self.source)
+                return LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
             except ValueError as e:
                 raise InvalidOption(f"{self.name} is not one the grammar engine accepts: {_first_line(e)}") from None
         if self.kind == "regex":
