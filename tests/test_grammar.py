@@ -350,3 +350,40 @@ def test_bad_grammars_are_one_line_and_exit_2(capsys, factory, args, message):
     code, _, err = run_cli(capsys, "generate", "def main(", "-t", target, "-d", draft, "-m", "4", *args)
     assert code == 2 and message in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1
+
+
+# -- the real SmolLM2 pair -------------------------------------------------------------------
+
+COUNTRY = {
+    "type": "object",
+    "properties": {
+        "country": {"type": "string"},
+        "capital": {"type": "string"},
+        "continent": {"enum": ["Africa", "Asia", "Europe", "North America", "South America", "Oceania"]},
+        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+    },
+    "required": ["country", "capital", "continent", "languages"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.slow
+def test_smollm2_answers_a_real_question_in_valid_sensible_json():
+    """The SmolLM2 pair (float32 target, the bundled distilled draft): the JSON validates,
+    names Paris and Europe, and speculative decoding gives standard decoding's ids."""
+    from mlxspec.presets import resolve_name
+    from tests import real_models
+
+    target = str(real_models.folder(real_models.SMOLLM2))
+    pair = mlxspec.load_pair(target, str(resolve_name("bundled:smollm2-draft")))
+    question = "Describe France as JSON with the keys country, capital, continent and languages."
+    spec = GrammarSpec.json_schema(COUNTRY)
+    standard = mlxspec.generate(pair, question, max_tokens=80, gamma=0, grammar=spec)
+    answer = json.loads(standard.text)
+    jsonschema.validate(answer, COUNTRY)
+    assert answer["capital"] == "Paris" and answer["continent"] == "Europe", answer
+    assert standard.finish_reason == "eos"
+    for gamma in (3, "auto"):
+        assert mlxspec.generate(pair, question, max_tokens=80, gamma=gamma, grammar=spec).tokens == standard.tokens
+    lookup = mlxspec.load_pair(target, "ngram")
+    assert mlxspec.generate(lookup, question, max_tokens=80, gamma="auto", grammar=spec).tokens == standard.tokens

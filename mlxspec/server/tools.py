@@ -6,7 +6,8 @@ with them. Plain Python (no MLX).
 - `none`: the tools still go to the template, so the prompt (and the prompt cache) is the
   conversation's as before, as vLLM does by default; nothing is parsed, markup stays text.
 - `required` and a named function are refused (400 naming tool_choice): holding the model
-  to a call takes constrained decoding, which is not built yet. Checking the output after
+  to a call takes a grammar in the model's own tool-call markup, not built yet (the engine
+  constrains output: grammar.py, response_format). Checking the output after
   the fact could only fail the request once the model had answered otherwise.
 - A model for which mlx-lm knows no tool-call format refuses tools (400 naming tools)
   rather than dropping them silently.
@@ -76,8 +77,9 @@ def _choice(choice, tools: list[dict] | None) -> str:
     if choice == "required" or named:
         what = "'required'" if choice == "required" else "a named function"
         raise RequestError(
-            f"tool_choice {what} is not supported yet: holding the model to a call needs constrained decoding, "
-            "which this server does not have; use 'auto' (the model may call a tool) or 'none'",
+            f"tool_choice {what} is not supported yet: holding the model to a call needs constrained decoding "
+            "in its tool-call markup, which this server does not build yet (response_format is constrained); "
+            "use 'auto' (the model may call a tool) or 'none'",
             param="tool_choice",
         )
     raise RequestError(

@@ -1,0 +1,115 @@
+"""What constraining costs per token, standard and speculative, with and without a draft.
+
+The SmolLM2 pair (float32 target, the bundled distilled draft) and the target alone with
+prompt lookup answer JSON questions, each with and without a JSON schema; every mode runs
+in one process on the same prompts, a warm-up excluded, medians over repeats. Besides
+tokens/s it reports the host time spent in the grammar engine per token (mask + advance),
+most of which overlaps the device's forward (engine.py, rounds.py).
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
+        python -m demos.grammar_cost --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlxspec
+from mlxspec import grammar as grammar_module
+from mlxspec.generation import encode_messages
+from mlxspec.grammar import GrammarSpec
+from mlxspec.presets import resolve_name
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "country": {"type": "string"},
+        "capital": {"type": "string"},
+        "population_millions": {"type": "number"},
+        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+        "continent": {"enum": ["Africa", "Asia", "Europe", "North America", "South America", "Oceania"]},
+    },
+    "required": ["country", "capital", "population_millions", "languages", "continent"],
+    "additionalProperties": False,
+}
+QUESTIONS = [
+    "Describe France as JSON with the keys country, capital, population_millions, languages and continent.",
+    "Describe Japan as JSON with the keys country, capital, population_millions, languages and continent.",
+    "Describe Brazil as JSON with the keys country, capital, population_millions, languages and continent.",
+]
+MODES = {  # name: (draft?, generate options)
+    "standard": (True, {"gamma": 0}),
+    "draft, gamma auto": (True, {"gamma": "auto"}),
+    "draft, gamma 4": (True, {"gamma": 4}),
+    "prompt lookup alone": (False, {"gamma": "auto"}),
+}
+
+
+class EngineClock:
+    """Host seconds inside the grammar engine (mask and advance), summed."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        for name in ("allowed", "consume"):
+            original = getattr(grammar_module.Matcher, name)
+            setattr(grammar_module.Matcher, name, self._timed(original))
+
+    def _timed(self, method):
+        clock = self
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                clock.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args()
+    from tests import real_models
+
+    target = str(real_models.folder(real_models.SMOLLM2))
+    pairs = {
+        True: mlxspec.load_pair(target, str(resolve_name("bundled:smollm2-draft"))),
+        False: mlxspec.load_pair(target, "ngram"),
+    }
+    clock = EngineClock()
+    spec = GrammarSpec.json_schema(SCHEMA)
+    print(f"{'mode':<22} {'grammar':<8} {'tok/s':>7} {'ms/token':>9} {'engine us/token':>16} {'tokens':>7}")
+    baseline = {}
+    for mode, (with_draft, options) in MODES.items():
+        pair = pairs[with_draft]
+        prompts = [encode_messages(pair.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
+        for constrained in (False, True):
+            extra = {"grammar": spec} if constrained else {}
+            mlxspec.generate(pair, prompts[0], max_tokens=16, seed=0, **options, **extra)  # warm-up
+            rates, engine_us, tokens = [], [], 0
+            for _ in range(args.repeats):
+                count, seconds = 0, 0.0
+                clock.seconds = 0.0
+                for ids in prompts:
+                    result = mlxspec.generate(pair, ids, max_tokens=args.max_tokens, seed=0, **options, **extra)
+                    count += result.stats.tokens
+                    seconds += result.stats.decode_seconds
+                rates.append(count / seconds)
+                engine_us.append(1e6 * clock.seconds / count)
+                tokens = count
+            rate = statistics.median(rates)
+            baseline.setdefault(constrained, rate) if mode == "standard" else None
+            print(
+                f"{mode:<22} {'json' if constrained else '-':<8} {rate:7.1f} {1000 / rate:9.2f} "
+                f"{statistics.median(engine_us) if constrained else 0:16.0f} {tokens:7d}"
+                + ("" if mode == "standard" else f"   speedup {rate / baseline[constrained]:.2f}x")
+            )
+
+
+if __name__ == "__main__":
+    main()
