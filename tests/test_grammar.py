@@ -387,3 +387,18 @@ def test_smollm2_answers_a_real_question_in_valid_sensible_json():
         assert mlxspec.generate(pair, question, max_tokens=80, gamma=gamma, grammar=spec).tokens == standard.tokens
     lookup = mlxspec.load_pair(target, "ngram")
     assert mlxspec.generate(lookup, question, max_tokens=80, gamma="auto", grammar=spec).tokens == standard.tokens
+
+
+@pytest.mark.parametrize("vocab", [1.0, 0.1], ids=["full-vocab", "10%-vocab"])
+def test_greedy_under_a_grammar_with_an_eagle3_head(factory, vocab):
+    """The head's rows masked at its own ids (a 10% head often allows nothing the grammar
+    does, and stops drafting there): still standard decoding's ids."""
+    from tests.test_eagle3 import Heads
+
+    pair = Heads(factory).pair("llama", vocab=vocab, fit=40)
+    assert pair.draft.kind == "eagle3"
+    for spec in (WORDS, GrammarSpec.json_schema(SCHEMA)):
+        standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0, grammar=spec)
+        for gamma in (1, 3, "auto"):
+            result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma, grammar=spec)
+            assert result.tokens == standard.tokens, (spec.kind, gamma)
