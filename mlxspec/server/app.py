@@ -124,6 +124,11 @@ class Api:
                 await self.offload.run(self._check_grammar, grammar)
                 options = options.replace(grammar=grammar)
             tools = tool_use(body, self.tool_format)
+            if (forced := tools.forced_call(self.pair.tokenizer)) is not None:
+                if options.grammar is not None:
+                    raise RequestError("give tool_choice or response_format, not both", param="tool_choice")
+                await self.offload.run(self._check_grammar, forced)
+                options = options.replace(grammar=forced)
             messages = schema.template_messages(body)
             ids = await self.offload.run(
                 encode.chat_ids, self.pair, messages, think=options.think, tools=tools.tools, per_token=self.per_token
