@@ -132,7 +132,7 @@ class Eagle3Drafter:
                     break
                 confidences.append(confidence)
             token = to_target[choice]
-            if grammar is not None and not grammar_reads(grammar, allowed, token):
+            if grammar is not None and not grammar_reads(grammar, allowed, token, logits):
                 stopped = True
                 confidences = confidences[: len(ids)]
                 break

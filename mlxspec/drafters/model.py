@@ -58,7 +58,7 @@ class ModelDrafter(Cursor):
                     stopped = True
                     break
                 confidences.append(confidence)
-            if grammar is not None and not grammar_reads(grammar, allowed, token):
+            if grammar is not None and not grammar_reads(grammar, allowed, token, logits):
                 stopped = True  # nothing allowed within the draft's vocabulary
                 confidences = confidences[: len(ids)]
                 break
@@ -83,11 +83,14 @@ class ModelDrafter(Cursor):
         self.abandon(mark, pending)
 
 
-def grammar_reads(grammar: Matcher, allowed, token: mx.array) -> bool:
-    """The matcher reads a drafted id; False (and nothing read) when the id is one the grammar
-    forbids, which happens only when it allows nothing the drafter's logits cover."""
+def grammar_reads(grammar: Matcher, allowed, token: mx.array, logits: mx.array) -> bool:
+    """The matcher reads a drafted id; False (and nothing read) when the grammar allows
+    nothing the drafter's masked `logits` cover: its row would be 0/0, and an id drawn from
+    it is no sample of q (the rule would accept it whatever p says)."""
+    covered = mx.isfinite(logits).any()
+    mx.eval(token, covered)
     value = token.item()
-    if not allowed[value]:
+    if not covered.item() or not allowed[value]:
         return False
     grammar.consume(value)
     return True
