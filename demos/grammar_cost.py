@@ -2,7 +2,7 @@
 
 The SmolLM2 pair (float32 target, the bundled distilled draft) and the target alone with
 prompt lookup answer JSON questions, each with and without a JSON schema; every mode runs
-in one process on the same prompts, a warm-up excluded, medians over repeats. Besides
+in one process on the same prompts, interleaved, a warm-up excluded. Besides
 tokens/s it reports the host time spent in the grammar engine per token (mask + advance),
 most of which overlaps the device's forward (engine.py, rounds.py).
 
@@ -13,7 +13,6 @@ most of which overlaps the device's forward (engine.py, rounds.py).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import mlxspec
@@ -87,36 +86,50 @@ def main() -> None:
     }
     clock = EngineClock()
     spec = GrammarSpec.json_schema(SCHEMA)
+    configs = [(mode, constrained) for mode in MODES for constrained in (False, True)]
+    prompts = {
+        with_draft: [encode_messages(pair.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
+        for with_draft, pair in pairs.items()
+    }
+    for mode, constrained in configs:  # warm-up
+        with_draft, options = MODES[mode]
+        extra = {"grammar": spec} if constrained else {}
+        mlxspec.generate(pairs[with_draft], prompts[with_draft][0], max_tokens=16, seed=0, **options, **extra)
+    # interleaved: every configuration runs on each prompt back to back, so the machine's
+    # load, which drifts over minutes here, weighs on all of them alike
+    tokens = dict.fromkeys(configs, 0)
+    seconds = dict.fromkeys(configs, 0.0)
+    engine = {config: [0.0, 0.0] for config in configs}
+    for _ in range(args.repeats):
+        for index in range(len(QUESTIONS)):
+            for mode, constrained in configs:
+                with_draft, options = MODES[mode]
+                extra = {"grammar": spec} if constrained else {}
+                clock.seconds = clock.cpu_seconds = 0.0
+                result = mlxspec.generate(
+                    pairs[with_draft],
+                    prompts[with_draft][index],
+                    max_tokens=args.max_tokens,
+                    seed=0,
+                    **options,
+                    **extra,
+                )
+                tokens[mode, constrained] += result.stats.tokens
+                seconds[mode, constrained] += result.stats.decode_seconds
+                engine[mode, constrained][0] += clock.seconds
+                engine[mode, constrained][1] += clock.cpu_seconds
     print(
         f"{'mode':<22} {'grammar':<8} {'tok/s':>7} {'ms/token':>9} {'engine us/token':>16} {'(cpu)':>7} {'tokens':>7}"
     )
-    baseline = {}
-    for mode, (with_draft, options) in MODES.items():
-        pair = pairs[with_draft]
-        prompts = [encode_messages(pair.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
-        for constrained in (False, True):
-            extra = {"grammar": spec} if constrained else {}
-            mlxspec.generate(pair, prompts[0], max_tokens=16, seed=0, **options, **extra)  # warm-up
-            rates, engine_us, engine_cpu_us, tokens = [], [], [], 0
-            for _ in range(args.repeats):
-                count, seconds = 0, 0.0
-                clock.seconds = clock.cpu_seconds = 0.0
-                for ids in prompts:
-                    result = mlxspec.generate(pair, ids, max_tokens=args.max_tokens, seed=0, **options, **extra)
-                    count += result.stats.tokens
-                    seconds += result.stats.decode_seconds
-                rates.append(count / seconds)
-                engine_us.append(1e6 * clock.seconds / count)
-                engine_cpu_us.append(1e6 * clock.cpu_seconds / count)
-                tokens = count
-            rate = statistics.median(rates)
-            baseline.setdefault(constrained, rate) if mode == "standard" else None
-            print(
-                f"{mode:<22} {'json' if constrained else '-':<8} {rate:7.1f} {1000 / rate:9.2f} "
-                f"{statistics.median(engine_us) if constrained else 0:16.0f} "
-                f"{statistics.median(engine_cpu_us) if constrained else 0:7.0f} {tokens:7d}"
-                + ("" if mode == "standard" else f"   speedup {rate / baseline[constrained]:.2f}x")
-            )
+    for mode, constrained in configs:
+        count = tokens[mode, constrained]
+        rate = count / seconds[mode, constrained]
+        wall, cpu = (1e6 * value / count for value in engine[mode, constrained])
+        base = tokens["standard", constrained] / seconds["standard", constrained]
+        print(
+            f"{mode:<22} {'json' if constrained else '-':<8} {rate:7.1f} {1000 / rate:9.2f} {wall:16.0f} {cpu:7.0f} "
+            f"{count:7d}" + ("" if mode == "standard" else f"   speedup {rate / base:.2f}x")
+        )
 
 
 if __name__ == "__main__":
