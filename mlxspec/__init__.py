@@ -19,6 +19,7 @@ _EXPORTS = {
     "GenerationResult": "generation",
     "Options": "options",
     "SamplingParams": "options",
+    "GrammarSpec": "grammar",
     "Prefill": "events",
     "Round": "events",
     "Done": "events",

@@ -24,8 +24,9 @@ from mlx_lm.generate import generation_stream
 from .cursor import TOKEN, Cursor
 from .drafting import TARGET, Outcome, Policy
 from .events import Prefill, Round
+from .grammar import Matcher
 from .rounds import pick, run_round
-from .sampling import SamplingParams
+from .sampling import SamplingParams, constrain
 
 
 def decode(
@@ -38,30 +39,51 @@ def decode(
     max_tokens: int,
     eos_ids: frozenset[int],
     key: mx.array,
+    grammar: Matcher | None = None,
 ) -> Iterator[Prefill | Round]:
     """Yields a Prefill, then one Round per round; returns the finish reason ("eos" or
-    "length"). `policy` None: standard decoding, the target alone, through the same sampler."""
+    "length"). `policy` None: standard decoding, the target alone, through the same sampler.
+    `grammar`: every id is drawn from logits it masks, in both (grammar.py)."""
     target.keep_features = policy is not None  # only a drafter reads them
     # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
     with mx.stream(generation_stream):
         yield prefill(target, drafter if policy else None, prompt)
         if policy is None:
-            return (yield from standard(target, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key))
+            return (
+                yield from standard(
+                    target, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key, grammar=grammar
+                )
+            )
         return (
             yield from speculative(
-                target, drafter, policy=policy, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key
+                target,
+                drafter,
+                policy=policy,
+                params=params,
+                max_tokens=max_tokens,
+                eos_ids=eos_ids,
+                key=key,
+                grammar=grammar,
             )
         )
 
 
-def speculative(target, drafter, *, policy: Policy, params, max_tokens: int, eos_ids, key) -> Iterator[Round]:
+def speculative(
+    target, drafter, *, policy: Policy, params, max_tokens: int, eos_ids, key, grammar: Matcher | None = None
+) -> Iterator[Round]:
     produced = rounds = 0
     while produced < max_tokens:
         key, round_key = mx.random.split(key)
         plan = policy.plan(remaining=max_tokens - produced)
         if plan.plain:  # plain decoding wins for now: a pipelined stretch
             for event in standard(
-                target, params=params, max_tokens=plan.plain, eos_ids=eos_ids, key=round_key, index=rounds
+                target,
+                params=params,
+                max_tokens=plan.plain,
+                eos_ids=eos_ids,
+                key=round_key,
+                index=rounds,
+                grammar=grammar,
             ):
                 policy.observe_plain(event.emitted[0], event.seconds)
                 if drafter is not None:
@@ -71,7 +93,7 @@ def speculative(target, drafter, *, policy: Policy, params, max_tokens: int, eos
                 if event.emitted[0] in eos_ids:
                     return "eos"
             continue
-        outcome = run_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids)
+        outcome = run_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar)
         policy.observe_round(outcome)
         produced += len(outcome.emitted)
         yield round_event(outcome, index=rounds)
@@ -107,15 +129,33 @@ def prefill(target: Cursor, drafter: Cursor | None, prompt: list[int]) -> Prefil
 
 
 def standard(
-    target: Cursor, *, params: SamplingParams, max_tokens: int, eos_ids: frozenset[int], key: mx.array, index: int = 0
+    target: Cursor,
+    *,
+    params: SamplingParams,
+    max_tokens: int,
+    eos_ids: frozenset[int],
+    key: mx.array,
+    index: int = 0,
+    grammar: Matcher | None = None,
 ) -> Iterator[Round]:
     """The target alone, through the same sampling code; returns "eos" or "length".
     Pipelined as mlx-lm's generate_step is: the step for token t+1 is queued before token t
     is read, so the host's graph building overlaps the device's work and the baseline is as
-    fast as plain mlx-lm."""
+    fast as plain mlx-lm. Under a grammar the forward for t+1 is queued before token t is
+    read, and only the draw waits for the mask, which the host computes meanwhile."""
+
+    def forward(inputs: mx.array) -> mx.array:
+        logits = target.forward(inputs)[-1]
+        if grammar is not None:
+            mx.async_eval(logits)
+        return logits
+
+    def draw(logits: mx.array, step_key: mx.array) -> mx.array:
+        allowed = grammar.allowed() if grammar is not None else None
+        return pick(constrain(logits, allowed), params, step_key)[0].astype(TOKEN)
 
     def step(inputs: mx.array, step_key: mx.array) -> mx.array:
-        return pick(target.forward(inputs)[-1], params, step_key)[0].astype(TOKEN)
+        return draw(forward(inputs), step_key)
 
     def next_key():
         nonlocal key
@@ -133,10 +173,18 @@ def standard(
         start = time.perf_counter()
         queued = produced < max_tokens
         with target.atomic(history):
-            if queued:
+            if queued and grammar is None:
                 following = step(y[None], next_key())
                 mx.async_eval(following)
+            elif queued:
+                logits, following_key = forward(y[None]), next_key()
             token = y.item()
+            if grammar is not None:
+                grammar.consume(token)
+                grammar.forget_below(grammar.depth)
+                if queued and token not in eos_ids:  # after the end the grammar allows nothing
+                    following = draw(logits, following_key)
+                    mx.async_eval(following)
             history.append(token)
             if queued:
                 target.tokens.append(token)

@@ -27,6 +27,7 @@ from .drafters.mtp import MtpDrafter
 from .drafting import Controller, ControllerConfig, Policy, PromptLookup
 from .errors import InvalidOption, PromptTooLong
 from .events import Done, Prefill, Round
+from .grammar import Matcher, matcher_for
 from .options import Options
 from .pairs import Pair
 from .stats import Stats
@@ -245,6 +246,7 @@ def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: 
     seed = secrets.randbits(31) if options.seed is None else options.seed
     session = session or Session(pair)
     policy = drafting_policy(pair, session, options, ids)
+    grammar = grammar_for(pair, options)
 
     stats = Stats(gamma=_gamma_label(options.gamma), seed=seed)
     text = TextStream(pair.tokenizer, ids[-4:])
@@ -259,6 +261,7 @@ def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: 
         max_tokens=max_tokens,
         eos_ids=eos,
         key=mx.random.key(seed),
+        grammar=grammar,
     )
     reason = None
     with wired_limit(pair.target.model, [generation_stream]):
@@ -284,6 +287,15 @@ def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: 
     if pair.target.shard is not None:  # every round and plain step is one target forward
         stats.transfers = stats.rounds * pair.target.shard.transfers_per_forward
     yield Done(reason, stats.frozen(reason), tail, stops.matched if reason == "stop" else None)
+
+
+def grammar_for(pair: Pair, options: Options) -> Matcher | None:
+    """A fresh matcher for this reply's grammar, or None. Each reply starts the grammar
+    anew; within it the matcher follows the ids kept (rounds.py rolls it back with the
+    caches), so a session reused after an interrupted reply starts from a clean state."""
+    if options.grammar is None:
+        return None
+    return matcher_for(options.grammar, pair.tokenizer, width=pair.target.width, eos_ids=pair.eos_ids)
 
 
 def _gamma_label(gamma) -> int | str:

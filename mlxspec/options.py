@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .drafting import AUTO, Auto
 from .errors import InvalidOption
+from .grammar import GrammarSpec
 
 SEED_LIMIT = 2**64  # MLX's random keys take an unsigned 64-bit seed
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize accepts
@@ -61,6 +62,7 @@ class Options:
     raw: bool = False  # the prompt as it is, no chat template
     system: str | None = None  # a system prompt for the chat template
     think: bool | None = None  # enable_thinking for templates that take it; None: the template's default
+    grammar: GrammarSpec | None = None  # what the reply must match (constrained decoding)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -85,6 +87,8 @@ class Options:
             raise InvalidOption("a stop text is empty: give the text to stop at")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidOption("sampling must be SamplingParams")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise InvalidOption("grammar must be a GrammarSpec (GrammarSpec.json_schema(...), ...)")
 
     @classmethod
     def build(
@@ -104,6 +108,7 @@ class Options:
         system: str | None = None,
         think: bool | None = None,
         xtc_probability: float = 0.0,
+        grammar: GrammarSpec | None = None,
     ) -> Options:
         """Options from the values a person types: gamma and draft_min_p may be "auto" or
         numbers as text."""
@@ -123,6 +128,7 @@ class Options:
             raw=raw,
             system=system,
             think=think,
+            grammar=grammar,
         )
 
     def replace(self, **changes) -> Options:
@@ -154,6 +160,7 @@ class Options:
             "raw": self.raw,
             "system": self.system,
             "think": self.think,
+            "grammar": self.grammar.describe() if self.grammar else None,
         }
 
 

@@ -8,6 +8,11 @@
 MLX is lazy: drafted ids are queued with `mx.async_eval` as they are made and the verify
 graph is built while the device drafts; the host waits once, for the outcome, or twice in a
 round timed apart (once for the drafts), never once per token.
+
+Under a grammar (grammar.py) the drafts are drawn from masked rows and read by the matcher
+as they are made (a wait per draft), a prompt-lookup proposal is cut before the first id the
+grammar forbids, the target is verified with the masks of the drafted prefix, and the
+matcher then keeps only what was emitted.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from .cursor import TOKEN, Cursor
 from .drafters.base import Drafter, Drafts
 from .drafters.sampling import pick
 from .drafting import Outcome, Plan
-from .sampling import SamplingParams, warp
+from .grammar import Matcher
+from .sampling import SamplingParams, constrain, warp
 from .verify import greedy_sample, speculative_sample
 
 __all__ = ["pick", "run_round", "verify"]
@@ -33,12 +39,24 @@ def point_mass_rows(ids: mx.array, width: int) -> mx.array:
 
 
 def verify(
-    cursor: Cursor, drafted: mx.array, draft_probs: mx.array | None, params: SamplingParams, key: mx.array
+    cursor: Cursor,
+    drafted: mx.array,
+    draft_probs: mx.array | None,
+    params: SamplingParams,
+    key: mx.array,
+    *,
+    grammar: Matcher | None = None,
+    grammar_mark: int = 0,
 ) -> tuple[mx.array, mx.array]:
-    """The target reads pending + drafted in one pass; returns (accepted count, next id)."""
+    """The target reads pending + drafted in one pass; returns (accepted count, next id).
+    Under a grammar its rows are masked by the matcher's states from `grammar_mark` (the
+    round's start) through each draft: (gamma + 1, vocab), computed while the pass runs."""
     gamma = drafted.shape[0]
     inputs = mx.concatenate([mx.array(cursor.pending, dtype=TOKEN), drafted])
     logits = cursor.forward(inputs)[-(gamma + 1) :]
+    if grammar is not None:
+        mx.async_eval(logits)
+        logits = constrain(logits, grammar.trail(grammar_mark))
     if gamma == 0:
         return mx.array(0), pick(logits[-1], params, key)[0]
     if params.greedy:
@@ -54,10 +72,11 @@ def run_round(
     params: SamplingParams,
     key: mx.array,
     eos_ids: frozenset[int],
+    grammar: Matcher | None = None,
 ) -> Outcome:
     """One propose-verify-rewind round. The drafter proposes when the plan says so; a
     prompt-lookup proposal is verified as point masses, and the drafter only hears what was
-    emitted. On any exception both sides are left as before the round."""
+    emitted. On any exception both sides (and the grammar) are left as before the round."""
     use_model = plan.draft > 0 and drafter is not None
     caught_up = drafter.catch_up_if_behind() if use_model else 0.0
     start = time.perf_counter()
@@ -65,6 +84,7 @@ def run_round(
     verify_reads = len(target.pending) + (plan.draft if use_model else len(plan.proposal))
     target_mark, target_pending = target.cache.mark(reads=verify_reads), list(target.pending)
     draft_state = drafter.begin(plan.draft) if use_model else None
+    grammar_mark = grammar.depth if grammar is not None else 0
     try:
         if use_model:
             drafts = drafter.propose(
@@ -73,13 +93,19 @@ def run_round(
                 key=draft_key,
                 stop_below=plan.stop_below,
                 read_confidences=plan.read_confidences,
+                grammar=grammar,
             )
             draft_probs = drafts.rows
         else:
-            drafts = Drafts(mx.array(plan.proposal, dtype=TOKEN), None, False, None)
-            draft_probs = None if params.greedy or not plan.proposal else point_mass_rows(drafts.ids, target.width)
+            proposal = list(plan.proposal)
+            if grammar is not None:  # cut before the first id the grammar forbids
+                proposal = proposal[: grammar.walk(proposal)]
+            drafts = Drafts(mx.array(proposal, dtype=TOKEN), None, False, None)
+            draft_probs = None if params.greedy or not proposal else point_mass_rows(drafts.ids, target.width)
         n = drafts.ids.shape[0]
-        accepted, next_id = verify(target, drafts.ids, draft_probs, params, rule_key)
+        accepted, next_id = verify(
+            target, drafts.ids, draft_probs, params, rule_key, grammar=grammar, grammar_mark=grammar_mark
+        )
         outcome = mx.concatenate([drafts.ids, accepted.astype(TOKEN)[None], next_id.astype(TOKEN)[None]])
         if plan.timed:
             # waiting for the drafts before the outcome times the two apart; queued together,
@@ -99,12 +125,16 @@ def run_round(
             )
         elif drafter is not None:
             drafter.hear(drafted_ids[:accepted] + [next_id])
+        emitted = _cut_at_eos(drafted_ids[:accepted] + [next_id], eos_ids)
+        if grammar is not None:
+            grammar.settle(grammar_mark, emitted)
     except BaseException:
         target.abandon(target_mark, target_pending)
         if use_model:
             drafter.undo(draft_state)
+        if grammar is not None:
+            grammar.rollback_to(grammar_mark)
         raise
-    emitted = _cut_at_eos(drafted_ids[:accepted] + [next_id], eos_ids)
     return Outcome(
         plan=plan,
         drafted=tuple(drafted_ids),

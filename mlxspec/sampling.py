@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from .options import SamplingParams
 
-__all__ = ["SamplingParams", "sample", "warp"]
+__all__ = ["SamplingParams", "constrain", "sample", "warp"]
 
 
 def warp(logits: mx.array, params: SamplingParams) -> mx.array:
@@ -41,6 +41,15 @@ def warp(logits: mx.array, params: SamplingParams) -> mx.array:
     if keep is not None:
         logprobs = mx.where(keep, logprobs, -mx.inf)
     return mx.softmax(logprobs / params.temp, axis=-1)
+
+
+def constrain(logits: mx.array, allowed) -> mx.array:
+    """Ids a grammar forbids get logit -inf, before warping or argmax, identically for the
+    target, the draft and standard decoding (grammar.py says why that keeps the rule exact).
+    `allowed` (..., vocab) bool, numpy or MLX; None: no grammar."""
+    if allowed is None:
+        return logits
+    return mx.where(mx.array(allowed), logits, -mx.inf)
 
 
 def _top_p_mask(logprobs: mx.array, top_p: float) -> mx.array:

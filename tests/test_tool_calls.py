@@ -187,10 +187,35 @@ def test_tool_choice_none_leaves_the_markup_as_text(client):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_tool_choice_that_needs_a_grammar_is_refused(client, choice):
-    with pytest.raises(openai.BadRequestError, match="constrained decoding") as raised:
-        ask(client, PARIS, tool_choice=choice)
+@pytest.mark.parametrize("gamma", [0, "auto"])
+def test_tool_choice_required_or_named_forces_one_valid_call(client, choice, gamma):
+    """A grammar in the model's own markup: where it was taught to answer with text first
+    (Rome) or with broken markup, it now calls, and the arguments parse."""
+    for messages in (ROME, BROKEN, PARIS):
+        reply = ask(client, messages, tool_choice=choice, extra_body={"gamma": gamma})
+        choice_ = reply.choices[0]
+        assert choice_.finish_reason == "tool_calls", choice_.message
+        [call] = choice_.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
+    the_call(
+        ask(client, PARIS, tool_choice=choice, extra_body={"gamma": gamma}).choices[0].message.tool_calls[0], "Paris"
+    )
+
+
+def test_tool_choice_refusals(client, qwen3):
+    with pytest.raises(openai.BadRequestError, match="not among the tools") as raised:
+        ask(client, PARIS, tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert raised.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError, match="not both"):
+        ask(client, PARIS, tool_choice="required", response_format={"type": "json_object"})
+    from mlxspec.server.schema import RequestError
+    from mlxspec.server.tools import ToolUse
+    from mlxspec.tool_calls import ToolFormat
+
+    mistral = ToolFormat(parser=None, start="[TOOL_CALLS]", end="", name="mistral")
+    with pytest.raises(RequestError, match="constrained decoding in its own markup"):
+        ToolUse(tools=TOOLS, choice="required", format=mistral).forced_call(qwen3[1].tokenizer)
 
 
 def test_bad_tools_and_bad_history_are_400s_naming_the_field(served):

@@ -8,18 +8,21 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ..grammar import GrammarSpec
 from ..options import Options
 from .common import load
 from .generate import read_prompt_cache
-from .options import Models, PromptCacheOption, decoding_options, model_options
+from .options import Models, PromptCacheOption, decoding_options, grammar_options, model_options
 
 
 @decoding_options(temp=0.7, top_p=0.95, max_tokens=512)
 @model_options
+@grammar_options
 def chat(
     *,
     models: Models,
     options: Options,
+    grammar: GrammarSpec | None,
     show_drafts: Annotated[
         bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")
     ] = False,
@@ -38,6 +41,8 @@ def chat(
         pass
     if models.no_draft:
         options = options.replace(gamma=0)
+    if grammar is not None:
+        options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)
     pair = load(models, speculative=options.speculative, note_bundled=False)  # the banner says it
     console = Console(highlight=False)

@@ -10,18 +10,21 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidOption
+from ..grammar import GrammarSpec
 from ..options import Options
 from .common import err, load
-from .options import Models, PromptCacheOption, decoding_options, model_options
+from .options import Models, PromptCacheOption, decoding_options, grammar_options, model_options
 
 
 @decoding_options
 @model_options
+@grammar_options
 def generate(
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The prompt; '-' reads it from standard input.")],
     *,
     models: Models,
     options: Options,
+    grammar: GrammarSpec | None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")
     ] = False,
@@ -46,6 +49,8 @@ def generate(
         raise InvalidOption("the prompt is empty")
     if models.no_draft:
         options = options.replace(gamma=0)
+    if grammar is not None:
+        options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)
     pair = load(models, speculative=options.speculative)
     session = generation.Session(pair, cache_options=models.cache_options())

@@ -9,10 +9,12 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 
+from ..errors import InvalidOption
 from ..options import Options, check_cache_options
 
 
@@ -234,6 +236,38 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
 }
 
 
+# What a reply must match (generate, chat): one of these at most.
+GRAMMAR_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
+    "json_schema": (
+        Optional[str],
+        None,
+        _option(
+            "--json-schema",
+            metavar="FILE",
+            help="Constrain the reply to JSON valid under this JSON schema (a .json file).",
+            show_default=False,
+        ),
+    ),
+    "regex": (
+        Optional[str],
+        None,
+        _option(
+            "--regex", metavar="REGEX", help="Constrain the reply to match this regular expression.", show_default=False
+        ),
+    ),
+    "grammar_file": (
+        Optional[str],
+        None,
+        _option(
+            "--grammar",
+            metavar="FILE",
+            help="Constrain the reply to this grammar: Lark syntax, or llguidance's JSON grammar format.",
+            show_default=False,
+        ),
+    ),
+}
+
+
 def _inject(
     fn: Callable, target: str, declared: dict, defaults: dict, build: Callable[[dict], Any], exclude=()
 ) -> Callable:
@@ -286,6 +320,39 @@ def decoding_options(fn: Callable | None = None, *, exclude: tuple[str, ...] = (
         return _inject(fn, "options", DECODING_OPTIONS, defaults, _build_options, exclude)
 
     return wrap(fn) if fn else wrap
+
+
+def grammar_options(fn: Callable):
+    """The command gets `grammar: GrammarSpec | None` from --json-schema, --regex or --grammar."""
+    return _inject(fn, "grammar", GRAMMAR_OPTIONS, {}, _build_grammar)
+
+
+def _build_grammar(values: dict):
+    from ..grammar import GrammarSpec
+
+    given = {name: value for name, value in values.items() if value is not None}
+    if len(given) > 1:
+        raise InvalidOption("give one of --json-schema, --regex and --grammar")
+    if "json_schema" in given:
+        path = given["json_schema"]
+        return GrammarSpec.json_schema(_read_text(path, "--json-schema"), label=f"the JSON schema in {path}")
+    if "regex" in given:
+        return GrammarSpec("regex", given["regex"], "--regex")
+    if "grammar_file" in given:
+        path = given["grammar_file"]
+        return GrammarSpec.grammar_file(_read_text(path, "--grammar"), label=f"the grammar in {path}")
+    return None
+
+
+def _read_text(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidOption(f"{option} {path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidOption(f"{option} {path} is a folder: give a file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidOption(f"{option} {path} cannot be read ({e})") from None
 
 
 def _build_options(values: dict) -> Options:

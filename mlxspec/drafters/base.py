@@ -4,7 +4,9 @@ A round asks `catch_up_if_behind` (read a backlog in a forward of its own, outsi
 round's timing), `begin` (a state to come back to), `propose` (up to `count` ids with the
 distributions q they were drawn from), then `settle` (keep what the rule accepted) or, on
 any exception, `undo`. Ids emitted without the drafter (plain steps, prompt lookup) are
-`hear`d. A session also `sync`s it to each prompt, `prefill`s and `reset`s it. Exactness
+`hear`d. Under a grammar, `propose` masks each position with the matcher's state and
+advances it through its own proposals (grammar.py), stopping where nothing is allowed. A
+session also `sync`s it to each prompt, `prefill`s and `reset`s it. Exactness
 never depends on a drafter: the rule needs only that q is what the ids were drawn from.
 """
 
@@ -15,6 +17,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from ..grammar import Matcher
 from ..sampling import SamplingParams
 
 
@@ -37,7 +40,14 @@ class Drafter(Protocol):
     def catch_up_if_behind(self) -> float: ...
     def begin(self, count: int): ...
     def propose(
-        self, *, count: int, params: SamplingParams, key: mx.array, stop_below: float, read_confidences: bool
+        self,
+        *,
+        count: int,
+        params: SamplingParams,
+        key: mx.array,
+        stop_below: float,
+        read_confidences: bool,
+        grammar: Matcher | None = None,
     ) -> Drafts: ...
     def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None: ...
     def undo(self, state) -> None: ...

@@ -22,12 +22,14 @@ import time
 from contextlib import contextmanager
 
 import mlx.core as mx
+import numpy as np
 
 from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
-from ..sampling import SamplingParams
+from ..grammar import Matcher
+from ..sampling import SamplingParams, constrain
 from .base import Drafts
 from .eagle3_head import Eagle3Head
-from .model import stack_drafts
+from .model import grammar_reads, stack_drafts
 from .sampling import confidence_of, pick
 
 
@@ -95,6 +97,7 @@ class Eagle3Drafter:
         key: mx.array,
         stop_below: float = 0.0,
         read_confidences: bool = False,
+        grammar: Matcher | None = None,
     ) -> Drafts:
         """Up to `count` ids, the first from the rows for the target's newest positions, the
         rest chained on the head's own output."""
@@ -116,6 +119,11 @@ class Eagle3Drafter:
         for i in range(count):
             logits, out = self.head(tokens, hidden, self.cache, chained=i > 0)
             logits = logits[0, -1]
+            allowed = None
+            if grammar is not None:  # the target-id mask, read at the head's ids
+                mx.async_eval(logits)
+                allowed = grammar.allowed()
+                logits = constrain(logits, allowed[self._to_target_ids()])
             choice, probs = pick(logits, params, keys[i])
             if stop_below > 0 or read_confidences:
                 confidence = confidence_of(logits, probs)
@@ -124,6 +132,10 @@ class Eagle3Drafter:
                     break
                 confidences.append(confidence)
             token = choice if to_target is None else to_target[choice]
+            if grammar is not None and not grammar_reads(grammar, allowed, token, logits):
+                stopped = True
+                confidences = confidences[: len(ids)]
+                break
             mx.async_eval(token)
             ids.append(token)
             rows.append(self._target_row(probs))
@@ -139,6 +151,15 @@ class Eagle3Drafter:
         if to_target is None:  # a head over the target's whole vocabulary (MTP)
             return probs
         return mx.zeros((self.width,), dtype=probs.dtype).at[to_target].add(probs)
+
+    def _to_target_ids(self):
+        """The target id of each head id, on the host (a grammar's mask is in target ids);
+        all of them, in order, for a head over the target's whole vocabulary."""
+        if self.head.draft_to_target is None:
+            return slice(None)
+        if getattr(self, "_to_target_host", None) is None:
+            self._to_target_host = np.array(self.head.draft_to_target)
+        return self._to_target_host
 
     def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
         """Keep the rows read from the target's features; drop the chained ones."""

@@ -27,10 +27,12 @@ from starlette.routing import Route
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
 from ..events import Done, Round
 from ..generation import check_drafting, fit_context
+from ..grammar import check_spec
 from ..loading import looks_like_path
 from ..options import Options
 from ..tool_calls import ToolCallSplitter, split_tool_calls, tool_format
 from . import anthropic, encode, schema
+from .formats import response_grammar
 from .length import bytes_per_token
 from .limits import Limits, read_body
 from .offload import Offload
@@ -123,7 +125,15 @@ class Api:
         try:
             body = schema.parse(schema.ChatBody, await read_body(request, self.limits))
             options = schema.request_options(body, self.defaults)
+            if (grammar := response_grammar(body)) is not None:
+                await self.offload.run(self._check_grammar, grammar)
+                options = options.replace(grammar=grammar)
             tools = tool_use(body, self.tool_format)
+            if (forced := tools.forced_call(self.pair.tokenizer)) is not None:
+                if options.grammar is not None:
+                    raise RequestError("give tool_choice or response_format, not both", param="tool_choice")
+                await self.offload.run(self._check_grammar, forced)
+                options = options.replace(grammar=forced)
             messages = schema.template_messages(body)
             ids = await self.offload.run(
                 encode.chat_ids, self.pair, messages, think=options.think, tools=tools.tools, per_token=self.per_token
@@ -143,6 +153,14 @@ class Api:
             return await self._answer(request, Reply(chat=False, model=self.model), ids, options, body)
         except (RequestError, MlxspecError) as e:
             return _error_response(e)
+
+    def _check_grammar(self, grammar) -> None:
+        """A 400 naming the schema when the grammar engine rejects it (the first call builds
+        the tokenizer's bridge, about a second, off the event loop)."""
+        try:
+            check_spec(grammar, self.pair.tokenizer, width=self.pair.target.width, eos_ids=self.pair.eos_ids)
+        except InvalidOption as e:
+            raise RequestError(str(e), param="response_format") from None
 
     def _check(self, ids: list[int], options: Options, param: str) -> None:
         if not ids:
@@ -165,7 +183,8 @@ class Api:
     async def _answer(
         self, request, reply: Reply, ids: list[int], options: Options, body, *, tools: ToolUse | None = None
     ):
-        note = job_note(tools=tools.note() if tools else None)
+        grammar = options.grammar.describe() if options.grammar else None
+        note = job_note(tools=tools.note() if tools else None, grammar=grammar)
         job = self.worker.submit(ids, options, asyncio.get_running_loop(), note=note)
         tools = tools if tools and tools.parses else None
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))

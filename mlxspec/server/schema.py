@@ -95,7 +95,7 @@ class ChatBody(_Body):
     tools: list[dict] | None = None
     tool_choice: Any = None  # "auto", "none"; "required" and a named function are refused (see tools.py)
     parallel_tool_calls: bool | None = None  # ignored: a model calls as many as it writes
-    response_format: dict | None = None
+    response_format: Any = None  # text, json_object, json_schema (formats.py)
     chat_template_kwargs: dict | None = None  # as vLLM: {"enable_thinking": false} for Qwen3
 
 
@@ -193,10 +193,6 @@ def _refuse_unsupported(body: _Body) -> None:
         raise RequestError("logit_bias is not supported", param="logit_bias")
     if body.logprobs not in (None, False, 0):
         raise RequestError("logprobs are not supported", param="logprobs")
-    if isinstance(body, ChatBody) and body.response_format and body.response_format.get("type") != "text":
-        raise RequestError(
-            "response_format other than text is not supported (no constrained decoding)", param="response_format"
-        )
     if isinstance(body, CompletionBody):
         if body.echo:
             raise RequestError("echo is not supported", param="echo")

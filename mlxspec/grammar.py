@@ -1,0 +1,272 @@
+"""Constrained decoding: a grammar (a JSON schema, a regex, Lark) decides which ids may come
+next, and both the target and the draft only ever see the ids it allows.
+
+Why speculative decoding stays exact under a grammar. Constrained decoding *defines* the
+distribution at reply position t as
+
+    p~_t = warp(logits_t with every id the matcher forbids in state s_t set to -inf)
+
+where s_t is the matcher's state after the reply's ids before t: a function of the prefix
+alone. Standard decoding draws from p~_t. Leviathan et al.'s rule (arXiv 2211.17192,
+Algorithm 1; verify.py) asks of its target and draft distributions only that, at each
+drafted position, both are distributions over the next id given the same prefix. So take
+p~ as the target and q~_t = warp(draft logits_t masked by the same state s_t) as the draft:
+
+- the draft's matcher advances through its own proposals, so drafted position i is masked by
+  the state after the context and drafts 1..i-1, the very prefix the target is verified on
+  there; the target's mask at each verify position (the bonus one included) is that state's;
+- a drafted id was sampled from q~ and so is allowed; a proposal that is not sampled (prompt
+  lookup) is cut before its first forbidden id, never sent to verify;
+- the rule's accepted ids, recovered row norm(max(0, p~ - q~)) and bonus row p~_{n+1} then
+  have, by the theorem, exactly the law of standard decoding under the grammar;
+- after the round the matcher rolls back over the drafts and reads the ids emitted, so its
+  state follows the ids kept (`Matcher.mark` / `rollback_to`).
+
+At temperature 0 both sides take the argmax of masked logits: greedy ids are identical.
+The mask goes on before warping (temperature, top-k, top-p, min-p) everywhere
+(`sampling.constrain`). End of sequence is allowed only where the grammar accepts; once it
+has stopped only end of sequence is, so a constrained reply ends when its grammar does.
+
+The engine is llguidance (used by llama.cpp and vLLM): a grammar compiles in milliseconds
+and a mask costs tens of microseconds, computed on the host while the device runs the
+forward (docs/grammar.md has the measurements and why not xgrammar). This module holds no
+MLX: masks are numpy booleans, applied by the callers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidOption
+
+KINDS = ("json_schema", "json_object", "regex", "lark", "llguidance")
+# any JSON object: OpenAI's {"type": "json_object"}
+JSON_OBJECT_SCHEMA = {"type": "object"}
+# JSON as json.dumps writes it (", " and ": ", no other whitespace): with whitespace left
+# free, small models fill a reply with newlines until max tokens (measured on the bundled
+# pair: 8 of 8 greedy replies); vLLM offers the same switch (disable_any_whitespace)
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a reply must match, as given: a plain value, compiled per tokenizer (`compile`)."""
+
+    kind: str  # one of KINDS
+    source: str  # the schema as JSON text, the regex, or the Lark (or llguidance) grammar
+    label: str = ""  # how errors name it ("the JSON schema 'weather'", "--regex")
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InvalidOption(f"a grammar's kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not isinstance(self.source, str):
+            raise InvalidOption("a grammar's source must be text")
+
+    @classmethod
+    def json_schema(cls, schema: dict | str, *, label: str = "the JSON schema") -> GrammarSpec:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise InvalidOption(f"{label} is not JSON ({e})") from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidOption(f"{label} must be a JSON object")
+        return cls("json_schema", json.dumps(schema), label)
+
+    @classmethod
+    def json_object(cls) -> GrammarSpec:
+        return cls("json_object", json.dumps(JSON_OBJECT_SCHEMA), "a JSON object")
+
+    @classmethod
+    def grammar_file(cls, text: str, *, label: str = "the grammar") -> GrammarSpec:
+        """A grammar file's text: llguidance's own JSON format ({"grammars": [...]}), else Lark."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and "grammars" in data:
+            return cls("llguidance", text, label)
+        return cls("lark", text, label)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.kind
+
+    def describe(self) -> str:
+        """One short line for the console and `--json` output."""
+        names = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex"}
+        return names.get(self.kind, "grammar")
+
+    def llguidance_grammar(self) -> str:
+        from llguidance import LLMatcher
+
+        if self.kind in ("json_schema", "json_object"):
+            try:
+                return LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+            except ValueError as e:
+                raise InvalidOption(f"{self.name} is not one the grammar engine accepts: {_first_line(e)}") from None
+        if self.kind == "regex":
+            return LLMatcher.grammar_from_regex(self.source)
+        if self.kind == "llguidance":
+            return self.source
+        return LLMatcher.grammar_from_lark(self.source)
+
+
+def _first_line(error, limit: int = 240) -> str:
+    """An engine's message on one line (its parse errors span several), cut to `limit`."""
+    text = " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
+    text = text or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_BRIDGES: dict[int, tuple[object, object]] = {}  # id(tokenizer) -> (tokenizer, LLTokenizer)
+
+
+def bridge(tokenizer, *, width: int, eos_ids: frozenset[int]):
+    """The llguidance tokenizer for an mlx-lm TokenizerWrapper (its Hugging Face fast tokenizer
+    serialised to tokenizer.json, as llguidance.hf does), `width` ids wide (the target's
+    logits: ids past the tokenizer's own are never allowed). Built once per tokenizer (~1 s)."""
+    key = id(tokenizer)
+    cached = _BRIDGES.get(key)
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    from copy import copy
+
+    from llguidance import LLTokenizer
+
+    fast = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(fast, "backend_tokenizer", None)
+    if backend is None:
+        raise InvalidOption("constrained decoding needs a fast (tokenizer.json) tokenizer, and this model has none")
+    backend = copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    eos = sorted(eos_ids) or None
+    try:
+        built = LLTokenizer(backend.to_str(), n_vocab=max(width, backend.get_vocab_size()), eos_token=eos)
+    except Exception as e:  # llguidance cannot read this tokenizer's pieces
+        raise InvalidOption(f"the grammar engine cannot read this model's tokenizer: {_first_line(e)}") from None
+    _BRIDGES[key] = (tokenizer, built)
+    return built
+
+
+def compile_spec(spec: GrammarSpec, tokenizer) -> str:
+    """The llguidance grammar for `spec`, checked against `tokenizer` (an LLTokenizer):
+    InvalidOption naming the spec if the engine rejects it."""
+    from llguidance import LLMatcher
+
+    grammar = spec.llguidance_grammar()
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if failed:
+        raise InvalidOption(f"{spec.name} is not one the grammar engine accepts: {_first_line(messages[0])}")
+    return grammar
+
+
+class Matcher:
+    """One reply's grammar state, following the ids the reply keeps.
+
+    `allowed()` is the mask of the current state (cached per depth: the draft computes it at
+    each drafted position and the verify reads the same arrays back); `consume`/`rollback_to`
+    move the state; `trail(mark)` is the stack of masks from a mark to now, the rows the
+    target is verified with."""
+
+    def __init__(self, tokenizer, grammar: str, *, width: int):
+        from llguidance import LLMatcher
+
+        self.width = width
+        self._matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if self._matcher.is_error():
+            raise InvalidOption(f"the grammar engine rejected the grammar: {_first_line(self._matcher.get_error())}")
+        self._words = (tokenizer.vocab_size + 31) // 32
+        self._ids: list[int] = []  # the ids consumed
+        # whether llguidance recorded each: an id read once the grammar has stopped (end of
+        # sequence again, drafted past the end) is not, and a rollback must not count it
+        self._recorded: list[bool] = []
+        self._masks: dict[int, np.ndarray] = {}  # depth -> allowed ids there (width,) bool
+
+    @property
+    def depth(self) -> int:
+        return len(self._ids)
+
+    def allowed(self) -> np.ndarray:
+        """(width,) bool: the ids allowed next."""
+        depth = len(self._ids)
+        mask = self._masks.get(depth)
+        if mask is None:
+            bits = np.empty((self._words,), dtype=np.int32)
+            self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.width].astype(bool)
+            if mask.shape[0] < self.width:
+                mask = np.concatenate([mask, np.zeros(self.width - mask.shape[0], dtype=bool)])
+            self._masks[depth] = mask
+        return mask
+
+    def consume(self, token: int) -> None:
+        """Read one id the grammar allows (callers only pass such ids)."""
+        recorded = not self._matcher.is_stopped()
+        if not self._matcher.consume_token(int(token)):
+            raise RuntimeError(f"the grammar refused id {token}: {self._matcher.get_error()}")
+        self._ids.append(int(token))
+        self._recorded.append(recorded)
+
+    def consume_all(self, ids) -> None:
+        for token in ids:
+            self.consume(token)
+
+    def walk(self, ids) -> int:
+        """Read the longest prefix of `ids` the grammar allows, one id at a time (computing
+        the mask at each position, which the verify reuses); returns how many were read."""
+        for i, token in enumerate(ids):
+            if not self.allowed()[token]:
+                return i
+            self.consume(token)
+        return len(ids)
+
+    def trail(self, mark: int) -> np.ndarray:
+        """(depth - mark + 1, width) bool: the masks at each position from `mark` to now."""
+        here = len(self._ids)
+        rows = [self.allowed() if depth == here else self._masks[depth] for depth in range(mark, here + 1)]
+        # a state that allows nothing comes only after end of sequence, whose row is never
+        # emitted: left unmasked, it keeps the arithmetic free of 0/0
+        return np.stack([row if row.any() else np.ones_like(row) for row in rows])
+
+    def rollback_to(self, mark: int) -> None:
+        """Back to the state after the first `mark` ids."""
+        extra = sum(self._recorded[mark:])
+        if extra > 0 and not self._matcher.rollback(extra):
+            raise RuntimeError(f"the grammar could not roll back: {self._matcher.get_error()}")
+        del self._ids[mark:], self._recorded[mark:]
+        for depth in [d for d in self._masks if d > mark]:
+            del self._masks[depth]
+
+    def settle(self, mark: int, emitted) -> None:
+        """After a round: back to `mark`, read what was emitted, forget the masks behind."""
+        self.rollback_to(mark)
+        self.consume_all(emitted)
+        self.forget_below(len(self._ids))
+
+    def forget_below(self, depth: int) -> None:
+        for old in [d for d in self._masks if d < depth]:
+            del self._masks[old]
+
+    @property
+    def accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+    @property
+    def stopped(self) -> bool:
+        return self._matcher.is_stopped()
+
+
+def matcher_for(spec: GrammarSpec, tokenizer, *, width: int, eos_ids: frozenset[int]) -> Matcher:
+    """A fresh matcher for one reply."""
+    lltokenizer = bridge(tokenizer, width=width, eos_ids=eos_ids)
+    return Matcher(lltokenizer, compile_spec(spec, lltokenizer), width=width)
+
+
+def check_spec(spec: GrammarSpec, tokenizer, *, width: int, eos_ids: frozenset[int]) -> None:
+    """Raise InvalidOption naming `spec` if the engine rejects it (the server's 400)."""
+    compile_spec(spec, bridge(tokenizer, width=width, eos_ids=eos_ids))

@@ -1,0 +1,189 @@
+"""`response_format` on `mlxspec serve` (the bundled pair, in a subprocess, through the real
+`openai` client): JSON that parses and validates for several schemas at temperature 0 and 1,
+speculative and standard; greedy answers equal to the library's standard decoding under the
+same grammar; a schema the engine rejects is a 400 naming it; a client gone mid-stream
+leaves the session exact."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+import mlxspec
+from mlxspec.grammar import GrammarSpec
+from tests.test_server import TIMEOUT, chat_ids, health, running_server
+
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 10},
+            "owner": {
+                "type": "object",
+                "properties": {
+                    "first": {"type": "string", "maxLength": 8},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                },
+                "required": ["first", "age"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "owner"],
+        "additionalProperties": False,
+    },
+    "enum": {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+        "required": ["color", "ok"],
+        "additionalProperties": False,
+    },
+    "array": {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3}
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    },
+    "numbers": {
+        "type": "object",
+        "properties": {
+            "x": {"type": "number", "minimum": -10, "maximum": 10},
+            "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        },
+        "required": ["x", "n"],
+        "additionalProperties": False,
+    },
+}
+MESSAGES = [{"role": "user", "content": "def merge_sort(items):"}]
+MAX_TOKENS = 120
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(log=tmp_path_factory.mktemp("server") / "serve.log") as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return mlxspec.load_pair()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+
+
+def json_schema_format(name: str, schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_json_schema_answers_validate(client, pair, name):
+    schema = SCHEMAS[name]
+    ids = chat_ids(pair, MESSAGES)
+    reference = mlxspec.generate(
+        pair, ids, gamma=0, temp=0, max_tokens=MAX_TOKENS, grammar=GrammarSpec.json_schema(schema)
+    )
+    for temperature in (0, 1):
+        for gamma in (0, "auto"):
+            reply = client.chat.completions.create(
+                model="m",
+                messages=MESSAGES,
+                temperature=temperature,
+                seed=7,
+                max_tokens=MAX_TOKENS,
+                response_format=json_schema_format(name, schema),
+                extra_body={"gamma": gamma},
+            )
+            choice = reply.choices[0]
+            assert choice.finish_reason == "stop", (temperature, gamma, choice.message.content)
+            jsonschema.validate(json.loads(choice.message.content), schema)
+            if temperature == 0:
+                assert choice.message.content == reference.text, gamma
+
+
+def test_json_object_and_a_streamed_schema(client):
+    reply = client.chat.completions.create(
+        model="m", messages=MESSAGES, temperature=0, max_tokens=MAX_TOKENS, response_format={"type": "json_object"}
+    )
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:  # the toy model may not close an open-ended object in time; what it wrote starts one
+        assert reply.choices[0].message.content.startswith("{")
+    stream = client.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        temperature=1,
+        seed=3,
+        max_tokens=MAX_TOKENS,
+        stream=True,
+        response_format=json_schema_format("nested", SCHEMAS["nested"]),
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    jsonschema.validate(json.loads(text), SCHEMAS["nested"])
+
+
+@pytest.mark.parametrize(
+    "response_format, message",
+    [
+        (json_schema_format("pet", {"type": "object", "properties": {"a": {"type": "strng"}}}), "'pet'"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema must be"),
+        ({"type": "xml"}, "response_format.type must be"),
+        ({"type": "json_schema", "json_schema": {"name": "s", "schema": "{not json"}}, "is not JSON"),
+    ],
+    ids=["bad-type", "no-schema", "unknown-format", "schema-not-json"],
+)
+def test_a_schema_the_engine_rejects_is_a_400_naming_it(server, client, pair, response_format, message):
+    body = {"messages": MESSAGES, "response_format": response_format}
+    response = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error"
+    assert error["param"].startswith("response_format") and "\n" not in error["message"]
+    # and the server keeps serving
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=8)
+    assert (
+        reply.choices[0].message.content == mlxspec.generate(pair, chat_ids(pair, MESSAGES), gamma=0, max_tokens=8).text
+    )
+
+
+def test_a_disconnect_mid_constrained_stream_leaves_the_session_exact(server, client, pair):
+    """A long constrained stream cut after a few chunks, then the same request: the answer
+    is a fresh standard decoding's under the grammar, from the caches the cut left."""
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    response_format = json_schema_format("long", schema)
+    before = health(server)["stopped"]
+    body = {
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 1500,
+        "stream": True,
+        "response_format": response_format,
+    }
+    with httpx.Client(timeout=TIMEOUT) as http:
+        with http.stream("POST", f"{server}/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            received = 0
+            for line in response.iter_lines():
+                received += line.startswith("data:")
+                if received == 4:
+                    break
+    closed = time.monotonic()
+    while (state := health(server))["busy"] or state["stopped"] == before:
+        assert time.monotonic() - closed < 10, f"still generating after the client left: {state}"
+        time.sleep(0.05)
+    again = client.chat.completions.create(
+        model="m", messages=MESSAGES, temperature=0, max_tokens=24, response_format=response_format
+    )
+    reference = mlxspec.generate(
+        pair, chat_ids(pair, MESSAGES), gamma=0, max_tokens=24, grammar=GrammarSpec.json_schema(schema)
+    )
+    assert again.choices[0].message.content == reference.text
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
