@@ -183,30 +183,52 @@ class Api:
     async def _answer(
         self, request, reply: Reply, ids: list[int], options: Options, body, *, tools: ToolUse | None = None
     ):
-        grammar = options.grammar.describe() if options.grammar else None
-        note = job_note(tools=tools.note() if tools else None, grammar=grammar)
-        job = self.worker.submit(ids, options, asyncio.get_running_loop(), note=note)
-        tools = tools if tools and tools.parses else None
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-        streaming = False
-        try:
-            first = await job.next()  # the Prefill, once the generation has started
-            if isinstance(first, BaseException):
-                raise first
-            if first is END:
-                raise RequestError("the server is shutting down", status=503, kind="server_error")
-            if not body.stream:
-                return JSONResponse(await _whole(job, reply, tools=tools))
-            # from here Starlette listens for the disconnect; two listeners would steal its message
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-            streaming = True
-            events = _events(job, reply, include_usage=body.include_usage, tools=tools)
-            return EventStream(events, on_close=job.cancel)
-        finally:
-            watcher.cancel()
-            if not streaming:
-                job.cancel()  # no-op once it finished; stops it if this handler failed or was cancelled
+        parsing = tools if tools and tools.parses else None
+
+        def events(job, first):
+            return _events(job, reply, include_usage=body.include_usage, tools=parsing)
+
+        return await answer(
+            request,
+            self.worker,
+            ids,
+            options,
+            note=note_of(options, tools),
+            whole=lambda job: _whole(job, reply, tools=parsing),
+            stream=events if body.stream else None,
+        )
+
+
+def note_of(options: Options, tools: ToolUse | None) -> str | None:
+    """What the console line says was in force beside the prompt: tools, a grammar."""
+    grammar = options.grammar.describe() if options.grammar else None
+    return job_note(tools=tools.note() if tools else None, grammar=grammar)
+
+
+async def answer(request, worker, ids: list[int], options: Options, *, note, whole, stream):
+    """A generation's answer, for every route: `whole(job)` as one JSON body, or, where
+    `stream` is given, the server-sent events `stream(job, first_event)` yields. Refused with
+    a plain error until the generation has started; a client that leaves stops it."""
+    job = worker.submit(ids, options, asyncio.get_running_loop(), note=note)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    streaming = False
+    try:
+        first = await job.next()  # the Prefill, once the generation has started
+        if isinstance(first, BaseException):
+            raise first
+        if first is END:
+            raise RequestError("the server is shutting down", status=503, kind="server_error")
+        if stream is None:
+            return JSONResponse(await whole(job))
+        # from here Starlette listens for the disconnect; two listeners would steal its message
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        streaming = True
+        return EventStream(stream(job, first), on_close=job.cancel)
+    finally:
+        watcher.cancel()
+        if not streaming:
+            job.cancel()  # no-op once it finished; stops it if this handler failed or was cancelled
 
 
 class EventStream(StreamingResponse):

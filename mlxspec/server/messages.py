@@ -6,8 +6,6 @@ Anthropic's error shape, with the chat route's status codes.
 
 from __future__ import annotations
 
-import asyncio
-
 from starlette.responses import JSONResponse
 
 from ..errors import MlxspecError
@@ -15,11 +13,11 @@ from ..events import Done, Prefill, Round
 from ..tool_calls import ToolCallSplitter
 from . import anthropic, encode, schema
 from .anthropic import Blocks, Reply
-from .app import CLOSING, EventStream, _cancel_on_disconnect, _error_body
+from .app import CLOSING, _error_body, answer, note_of
 from .limits import read_body
 from .schema import RequestError
 from .tools import ToolUse, tool_use
-from .worker import END, job_note
+from .worker import END
 
 
 class Messages:
@@ -54,6 +52,10 @@ class Messages:
         options = schema.request_options(chat, api.defaults)
         try:
             tools = tool_use(chat, api.tool_format)
+            # any / tool: the reply held to one call by a grammar in the model's markup
+            if (forced := tools.forced_call(api.pair.tokenizer)) is not None:
+                await api.offload.run(api._check_grammar, forced)
+                options = options.replace(grammar=forced)
         except RequestError as e:
             raise anthropic.reworded_choice(e, body) from None
         messages = schema.template_messages(chat)
@@ -63,29 +65,21 @@ class Messages:
         return options, ids, tools
 
     async def _answer(self, request, ids: list[int], options, *, stream: bool, tools: ToolUse):
-        """As the chat route's `_answer`: refused with a plain error until the generation has
-        started; a client that leaves stops it."""
-        job = self.api.worker.submit(ids, options, asyncio.get_running_loop(), note=job_note(tools=tools.note()))
         parsing = tools if tools.parses else None
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-        streaming = False
-        try:
-            first = await job.next()  # the Prefill, once the generation has started
-            if isinstance(first, BaseException):
-                raise first
-            if first is END:
-                raise RequestError("the server is shutting down", status=503, kind="server_error")
-            reply = Reply(model=self.api.model)
-            if not stream:
-                return JSONResponse(await _whole(job, reply, tools=parsing))
-            watcher.cancel()  # from here Starlette listens for the disconnect
-            await asyncio.gather(watcher, return_exceptions=True)
-            streaming = True
-            return EventStream(_events(job, reply, first, tools=parsing), on_close=job.cancel)
-        finally:
-            watcher.cancel()
-            if not streaming:
-                job.cancel()
+        reply = Reply(model=self.api.model)
+
+        def events(job, first):
+            return _events(job, reply, first, tools=parsing)
+
+        return await answer(
+            request,
+            self.api.worker,
+            ids,
+            options,
+            note=note_of(options, tools),
+            whole=lambda job: _whole(job, reply, tools=parsing),
+            stream=events if stream else None,
+        )
 
 
 async def _parts(job, tools: ToolUse | None):
