@@ -78,7 +78,11 @@ def exact_law(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
     return law
 
 
-def sample_joint(pair, params: SamplingParams, gamma: int, runs: int, seed: int) -> Counter:
+def sample_joint(
+    pair, params: SamplingParams, gamma: int, runs: int, seed: int, *, prompt=PROMPT, fates: Counter | None = None
+) -> Counter:
+    """How often each sequence of the first LENGTH ids came out over `runs` generations;
+    `fates`, where given, counts the drafting rounds by how many drafts were accepted."""
     counts = Counter()
     for i in range(runs):
         session = Session(pair)
@@ -86,7 +90,7 @@ def sample_joint(pair, params: SamplingParams, gamma: int, runs: int, seed: int)
         for event in engine.decode(
             session.target,
             session.draft,
-            PROMPT,
+            prompt,
             policy=policy(session, gamma),
             params=params,
             max_tokens=LENGTH,
@@ -95,6 +99,8 @@ def sample_joint(pair, params: SamplingParams, gamma: int, runs: int, seed: int)
         ):
             if isinstance(event, Round):
                 emitted += event.emitted
+                if fates is not None and event.drafted:
+                    fates[event.accepted] += 1
         counts[tuple(emitted)] += 1
     return counts
 

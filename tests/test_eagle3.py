@@ -14,7 +14,6 @@ import pytest
 
 import mlxspec
 from mlxspec import capture
-from mlxspec.drafting import Policy
 from mlxspec.errors import IncompatibleHead, UnsupportedModel
 from mlxspec.generation import Session
 from mlxspec.sampling import SamplingParams
@@ -212,10 +211,8 @@ def test_a_ctrl_c_mid_round_leaves_a_head_session_exact(heads):
 
 @pytest.mark.slow
 def test_sampling_with_a_head_has_the_targets_joint_law(factory):
-    from mlxspec import engine
-    from mlxspec.events import Round
     from mlxspec.synthetic import ARCHITECTURES
-    from tests.test_distribution import LENGTH, fits
+    from tests.test_distribution import LENGTH, fits, sample_joint
 
     vocab, prompt, runs = 6, [1, 4, 2], 4000
     config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
@@ -224,25 +221,8 @@ def test_sampling_with_a_head_has_the_targets_joint_law(factory):
     pair = mlxspec.load_pair(str(target), str(head))
     params = SamplingParams(temp=1.0)
     law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
-    counts, fates = Counter(), Counter()
-    for i in range(runs):
-        session = Session(pair)
-        emitted = []
-        for event in engine.decode(
-            session.target,
-            session.draft,
-            prompt,
-            policy=Policy(gamma=2, stop=0.0, controller=session.controller),
-            params=params,
-            max_tokens=LENGTH,
-            eos_ids=frozenset(),
-            key=mx.random.key(7000 + i),
-        ):
-            if isinstance(event, Round):
-                emitted += event.emitted
-                if event.drafted:
-                    fates[event.accepted] += 1
-        counts[tuple(emitted)] += 1
+    fates = Counter()
+    counts = sample_joint(pair, params, 2, runs, 7000, prompt=prompt, fates=fates)
     assert all(fates[n] > 50 for n in range(3)), fates  # rejections, partial and full acceptance
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"

@@ -22,7 +22,7 @@ from mlxspec.generation import Session
 from mlxspec.grammar import GrammarSpec, Matcher, compile_spec
 from mlxspec.sampling import SamplingParams, constrain, warp
 from mlxspec.synthetic import ARCHITECTURES
-from tests.chisquare import critical_value, goodness_of_fit
+from tests.test_distribution import fits
 
 PROMPT = list(range(10, 22))
 MAX_TOKENS = 40
@@ -131,7 +131,6 @@ EOS = 5
 LAW_PROMPT = [1, 4, 2]
 LENGTH = 3
 RUNS = 4000
-SIGNIFICANCE = 1e-3
 # the first letter from {a, b, c}; the second depends on it; the third is a or b
 LAW_REGEX = "(a[bd]|b[ace]|c[a-e])[ab]"
 
@@ -230,12 +229,6 @@ def sample_constrained(pair, params: SamplingParams, *, gamma: int, lookup: bool
             emitted = ["refused"]
         counts[tuple(emitted)] += 1
     return counts
-
-
-def fits(counts: Counter, law: dict) -> tuple[bool, float, float]:
-    statistic, df = goodness_of_fit(counts, law)
-    threshold = critical_value(df, SIGNIFICANCE)
-    return statistic <= threshold, statistic, threshold
 
 
 @pytest.mark.slow

@@ -206,12 +206,8 @@ def test_sampling_with_the_mtp_head_has_the_targets_joint_law(factory):
     against the target's exact law, chi-square."""
     from collections import Counter
 
-    from mlxspec import engine
-    from mlxspec.drafting import Policy
-    from mlxspec.events import Round
-    from mlxspec.generation import Session
     from mlxspec.sampling import SamplingParams
-    from tests.test_distribution import LENGTH, fits
+    from tests.test_distribution import LENGTH, fits, sample_joint
     from tests.test_eagle3 import exact_law_of
 
     vocab, prompt, runs = 6, [1, 4, 2], 4000
@@ -230,25 +226,8 @@ def test_sampling_with_the_mtp_head_has_the_targets_joint_law(factory):
     pair = mlxspec.load_pair(str(folder), "mtp")
     params = SamplingParams(temp=1.0)
     law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
-    counts, fates = Counter(), Counter()
-    for i in range(runs):
-        session = Session(pair)
-        emitted = []
-        for event in engine.decode(
-            session.target,
-            session.draft,
-            prompt,
-            policy=Policy(gamma=2, stop=0.0, controller=session.controller),
-            params=params,
-            max_tokens=LENGTH,
-            eos_ids=frozenset(),
-            key=mx.random.key(9000 + i),
-        ):
-            if isinstance(event, Round):
-                emitted += event.emitted
-                if event.drafted:
-                    fates[event.accepted] += 1
-        counts[tuple(emitted)] += 1
+    fates = Counter()
+    counts = sample_joint(pair, params, 2, runs, 9000, prompt=prompt, fates=fates)
     assert all(fates[n] > 50 for n in range(3)), fates  # rejections, partial and full acceptance
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"

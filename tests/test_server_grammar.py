@@ -11,12 +11,11 @@ import time
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 import mlxspec
 from mlxspec.grammar import GrammarSpec
-from tests.test_server import TIMEOUT, chat_ids, health, running_server
+from tests.test_server import TIMEOUT, chat_ids, client, health, pair, running_server, server  # noqa: F401 (fixtures)
 
 SCHEMAS = {
     "nested": {
@@ -64,28 +63,12 @@ MESSAGES = [{"role": "user", "content": "def merge_sort(items):"}]
 MAX_TOKENS = 120
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(log=tmp_path_factory.mktemp("server") / "serve.log") as (url, _):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return mlxspec.load_pair()
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-
-
 def json_schema_format(name: str, schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))
-def test_json_schema_answers_validate(client, pair, name):
+def test_json_schema_answers_validate(client, pair, name):  # noqa: F811
     schema = SCHEMAS[name]
     ids = chat_ids(pair, MESSAGES)
     reference = mlxspec.generate(
@@ -109,7 +92,7 @@ def test_json_schema_answers_validate(client, pair, name):
                 assert choice.message.content == reference.text, gamma
 
 
-def test_json_object_and_a_streamed_schema(client):
+def test_json_object_and_a_streamed_schema(client):  # noqa: F811
     reply = client.chat.completions.create(
         model="m", messages=MESSAGES, temperature=0, max_tokens=MAX_TOKENS, response_format={"type": "json_object"}
     )
@@ -140,7 +123,7 @@ def test_json_object_and_a_streamed_schema(client):
     ],
     ids=["bad-type", "no-schema", "unknown-format", "schema-not-json"],
 )
-def test_a_schema_the_engine_rejects_is_a_400_naming_it(server, client, pair, response_format, message):
+def test_a_schema_the_engine_rejects_is_a_400_naming_it(server, client, pair, response_format, message):  # noqa: F811
     body = {"messages": MESSAGES, "response_format": response_format}
     response = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT)
     assert response.status_code == 400, response.text
@@ -154,7 +137,7 @@ def test_a_schema_the_engine_rejects_is_a_400_naming_it(server, client, pair, re
     )
 
 
-def test_a_disconnect_mid_constrained_stream_leaves_the_session_exact(server, client, pair):
+def test_a_disconnect_mid_constrained_stream_leaves_the_session_exact(server, client, pair):  # noqa: F811
     """A long constrained stream cut after a few chunks, then the same request: the answer
     is a fresh standard decoding's under the grammar, from the caches the cut left."""
     schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
