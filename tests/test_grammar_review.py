@@ -317,3 +317,28 @@ def test_a_subset_draft_that_cannot_say_what_the_grammar_allows(subset_pair):
             )
             if sampled.finish_reason == "eos":
                 assert re.fullmatch(regex, sampled.text), (gamma, sampled.text)
+
+
+@pytest.mark.parametrize("name", ["auto", "none", "required"])
+def test_a_function_named_like_a_tool_choice_keyword_is_still_forced(load_pair, name):
+    """tool_choice naming a function called "auto" or "none" was read as that keyword (the
+    call not forced at all), and one called "required" as any tool; the grammar must hold the
+    reply to that function alone."""
+    from mlxspec.server.schema import ChatBody
+    from mlxspec.server.tools import tool_use
+    from mlxspec.tool_calls import ToolFormat
+
+    json_tools = ToolFormat(parser=None, start="<tool_call>", end="</tool_call>", name="json_tools")
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}},
+    ]
+    body = ChatBody(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": name}},
+    )
+    use = tool_use(body, json_tools)
+    assert use.forced and use.parses
+    grammar = use.forced_call(load_pair("llama").tokenizer)
+    assert f'"const": "{name}"' in grammar.source and '"const": "other"' not in grammar.source
