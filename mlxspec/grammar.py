@@ -45,7 +45,7 @@ from .errors import InvalidOption
 KINDS = ("json_schema", "json_object", "regex", "lark", "llguidance")
 # any JSON object: OpenAI's {"type": "json_object"}
 JSON_OBJECT_SCHEMA = {"type": "object"}
-# JSON as json.dumps writes it (", " and ": ", no other whitespace): with whitespace left
+# JSON written compactly ("," and ":", no whitespace outside strings): with whitespace left
 # free, small models fill a reply with newlines until max tokens (measured on the bundled
 # pair: 8 of 8 greedy replies); vLLM offers the same switch (disable_any_whitespace)
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -74,6 +74,10 @@ class GrammarSpec:
                 raise InvalidOption(f"{label} is not JSON ({e})") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidOption(f"{label} must be a JSON object")
+        if schema is False:
+            raise InvalidOption(f"{label} is false, which no value matches")
+        if schema is True:  # any JSON value; the engine takes only objects (its options go in one)
+            schema = {}
         return cls("json_schema", json.dumps(schema), label)
 
     @classmethod

@@ -13,6 +13,7 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
+from mlxspec.errors import InvalidOption
 from mlxspec.events import Round
 from mlxspec.grammar import GrammarSpec, Matcher, compile_spec, matcher_for
 from mlxspec.sampling import SamplingParams, constrain, warp
@@ -342,3 +343,17 @@ def test_a_function_named_like_a_tool_choice_keyword_is_still_forced(load_pair, 
     assert use.forced and use.parses
     grammar = use.forced_call(load_pair("llama").tokenizer)
     assert f'"const": "{name}"' in grammar.source and '"const": "other"' not in grammar.source
+
+
+def test_boolean_json_schemas(load_pair):
+    """JSON Schema's `true` (any value) constrains to JSON, and `false` (no value) is one
+    clear line; `true` reached the engine as a bare boolean it refused, with a message about
+    applying options."""
+    pair = load_pair("llama")
+    result = mlxspec.generate(pair, PROMPT, max_tokens=12, gamma=3, grammar=GrammarSpec.json_schema(True))
+    assert (
+        result.tokens
+        == mlxspec.generate(pair, PROMPT, max_tokens=12, gamma=0, grammar=GrammarSpec.json_schema(True)).tokens
+    )
+    with pytest.raises(InvalidOption, match="false, which no value matches"):
+        GrammarSpec.json_schema("false")
