@@ -357,3 +357,49 @@ def test_boolean_json_schemas(load_pair):
     )
     with pytest.raises(InvalidOption, match="false, which no value matches"):
         GrammarSpec.json_schema("false")
+
+
+def test_an_engine_that_gives_up_mid_reply_is_one_clear_error(small_pair):  # noqa: F811
+    """llguidance stops a grammar too ambiguous for its limits mid-reply: its mask is then end
+    of sequence alone, which ended the reply as if the grammar were done (text outside it), or
+    its refusal was a RuntimeError (the CLI's "a bug" line, the server's 500). Now it is one
+    line naming the engine's reason, in standard and speculative decoding alike. The engine's
+    limits are lowered so that it gives up within a few ids."""
+    from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
+
+    from mlxspec import engine
+    from mlxspec.drafting import Policy
+
+    tokenizer = LLTokenizer(TokenizerWrapper(Letters()))
+    grammar = compile_spec(GrammarSpec("lark", 'start: s\ns: s s s | s s | "a" | "b" | "c" | "d" | "e"\n'), tokenizer)
+
+    def touchy() -> Matcher:
+        matcher = Matcher(tokenizer, grammar, width=VOCAB)
+        matcher._matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=LLParserLimits(max_items_in_row=15))
+        return matcher
+
+    ids = [0, 1, 2, 3, 4] * 10
+    matcher = touchy()
+    with pytest.raises(InvalidOption, match="the grammar engine gave up after"):
+        for token in ids:
+            matcher.allowed()
+            matcher.consume(token)
+    params = SamplingParams(temp=1.0)
+    for gamma in (0, 3):
+        session = mlxspec.Session(small_pair)
+        policy = Policy(gamma=gamma, stop=0.0, controller=session.controller, draft_model=True) if gamma else None
+        events = engine.decode(
+            session.target,
+            session.draft,
+            LAW_PROMPT,
+            policy=policy,
+            params=params,
+            max_tokens=200,
+            eos_ids=frozenset(),  # never stops on its own: runs until the engine gives up
+            key=mx.random.key(1),
+            grammar=touchy(),
+        )
+        with pytest.raises(InvalidOption, match="the grammar engine gave up after [1-9].*max is 15;") as raised:
+            for _ in events:
+                pass
+        assert "<state>" not in str(raised.value)
