@@ -45,7 +45,7 @@ from .errors import InvalidOption
 KINDS = ("json_schema", "json_object", "regex", "lark", "llguidance")
 # any JSON object: OpenAI's {"type": "json_object"}
 JSON_OBJECT_SCHEMA = {"type": "object"}
-# JSON as json.dumps writes it (", " and ": ", no other whitespace): with whitespace left
+# JSON written compactly ("," and ":", no whitespace outside strings): with whitespace left
 # free, small models fill a reply with newlines until max tokens (measured on the bundled
 # pair: 8 of 8 greedy replies); vLLM offers the same switch (disable_any_whitespace)
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -74,6 +74,10 @@ class GrammarSpec:
                 raise InvalidOption(f"{label} is not JSON ({e})") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidOption(f"{label} must be a JSON object")
+        if schema is False:
+            raise InvalidOption(f"{label} is false, which no value matches")
+        if schema is True:  # any JSON value; the engine takes only objects (its options go in one)
+            schema = {}
         return cls("json_schema", json.dumps(schema), label)
 
     @classmethod
@@ -198,6 +202,7 @@ class Matcher:
         if mask is None:
             bits = np.empty((self._words,), dtype=np.int32)
             self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            self._check_engine()  # in error, llguidance's mask is end of sequence alone: a silent cut
             mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.width].astype(bool)
             if mask.shape[0] < self.width:
                 mask = np.concatenate([mask, np.zeros(self.width - mask.shape[0], dtype=bool)])
@@ -207,7 +212,10 @@ class Matcher:
     def consume(self, token: int) -> None:
         """Read one id the grammar allows (callers only pass such ids)."""
         recorded = not self._matcher.is_stopped()
+        mask = self._masks.get(len(self._ids))
         if not self._matcher.consume_token(int(token)):
+            if mask is not None and mask[int(token)]:  # its own mask allowed it: the engine gave up
+                self._check_engine()
             raise RuntimeError(f"the grammar refused id {token}: {self._matcher.get_error()}")
         self._ids.append(int(token))
         self._recorded.append(recorded)
@@ -233,19 +241,36 @@ class Matcher:
         # emitted: left unmasked, it keeps the arithmetic free of 0/0
         return np.stack([row if row.any() else np.ones_like(row) for row in rows])
 
+    def _check_engine(self) -> None:
+        """The engine gave up on the reply (a grammar too ambiguous for its limits, most
+        often): one line naming why, not a reply ended as if the grammar were done."""
+        if self._matcher.is_error():
+            raise InvalidOption(
+                f"the grammar engine gave up after {len(self._ids)} ids of the reply: "
+                f"{_first_line(self._matcher.get_error().split('<state>')[0])}"
+            )
+
     def rollback_to(self, mark: int) -> None:
-        """Back to the state after the first `mark` ids."""
+        """Back to the state after the first `mark` ids (a matcher in error, whose reply is
+        over, only forgets them: llguidance cannot roll one back)."""
         extra = sum(self._recorded[mark:])
-        if extra > 0 and not self._matcher.rollback(extra):
+        if extra > 0 and not self._matcher.is_error() and not self._matcher.rollback(extra):
             raise RuntimeError(f"the grammar could not roll back: {self._matcher.get_error()}")
         del self._ids[mark:], self._recorded[mark:]
         for depth in [d for d in self._masks if d > mark]:
             del self._masks[depth]
 
     def settle(self, mark: int, emitted) -> None:
-        """After a round: back to `mark`, read what was emitted, forget the masks behind."""
-        self.rollback_to(mark)
-        self.consume_all(emitted)
+        """After a round: back to `mark`, read what was emitted, forget the masks behind.
+        The accepted drafts are already read (the same ids from the same state): only what
+        follows them is rolled back and read again, so each emitted id is read by the engine
+        once and, like every id, against a mask computed for its position."""
+        drafted, emitted = self._ids[mark:], [int(token) for token in emitted]
+        kept = 0
+        while kept < min(len(drafted), len(emitted)) and drafted[kept] == emitted[kept]:
+            kept += 1
+        self.rollback_to(mark + kept)
+        self.consume_all(emitted[kept:])
         self.forget_below(len(self._ids))
 
     def forget_below(self, depth: int) -> None:

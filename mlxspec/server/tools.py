@@ -23,15 +23,18 @@ from dataclasses import dataclass
 from ..tool_calls import ToolFormat
 from .schema import ChatBody, RequestError
 
-AUTO, NONE, REQUIRED = "auto", "none", "required"
+AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "function"
 JSON_CALL_FORMATS = ("json_tools",)  # mlx-lm parsers whose call is one JSON object between markers
 
 
 @dataclass(frozen=True)
 class ToolUse:
     tools: list[dict] | None  # for the chat template
-    choice: str  # AUTO, NONE, REQUIRED, or the name of the function it must call
+    choice: str  # AUTO, NONE, REQUIRED or NAMED
     format: ToolFormat | None  # how the model writes calls (None: no tools in force)
+    # the function it must call (choice NAMED): apart from `choice`, as a function may be
+    # named "auto", "none" or "required"
+    function: str | None = None
 
     @property
     def parses(self) -> bool:
@@ -47,14 +50,14 @@ class ToolUse:
             return None
         if self.format is None or self.format.name not in JSON_CALL_FORMATS:
             raise RequestError(
-                f"tool_choice {self.choice!r} is not supported for this model's tool-call format "
+                f"tool_choice {self.function or self.choice!r} is not supported for this model's tool-call format "
                 f"({self.format.name if self.format else 'none'}): holding a model to a call needs constrained "
                 "decoding in its own markup, built here only for one JSON object between markers (json_tools)",
                 param="tool_choice",
             )
         from ..grammar import GrammarSpec
 
-        tools = self.tools if self.choice == REQUIRED else [t for t in self.tools if _name(t) == self.choice]
+        tools = self.tools if self.choice == REQUIRED else [t for t in self.tools if _name(t) == self.function]
         calls = [
             {
                 "type": "object",
@@ -74,7 +77,7 @@ class ToolUse:
 
     def note(self) -> str | None:
         """For the console line, while tools are in force."""
-        return f"tools {len(self.tools)} ({self.choice})" if self.tools else None
+        return f"tools {len(self.tools)} ({self.function or self.choice})" if self.tools else None
 
 
 def _name(tool: dict) -> str:
@@ -95,14 +98,14 @@ def _marker(tokenizer, text: str) -> str:
 
 def tool_use(body: ChatBody, format: ToolFormat | None) -> ToolUse:
     tools = _checked_tools(body.tools)
-    choice = _choice(body.tool_choice, tools)
+    choice, function = _choice(body.tool_choice, tools)
     if tools and format is None:
         raise RequestError(
             "tools are not supported by this model: mlx-lm infers no tool-call format for it from its chat "
             "template (no tool parser), so its calls could not be read back",
             param="tools",
         )
-    return ToolUse(tools=tools, choice=choice, format=format if tools else None)
+    return ToolUse(tools=tools, choice=choice, format=format if tools else None, function=function)
 
 
 def _checked_tools(tools: list[dict] | None) -> list[dict] | None:
@@ -123,21 +126,22 @@ def _checked_tools(tools: list[dict] | None) -> list[dict] | None:
     return tools
 
 
-def _choice(choice, tools: list[dict] | None) -> str:
+def _choice(choice, tools: list[dict] | None) -> tuple[str, str | None]:
+    """(AUTO, NONE, REQUIRED or NAMED; the function's name when NAMED)."""
     if choice is None:
-        return AUTO if tools else NONE
+        return (AUTO if tools else NONE), None
     if choice in (AUTO, NONE):
-        return choice
+        return choice, None
     named = isinstance(choice, dict) and choice.get("type") == "function"
     if (choice == REQUIRED or named) and not tools:
         raise RequestError("tool_choice needs tools to choose from", param="tool_choice")
     if choice == REQUIRED:
-        return REQUIRED
+        return REQUIRED, None
     if named:
         name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
         if not any(_name(tool) == name for tool in tools):
             raise RequestError(f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
-        return name
+        return NAMED, name
     raise RequestError(
         "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
         param="tool_choice",
