@@ -151,7 +151,8 @@ def test_interrupts_anywhere_leave_the_session_exact(pair):
     head's forward among them), then calls on the same session: standard's ids."""
     landed_in = {}
     longer = PROMPT + [30, 31, 32]
-    for call in range(1, 1200, 23):
+
+    def interrupted_at(call: int) -> str | None:
         session = Session(pair)
         mlxspec.generate(pair, PROMPT, max_tokens=8, gamma=3, session=session)
         with ctrl_c_at(call) as landed:
@@ -165,6 +166,15 @@ def test_interrupts_anywhere_leave_the_session_exact(pair):
             assert mlxspec.generate(pair, ids, max_tokens=20, gamma=3, session=session).tokens == standard(
                 pair, ids, 20
             ), (call, where)
+        return where
+
+    for call in range(1, 1200, 23):
+        interrupted_at(call)
+    # the calls' order shifts with what ran before (lazy imports, caches warmed): where the
+    # sweep missed the head's forward, a finer one finds it
+    for call in range(2, 1200, 5):
+        if landed_in.get("mlxspec.drafters.mtp_head") or interrupted_at(call) == "mlxspec.drafters.mtp_head":
+            break
     assert landed_in.get("mlxspec.drafters.mtp_head", 0) > 0, landed_in
 
 
