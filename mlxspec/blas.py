@@ -127,13 +127,17 @@ def reexec_with_openblas() -> None:
 
 
 def mapped_openblas() -> str | None:
-    """The OpenBLAS library this process has mapped, read from /proc/self/maps."""
+    """The OpenBLAS library this process has mapped for MLX, read from /proc/self/maps.
+    NumPy's own copy (numpy.libs/libscipy_openblas64_*.so, mapped once anything imports
+    NumPy) does not count: its symbols carry a suffix, so MLX never calls it."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
     for line in maps.splitlines():
         path = line.split(maxsplit=5)[-1] if len(line.split()) >= 6 else ""
+        if Path(path).name.startswith("libscipy_openblas"):
+            continue
         if "openblas" in path.lower() or (os.environ.get(MARKER) and path == os.environ[MARKER]):
             return path
     return None
