@@ -193,15 +193,14 @@ def sample_end(pair, params, monkeypatch, *, gamma: int, lookup: bool, runs: int
     [
         (SamplingParams(temp=1.0), 3, False),
         (SamplingParams(temp=1.0, top_p=0.7), 3, False),
-        (SamplingParams(temp=0.9, top_k=2), 1, False),
         (SamplingParams(temp=1.0), 3, True),
     ],
-    ids=["temp1-g3", "top_p0.7-g3", "top_k2-g1", "lookup-g3"],
+    ids=["temp1-g3", "top_p0.7-g3", "lookup-g3"],  # top-k: test_grammar's law test
 )
 def test_sampled_law_with_the_end_in_reach(small_pair, monkeypatch, params, gamma, lookup):  # noqa: F811
     law = end_law(small_pair.target.model, params)
     assert any(len(k) < REPLY for k in law) and abs(sum(law.values()) - 1) < 1e-4
-    counts = sample_end(small_pair, params, monkeypatch, gamma=gamma, lookup=lookup, runs=3000, seed=7000 + gamma)
+    counts = sample_end(small_pair, params, monkeypatch, gamma=gamma, lookup=lookup, runs=2000, seed=7000 + gamma)
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
 
