@@ -147,7 +147,7 @@ def test_a_session_of_mixed_calls_stays_exact(pair):
 
 @pytest.mark.slow
 def test_interrupts_anywhere_leave_the_session_exact(pair):
-    """Ctrl-C at every 23rd Python call inside mlxspec/mlx-lm during a drafting call (the
+    """Ctrl-C at every 46th Python call inside mlxspec/mlx-lm during a drafting call (the
     head's forward among them), then calls on the same session: standard's ids."""
     landed_in = {}
     longer = PROMPT + [30, 31, 32]
@@ -168,7 +168,7 @@ def test_interrupts_anywhere_leave_the_session_exact(pair):
             ), (call, where)
         return where
 
-    for call in range(1, 1200, 23):
+    for call in range(1, 1200, 46):
         interrupted_at(call)
     # the calls' order shifts with what ran before (lazy imports, caches warmed): where the
     # sweep missed the head's forward, a finer one finds it

@@ -101,7 +101,7 @@ HEAD_FAMILIES = {
 # restored by length alone (issue 12's bug) both fail within their first ten.
 # (demos/session_fuzz.py walks them longer; these sizes keep CI inside its half hour)
 SEQUENCES = {"RotatingKVCache": 24, "RotatingKVCache kept": 24}
-SEQUENCES_ELSEWHERE = 10
+SEQUENCES_ELSEWHERE = 8
 MODES = {
     "standard": dict(gamma=0),
     **{f"gamma {g}": dict(gamma=g) for g in range(1, 7)},
