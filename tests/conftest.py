@@ -1,9 +1,14 @@
 """Fixtures: real mlx-lm models, tiny and random, written to disk and loaded back with
 `mlx_lm.load`, sharing a byte-level BPE tokenizer trained here on the standard library's
-source. Built once per test session (a few seconds)."""
+source. Built once per test session (a few seconds).
+
+The suite runs on two processes (`-n 2`, pytest-xdist, a file at a time to each): one MLX
+thread each, so a 2-core machine's second core is not left idle. Tests that time a server
+(`alone`) hold the machine to themselves while they run."""
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import os
 import sysconfig
@@ -46,6 +51,26 @@ def stdlib_texts(limit: int = 30) -> list[str]:
     lib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(lib.glob("*.py"))[:limit]
     return [f.read_text(errors="ignore") for f in files]
+
+
+@pytest.fixture(autouse=True)
+def _share_of_the_machine(request, tmp_path_factory):
+    """Under xdist, each test holds a shared lock on the machine and an `alone` test an
+    exclusive one; a turnstile taken first keeps a waiting `alone` test from being starved by
+    the other process's stream of shared ones. Outside xdist, nothing."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # one folder above every worker's own
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(shared / "machine.lock", "a") as machine, open(shared / "turnstile.lock", "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

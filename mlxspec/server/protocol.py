@@ -17,6 +17,13 @@ complete.
 
 A client that stops reading what it is sent (its socket full, the server's writes paused)
 is cut off after the idle timeout.
+
+A body answered before its end (413 for its size, 408 for a stall) is not cut off either:
+closing a socket with unread bytes makes the kernel reset the connection, and the reset can
+reach the client before it has read the answer. So the connection lingers, as nginx's
+`lingering_close` does: its write side is shut once the answer is out, what still arrives is
+read and dropped, and it closes when the client does, after LINGER_IDLE seconds without a
+byte, or after LINGER_MOST seconds in all.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .limits import Limits
 
 LOOK_AT_MOST = 64  # the oldest waiting connections looked at for one to close
+LINGER_IDLE = 2.0  # seconds without a byte of a refused body before its connection closes
+LINGER_MOST = 30.0  # seconds a refused body is read and dropped at most
 
 
 class Gate:
@@ -76,12 +85,16 @@ class GuardedH11(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self.transport = Lingering(transport, body_arriving=lambda: self.conn.their_state is h11.SEND_BODY)
         if not self.gate.admit(self):
             transport.close()
             return
         self._await_headers(start_timer=True)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:
+            self.transport.dropped()
+            return
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -106,6 +119,7 @@ class GuardedH11(H11Protocol):
         self._writes_flowing()
 
     def connection_lost(self, exc) -> None:
+        self.transport.cut()
         self._writes_flowing()
         self._headers_read()
         self.gate.drop(self)
@@ -120,8 +134,7 @@ class GuardedH11(H11Protocol):
 
     def close(self) -> None:
         self._headers_read()
-        if not self.transport.is_closing():
-            self.transport.close()
+        self.transport.cut()
 
     def request_arrived(self) -> bool:
         """Whether a whole request head is here, in h11's buffer and the socket's unread bytes."""
@@ -143,6 +156,54 @@ class GuardedH11(H11Protocol):
         if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
+
+
+class Lingering:
+    """A connection's transport whose `close`, while the client is still sending a body the
+    server has answered, shuts the write side and lingers (see the module's text); `cut`
+    closes at once. Everything else is the transport's own."""
+
+    def __init__(self, transport, *, body_arriving):
+        self._transport = transport
+        self._body_arriving = body_arriving
+        self.lingering = False
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self.is_closing() or not self._body_arriving() or not self._transport.can_write_eof():
+            self.cut()
+            return
+        self.lingering = True
+        self._transport.write_eof()  # after the answer still buffered
+        self._transport.resume_reading()  # uvicorn pauses reads while a body piles up
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + LINGER_MOST
+        self._timer = loop.call_later(LINGER_IDLE, self._expire)
+
+    def dropped(self) -> None:
+        """Some of the refused body arrived: the idle clock starts again."""
+        self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(min(loop.time() + LINGER_IDLE, self._deadline), self._expire)
+
+    def cut(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.lingering = False
+        if not self._transport.is_closing():
+            self._transport.close()
+
+    def _expire(self) -> None:
+        self._timer = None
+        self.cut()
 
 
 PEEK_BYTES = 16384  # a head longer than this is treated as still arriving
