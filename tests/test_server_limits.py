@@ -279,6 +279,30 @@ def test_a_body_that_stalls_gets_a_408(server, client, pair):
     assert greedy(client) == standard(pair, CODE, 24, raw=True).text
 
 
+def test_connections_lingering_over_refused_bodies_give_way_to_new_ones(tmp_path):
+    """A connection answered 413 mid-body lingers, reading and dropping the rest, for up to
+    30 s: at --max-connections, such connections must give way (oldest first) to new clients,
+    not lock /health out for as long as their bodies keep coming."""
+    most = 8
+    args = ("--header-timeout", "1", "--idle-timeout", "2", "--max-connections", str(most))
+    with started_server(*args, log=tmp_path / "serve.log") as (url, port, _):
+        refused = []
+        for _ in range(most):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
+            refused.append(sock)
+        try:
+            for sock in refused:
+                assert b" 413 " in sock.recv(4096)
+                sock.sendall(b"a" * 1000)  # still sending: lingering
+            # each new one closes the oldest lingering one (else it would be turned away)
+            answers = [httpx.get(f"{url}/health", timeout=2).status_code for _ in range(3)]
+            assert answers == [200] * 3
+        finally:
+            for sock in refused:
+                sock.close()
+
+
 # --- SIGTERM mid-request ------------------------------------------------------------------
 @contextlib.contextmanager
 def started_server(*args: str, log: Path):

@@ -6,7 +6,8 @@ headers is held forever and enough of them exhaust the open-file limit.
 Here a connection has `header_timeout` seconds from connecting (or, kept alive, from its
 next request's first byte) to its last header. At the limit, a new connection closes the
 oldest one still waiting for headers (a request being served is never cut); with none
-waiting, the new one is closed. So slow or idle sockets cannot crowd out /health or a
+waiting, the new one is closed. A connection lingering over a refused body (below) is already
+answered: it is closed before any that waits. So slow or idle sockets cannot crowd out /health or a
 client that sends its request at once.
 
 One burst of accepts can run ahead of the reads: a client that connected in the middle of
@@ -51,12 +52,16 @@ class Gate:
         self.limits = limits
         self.open: set[GuardedH11] = set()
         self.waiting: dict[GuardedH11, None] = {}  # insertion order: oldest first
+        self.lingering: dict[GuardedH11, None] = {}  # answered, their bodies dropped: oldest first
         self.turned_away = 0  # connections closed for the limit (evicted or refused)
 
     def admit(self, connection: GuardedH11) -> bool:
         if len(self.open) >= self.limits.max_connections:
-            candidates = itertools.islice(self.waiting, LOOK_AT_MOST)
-            evicted = next((c for c in candidates if not c.request_arrived()), None)
+            # one already answered goes first: only the rest of a refused body is lost
+            evicted = next(iter(self.lingering), None)
+            if evicted is None:
+                candidates = itertools.islice(self.waiting, LOOK_AT_MOST)
+                evicted = next((c for c in candidates if not c.request_arrived()), None)
             if evicted is None:
                 self.turned_away += 1
                 return False
@@ -69,6 +74,7 @@ class Gate:
     def drop(self, connection: GuardedH11) -> None:
         self.open.discard(connection)
         self.waiting.pop(connection, None)
+        self.lingering.pop(connection, None)
 
 
 def protocol(gate: Gate):
@@ -85,7 +91,11 @@ class GuardedH11(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self.transport = Lingering(transport, body_arriving=lambda: self.conn.their_state is h11.SEND_BODY)
+        self.transport = Lingering(
+            transport,
+            body_arriving=lambda: self.conn.their_state is h11.SEND_BODY,
+            on_linger=lambda: self.gate.lingering.setdefault(self, None),
+        )
         if not self.gate.admit(self):
             transport.close()
             return
@@ -163,9 +173,10 @@ class Lingering:
     server has answered, shuts the write side and lingers (see the module's text); `cut`
     closes at once. Everything else is the transport's own."""
 
-    def __init__(self, transport, *, body_arriving):
+    def __init__(self, transport, *, body_arriving, on_linger=lambda: None):
         self._transport = transport
         self._body_arriving = body_arriving
+        self._on_linger = on_linger
         self.lingering = False
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -186,6 +197,7 @@ class Lingering:
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + LINGER_MOST
         self._timer = loop.call_later(LINGER_IDLE, self._expire)
+        self._on_linger()
 
     def dropped(self) -> None:
         """Some of the refused body arrived: the idle clock starts again."""
