@@ -279,6 +279,29 @@ def test_a_body_that_stalls_gets_a_408(server, client, pair):
     assert greedy(client) == standard(pair, CODE, 24, raw=True).text
 
 
+def test_a_request_answered_before_its_body_ends_is_not_kept_reading_it(server):
+    """A 404 answered before its body is read: kept alive, the connection would read the rest
+    for as long as the client sent it. It is closed (write side first: end of file right
+    after the answer) while the client is still sending."""
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
+        reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 404"), reply
+        sock.settimeout(0.2)
+        ended, start = False, time.monotonic()
+        while not ended and time.monotonic() - start < 3:
+            sock.sendall(b"a" * 4096)  # still sending
+            try:
+                while chunk := sock.recv(4096):
+                    reply += chunk
+                ended = True
+            except TimeoutError:
+                pass
+        assert ended, "the connection was kept alive, reading the body"
+    assert b"no such route: POST /v1/nowhere" in reply
+
+
 def test_connections_lingering_over_refused_bodies_give_way_to_new_ones(tmp_path):
     """A connection answered 413 mid-body lingers, reading and dropping the rest, for up to
     30 s: at --max-connections, such connections must give way (oldest first) to new clients,

@@ -19,12 +19,15 @@ complete.
 A client that stops reading what it is sent (its socket full, the server's writes paused)
 is cut off after the idle timeout.
 
-A body answered before its end (413 for its size, 408 for a stall) is not cut off either:
-closing a socket with unread bytes makes the kernel reset the connection, and the reset can
-reach the client before it has read the answer. So the connection lingers, as nginx's
-`lingering_close` does: its write side is shut once the answer is out, what still arrives is
-read and dropped, and it closes when the client does, after LINGER_IDLE seconds without a
-byte, or after LINGER_MOST seconds in all.
+A request answered before its body's end (413 for its size, 408 for a stall, 401, 404 or
+anything else answered unread) has its connection closed: kept alive, uvicorn would read the
+rest of the body for as long as the client sends it. Nor is it cut off: closing a socket
+with unread bytes makes the kernel reset the connection, and the reset can reach the client
+before it has read the answer. So the connection lingers, as nginx's `lingering_close` does:
+its write side is shut once the answer is out, what still arrives is read and dropped, and
+it closes when the client does, after LINGER_IDLE seconds without a byte, or after
+LINGER_MOST seconds in all. A connection closed with bytes still unread (a pipelined request
+behind a refused one) lingers the same way.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ class GuardedH11(H11Protocol):
         super().connection_made(transport)
         self.transport = Lingering(
             transport,
-            body_arriving=lambda: self.conn.their_state is h11.SEND_BODY,
+            body_arriving=self._bytes_unread,
             on_linger=lambda: self.gate.lingering.setdefault(self, None),
         )
         if not self.gate.admit(self):
@@ -115,6 +118,11 @@ class GuardedH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY:
+            # answered before its body's end (401, 404, ...): not kept alive to read the rest
+            self._unset_keepalive_if_required()
+            self.transport.close()
+            return
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             # kept alive: uvicorn's keep-alive timer covers silence, ours starts with a first byte
             self._await_headers(start_timer=False)
@@ -145,6 +153,13 @@ class GuardedH11(H11Protocol):
     def close(self) -> None:
         self._headers_read()
         self.transport.cut()
+
+    def _bytes_unread(self) -> bool:
+        """Whether the client has sent, or is still sending, bytes not read: closing now would
+        reset the connection."""
+        if self.conn.their_state is h11.SEND_BODY or self.conn.trailing_data[0]:
+            return True
+        return bool(unread_bytes(self.transport))
 
     def request_arrived(self) -> bool:
         """Whether a whole request head is here, in h11's buffer and the socket's unread bytes."""
