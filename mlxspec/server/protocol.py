@@ -96,7 +96,7 @@ class GuardedH11(H11Protocol):
         super().connection_made(transport)
         self.transport = Lingering(
             transport,
-            body_arriving=self._bytes_unread,
+            bytes_unread=self._bytes_unread,
             on_linger=lambda: self.gate.lingering.setdefault(self, None),
         )
         if not self.gate.admit(self):
@@ -184,13 +184,14 @@ class GuardedH11(H11Protocol):
 
 
 class Lingering:
-    """A connection's transport whose `close`, while the client is still sending a body the
-    server has answered, shuts the write side and lingers (see the module's text); `cut`
-    closes at once. Everything else is the transport's own."""
+    """A connection's transport whose `close`, while the client has sent bytes the server has
+    not read (the rest of a body it answered, a pipelined request), shuts the write side and
+    lingers (see the module's text); `cut` closes at once. Everything else is the
+    transport's own."""
 
-    def __init__(self, transport, *, body_arriving, on_linger=lambda: None):
+    def __init__(self, transport, *, bytes_unread, on_linger=lambda: None):
         self._transport = transport
-        self._body_arriving = body_arriving
+        self._bytes_unread = bytes_unread
         self._on_linger = on_linger
         self.lingering = False
         self._deadline = 0.0
@@ -203,7 +204,7 @@ class Lingering:
         return self.lingering or self._transport.is_closing()
 
     def close(self) -> None:
-        if self.is_closing() or not self._body_arriving() or not self._transport.can_write_eof():
+        if self.is_closing() or not self._bytes_unread() or not self._transport.can_write_eof():
             self.cut()
             return
         self.lingering = True
