@@ -12,6 +12,7 @@ import fcntl
 import inspect
 import os
 import sysconfig
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,22 +54,23 @@ def stdlib_texts(limit: int = 30) -> list[str]:
     return [f.read_text(errors="ignore") for f in files]
 
 
-@pytest.fixture(autouse=True)
-def _share_of_the_machine(request, tmp_path_factory):
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test holds a shared lock on the machine and an `alone` test an
-    exclusive one; a turnstile taken first keeps a waiting `alone` test from being starved by
-    the other process's stream of shared ones. Outside xdist, nothing."""
+    exclusive one, from its setup (a module's server starting, a model loading) to its
+    teardown; a turnstile taken first keeps a waiting `alone` test from being starved by the
+    other process's stream of shared ones. Outside xdist, nothing."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    shared = tmp_path_factory.getbasetemp().parent  # one folder above every worker's own
-    alone = request.node.get_closest_marker("alone") is not None
+        return (yield)
+    shared = Path(tempfile.gettempdir()) / f"mlxspec-tests-{os.environ['PYTEST_XDIST_TESTRUNUID']}"
+    shared.mkdir(exist_ok=True)  # one folder for the run's processes
+    alone = item.get_closest_marker("alone") is not None
     with open(shared / "machine.lock", "a") as machine, open(shared / "turnstile.lock", "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
-            yield
+            return (yield)
         finally:
             fcntl.flock(machine, fcntl.LOCK_UN)
 
