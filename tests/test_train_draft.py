@@ -50,7 +50,16 @@ def target(factory) -> Path:
     return factory.pair("llama")[0]
 
 
-def test_trained_head_loads_and_beats_a_random_head(target, tmp_path):
+# the default recipe, and the one the shipped SmolLM2 head was trained with: EAGLE-3's own
+# layer on raw features, the first draft step alone for half the budget, smaller batches
+RECIPES = {
+    "default": [],
+    "raw, step one first": ["--raw-features", "--raw-residual", "--single-step-share", 0.5, "--batch-rows", 512],
+}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_trained_head_loads_and_beats_a_random_head(recipe, target, tmp_path):
     import mlx.core as mx
     import mlx_lm
     import numpy as np
@@ -63,13 +72,17 @@ def test_trained_head_loads_and_beats_a_random_head(target, tmp_path):
     done = _train(
         "--target", target, "--out", out, "--prompts", _prompts(tmp_path / "p.jsonl"), "--tokens", 60000,
         "--answer-minutes", 0.05, "--max-tokens", 48, "--batch", 32, "--draft-vocab", 256, "--warmup", 5,
+        *RECIPES[recipe],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     head = load_head(out, dtype=mx.float32)
     assert head.config.draft_vocab_size == 256
     # the default layer: residual from the normed fused features, a field vLLM reads as well;
-    # fc reads raw features (folded back from the standardised ones it was trained on)
-    assert head.config.norm_before_residual and json.loads((out / "config.json").read_text())["norm_before_residual"]
+    # fc reads raw features (folded back from the standardised ones it was trained on, by default)
+    normed = recipe == "default"
+    assert head.config.norm_before_residual == normed
+    assert json.loads((out / "config.json").read_text()).get("norm_before_residual", False) == normed
+    assert json.loads((out / "run.json").read_text())["single_step_share"] == (0.0 if normed else 0.5)
     card = (out / "README.md").read_text()
     assert "held-out" in card.lower() and "train-draft --target" in card
 
@@ -90,6 +103,21 @@ def test_trained_head_loads_and_beats_a_random_head(target, tmp_path):
     chance = evaluate(random, held, labels, 3)
     assert trained["alpha"][0] > chance["alpha"][0] + 0.05, (trained, chance)
     assert trained["expected_acceptance"] > chance["expected_acceptance"]
+
+
+@pytest.mark.parametrize(
+    "flags, complaint",
+    [
+        (["--single-step-share", 1], "--single-step-share"),
+        (["--single-step-share", -0.5], "--single-step-share"),
+        (["--batch-rows", 0], "--batch-rows"),
+    ],
+)
+def test_training_options_out_of_range_are_one_line(flags, complaint, target, tmp_path):
+    done = _train("--target", target, "--out", tmp_path / "run", *flags)
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0 and complaint in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_resume_refuses_a_folder_that_is_not_a_run(target, tmp_path):

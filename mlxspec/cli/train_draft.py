@@ -107,6 +107,25 @@ def train_draft(
             "--raw-residual: EAGLE-3's original layer.",
         ),
     ] = True,
+    batch_rows: Annotated[
+        int, typer.Option("--batch-rows", metavar="N", help="Positions a training batch (each unrolled --steps).")
+    ] = 2048,
+    single_step_share: Annotated[
+        float,
+        typer.Option(
+            "--single-step-share",
+            metavar="F",
+            help="Share of training spent on the first draft step alone, before all --steps (faster early on).",
+        ),
+    ] = 0.0,
+    standardize: Annotated[
+        bool,
+        typer.Option(
+            "--standardize/--raw-features",
+            help="Train on features divided by each column's RMS (default; fc folded back at the end), "
+            "or on the raw features.",
+        ),
+    ] = True,
 ):
     """Train an EAGLE-3 draft head for a target from its own answers and hidden states.
 
@@ -116,8 +135,10 @@ def train_draft(
 
     if minutes is not None and minutes <= 0 or tokens is not None and tokens <= 0:
         raise InvalidOption("--minutes and --tokens must be positive")
-    if steps < 1 or draft_vocab < 2:
-        raise InvalidOption("--steps must be at least 1 and --draft-vocab at least 2")
+    if steps < 1 or draft_vocab < 2 or batch_rows < 1:
+        raise InvalidOption("--steps and --batch-rows must be at least 1 and --draft-vocab at least 2")
+    if not 0.0 <= single_step_share < 1.0:
+        raise InvalidOption("--single-step-share must be at least 0 and below 1")
     check_folder(out, resume=resume)
     if resume:
         settings = read_settings(out)
@@ -140,6 +161,9 @@ def train_draft(
             warmup=warmup,
             raw=raw,
             norm_before_residual=norm_before_residual,
+            batch_rows=batch_rows,
+            single_step_share=single_step_share,
+            standardize=standardize,
             command="mlxspec " + shlex.join(sys.argv[1:]),
         )
         start(settings, out)

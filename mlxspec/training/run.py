@@ -58,6 +58,11 @@ class Settings:
     # the residual stream from normed fused features (runs started before this option
     # existed had the raw ones)
     norm_before_residual: bool = False
+    batch_rows: int = 2048  # rows (positions) a training batch
+    single_step_share: float = 0.0  # the budget's share spent on draft step 1 alone, first
+    # features divided by each column's RMS for training, fc folded back at the end (runs
+    # started before this option existed always did)
+    standardize: bool = True
 
 
 class Progress:
@@ -147,8 +152,9 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
     # fixed once, so that a resumed run trains on the same standardised features
-    scale = kept(data / "feature_scale.npy", lambda: feature_scale(train_set, seed=settings.seed))
-    standardize(examples, scale)
+    if settings.standardize:
+        scale = kept(data / "feature_scale.npy", lambda: feature_scale(train_set, seed=settings.seed))
+        standardize(examples, scale)
 
     head = new_head(
         model,
@@ -164,7 +170,10 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     else:
         state = State()
         factor = calibrate_output(head, train_set, draft_index)
-        progress.note(f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}")
+        if factor < 1.0:
+            progress.note(
+                f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}"
+            )
     data_seconds = record["answer_seconds"] + record["text_seconds"]
     seconds = None if settings.minutes is None else max(settings.minutes * 60 - data_seconds, 1.0)
     budget = Budget(seconds=seconds, tokens=settings.tokens)
@@ -181,6 +190,8 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         peak_lr=settings.lr,
         progress=progress,
         warmup=settings.warmup,
+        batch_rows=settings.batch_rows,
+        single_step_share=settings.single_step_share,
     )
     figures = evaluate(head, held_out, [label(e, draft_index) for e in held_out], settings.steps) if held_out else {}
     progress.evaluated(figures) if figures else None
@@ -200,7 +211,8 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     head.config.extra["mlxspec"] = {"trained_by": "mlxspec train-draft", "held_out": figures} | {
         k: facts[k] for k in ("answer_tokens", "text_tokens", "trained_positions")
     }
-    fold_feature_scale(head, scale)  # the published head reads the target's raw features
+    if settings.standardize:
+        fold_feature_scale(head, scale)  # the published head reads the target's raw features
     write_finished(head, out, model_card(settings, facts, figures, state, aux, len(vocabulary)))
     mx.clear_cache()
     return facts | {"held_out": figures}
