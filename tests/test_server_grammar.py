@@ -140,7 +140,9 @@ def test_a_schema_the_engine_rejects_is_a_400_naming_it(server, client, pair, re
 def test_a_disconnect_mid_constrained_stream_leaves_the_session_exact(server, client, pair):  # noqa: F811
     """A long constrained stream cut after a few chunks, then the same request: the answer
     is a fresh standard decoding's under the grammar, from the caches the cut left."""
-    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    # minLength keeps the answer long: unconstrained, this model closes the string at once and
+    # the whole answer could be sent before the server sees the client go.
+    schema = {"type": "object", "properties": {"text": {"type": "string", "minLength": 400}}, "required": ["text"]}
     response_format = json_schema_format("long", schema)
     before = health(server)["stopped"]
     body = {
