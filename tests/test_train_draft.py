@@ -11,6 +11,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,43 @@ def test_a_full_disk_leaves_nothing_loadable_and_resume_finishes(target, tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     assert "answers:" not in resumed.stderr  # the target was not asked again
     assert load_head(out).config.draft_vocab_size == 512
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resume_continues(target, tmp_path):
+    """Ctrl-C mid-training: exit 130, no head, a checkpoint of the last whole step; --resume
+    reads it and goes on from that step (its held-out record kept), not from the start."""
+    from mlxspec.drafters.eagle3_head import is_head_folder, load_head
+
+    out = tmp_path / "run"
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "MLXSPEC_DEBUG": ""}
+    command = [sys.executable, "-m", "mlxspec", "train-draft", "--target", str(target), "--out", str(out)]
+    options = ["--prompts", str(_prompts(tmp_path / "p.jsonl", 32)), "--tokens", "40000", "--answer-minutes", "0.02"]
+    options += ["--max-tokens", "32", "--batch", "16", "--draft-vocab", "256", "--batch-rows", "256"]
+    running = subprocess.Popen(command + options, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        for line in running.stderr:  # the held-out figures before the first step: training begins
+            if line.startswith("held-out α"):
+                break
+        time.sleep(1)  # some 60 steps of the ~400 the budget allows
+        running.send_signal(signal.SIGINT)
+        rest = running.communicate(timeout=60)[1]
+    finally:
+        running.kill()
+    assert running.returncode == 130, rest
+    said = [line for line in rest.splitlines() if line.startswith("interrupted at step")]
+    assert len(said) == 1 and "--resume continues" in said[0], rest
+    assert not is_head_folder(out) and not (out / "config.json").exists()
+    saved = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert saved["step"] > 0 and said[0].startswith(f"interrupted at step {saved['step']}:")
+
+    resumed = _train("--target", target, "--out", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming training at step {saved['step']}" in resumed.stderr
+    assert "answers:" not in resumed.stderr  # the data was kept too
+    final = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert final["step"] > saved["step"] and final["tokens"] >= 40000
+    assert final["history"][: len(saved["history"])] == saved["history"]
+    assert load_head(out).config.draft_vocab_size == 256
 
 
 def test_the_finished_head_is_whole_or_absent(target, tmp_path):

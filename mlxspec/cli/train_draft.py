@@ -131,7 +131,8 @@ def train_draft(
 
     Example: mlxspec train-draft --target mlx-community/SmolLM2-135M-Instruct --out head --minutes 55
     """
-    from ..training.run import Settings, check_folder, read_settings, run, start
+    from ..errors import MlxspecError
+    from ..training.run import Settings, abandon, check_folder, read_settings, run, start
 
     if minutes is not None and minutes <= 0 or tokens is not None and tokens <= 0:
         raise InvalidOption("--minutes and --tokens must be positive")
@@ -168,8 +169,13 @@ def train_draft(
         )
         start(settings, out)
     bar = _Bar()
-    with bar.bar:
-        facts = run(out=out, settings=settings, progress=bar)
+    try:
+        with bar.bar:
+            facts = run(out=out, settings=settings, progress=bar)
+    except MlxspecError:
+        if not resume:
+            abandon(out)
+        raise
     alpha = " ".join(f"{a:.3f}" for a in facts["held_out"].get("alpha", []))
     print(
         f"head written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "

@@ -22,6 +22,7 @@ from .trainer import (
     Budget,
     State,
     calibrate_output,
+    checkpoint_folder,
     evaluate,
     feature_scale,
     fold_feature_scale,
@@ -97,6 +98,17 @@ def start(settings: Settings, out: Path) -> None:
     _write_json(out / RUN_FILE, asdict(settings))
 
 
+def abandon(out: Path) -> None:
+    """Undo `start` for a run refused before it wrote any data (a target that does not load
+    or cannot be tapped): no folder is left that --resume would take for a run."""
+    if not (out / "data").exists():
+        (out / RUN_FILE).unlink(missing_ok=True)
+        try:
+            out.rmdir()
+        except OSError:
+            pass  # not empty: not ours to remove
+
+
 def read_settings(out: Path) -> Settings:
     try:
         return Settings(**json.loads((out / RUN_FILE).read_text()))
@@ -164,9 +176,10 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         seed=settings.seed,
         norm_before_residual=settings.norm_before_residual,
     )
-    checkpoint = out / "checkpoint"
-    if (checkpoint / "state.json").is_file():
-        state = load_checkpoint(checkpoint, head)
+    saved = checkpoint_folder(out / "checkpoint")
+    if saved:
+        state = load_checkpoint(saved, head)
+        progress.note(f"resuming training at step {state.step}")
     else:
         state = State()
         factor = calibrate_output(head, train_set, draft_index)

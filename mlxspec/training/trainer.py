@@ -22,7 +22,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -360,6 +360,23 @@ class State:
     history: list = field(default_factory=list)  # held-out figures as training went
 
 
+@dataclass
+class Snapshot:
+    """A step's head, optimizer state and State, as a checkpoint saves them."""
+
+    head: dict
+    optimizer: dict
+    state: State
+
+    @classmethod
+    def of(cls, head: Eagle3Head, optimizer, state: State) -> Snapshot:
+        # history is shared, not copied: it only grows, by figures read off this same head
+        return cls(dict(tree_flatten(head.parameters())), dict(tree_flatten(optimizer.state)), replace(state))
+
+    def save(self, folder: Path) -> None:
+        save_checkpoint(folder, self.head, self.optimizer, self.state)
+
+
 def lr_at(fraction: float, step: int, peak: float, warmup: int = 100) -> float:
     warm = min(1.0, (step + 1) / max(warmup, 1))
     return peak * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0))))
@@ -395,44 +412,54 @@ def train(
     held_examples, held_labels = [held_out[i] for i in held], [held_labels[i] for i in held]
     optimizer = optim.AdamW(learning_rate=peak_lr, weight_decay=0.0)
     checkpoint = folder / "checkpoint"
-    if (checkpoint / "optimizer.safetensors").is_file():
-        optimizer.state = tree_unflatten(list(mx.load(str(checkpoint / "optimizer.safetensors")).items()))
+    if state.step > 0:  # resumed: the optimizer's moments belong to the head read back with the state
+        saved = checkpoint_folder(checkpoint) / "optimizer.safetensors"
+        optimizer.state = tree_unflatten(list(mx.load(str(saved)).items()))
     step_fn = nn.value_and_grad(head, lambda batch, unrolled: loss_fn(head, batch, unrolled))
     last_checkpoint = last_eval = time.perf_counter()
     if held_examples and not state.history:
         state.history.append({"step": 0, "tokens": 0} | evaluate(head, held_examples, held_labels, steps))
         progress.evaluated(state.history[-1])
-    while budget.fraction(state.seconds, state.tokens) < 1.0:
-        batches = plan_batches(train_set, seed=seed + state.epoch, rows=batch_rows)
-        if state.batch >= len(batches):
-            state.epoch, state.batch = state.epoch + 1, 0
-            continue
-        started = time.perf_counter()
-        chosen = batches[state.batch]
-        batch = make_batch([train_set[i] for i in chosen], [labels[i] for i in chosen], steps)
-        fraction = budget.fraction(state.seconds, state.tokens)
-        unrolled = 1 if fraction < single_step_share else steps
-        optimizer.learning_rate = lr_at(fraction, state.step, peak_lr, warmup)
-        loss, grads = step_fn(batch, unrolled)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        optimizer.update(head, grads)
-        mx.eval(loss, head.parameters(), optimizer.state)
-        state.step, state.batch = state.step + 1, state.batch + 1
-        state.loss = float(loss)
-        state.tokens += int(np.array(batch["label_mask"]).sum()) * unrolled
-        state.seconds += time.perf_counter() - started
-        progress.trained(state, budget.fraction(state.seconds, state.tokens))
-        now = time.perf_counter()
-        if held_examples and now - last_eval > max(60.0, CHECKPOINT_SECONDS / 2):
-            figures = evaluate(head, held_examples, held_labels, steps)
-            state.history.append({"step": state.step, "tokens": state.tokens} | figures)
-            progress.evaluated(figures)
-            last_eval = time.perf_counter()
-        if now - last_checkpoint > CHECKPOINT_SECONDS:
-            save_checkpoint(checkpoint, head, optimizer, state)
-            last_checkpoint = time.perf_counter()
-    save_checkpoint(checkpoint, head, optimizer, state)
-    return state
+    # the last step taken whole (MLX arrays are immutable: references, not copies); Ctrl-C
+    # anywhere in a step saves this, never a head half-updated
+    done = Snapshot.of(head, optimizer, state)
+    try:
+        while budget.fraction(state.seconds, state.tokens) < 1.0:
+            batches = plan_batches(train_set, seed=seed + state.epoch, rows=batch_rows)
+            if state.batch >= len(batches):
+                state.epoch, state.batch = state.epoch + 1, 0
+                continue
+            started = time.perf_counter()
+            chosen = batches[state.batch]
+            batch = make_batch([train_set[i] for i in chosen], [labels[i] for i in chosen], steps)
+            fraction = budget.fraction(state.seconds, state.tokens)
+            unrolled = 1 if fraction < single_step_share else steps
+            optimizer.learning_rate = lr_at(fraction, state.step, peak_lr, warmup)
+            loss, grads = step_fn(batch, unrolled)
+            grads, _ = optim.clip_grad_norm(grads, 1.0)
+            optimizer.update(head, grads)
+            mx.eval(loss, head.parameters(), optimizer.state)
+            state.step, state.batch = state.step + 1, state.batch + 1
+            state.loss = float(loss)
+            state.tokens += int(np.array(batch["label_mask"]).sum()) * unrolled
+            state.seconds += time.perf_counter() - started
+            done = Snapshot.of(head, optimizer, state)
+            progress.trained(state, budget.fraction(state.seconds, state.tokens))
+            now = time.perf_counter()
+            if held_examples and now - last_eval > max(60.0, CHECKPOINT_SECONDS / 2):
+                figures = evaluate(head, held_examples, held_labels, steps)
+                state.history.append({"step": state.step, "tokens": state.tokens} | figures)
+                progress.evaluated(figures)
+                last_eval = time.perf_counter()
+            if now - last_checkpoint > CHECKPOINT_SECONDS:
+                done.save(checkpoint)
+                last_checkpoint = time.perf_counter()
+    except KeyboardInterrupt:
+        done.save(checkpoint)
+        progress.note(f"interrupted at step {done.state.step}: checkpoint saved; --resume continues")
+        raise
+    done.save(checkpoint)
+    return done.state
 
 
 def _save_arrays(path: Path, arrays: dict) -> None:
@@ -448,14 +475,34 @@ def _save_arrays(path: Path, arrays: dict) -> None:
         raise TrainingError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def save_checkpoint(folder: Path, head: Eagle3Head, optimizer, state: State) -> None:
+def save_checkpoint(folder: Path, head: dict, optimizer: dict, state: State) -> None:
+    """The head, the optimizer's state and the State as one set: written into a folder
+    beside, then swapped in, so a crash leaves the old set or the new, never a mix."""
+    partial, old = folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    except OSError as e:
+        raise TrainingError(f"cannot write {partial}: {e.strerror or e}") from None
+    _save_arrays(partial / "head.safetensors", head)
+    _save_arrays(partial / "optimizer.safetensors", optimizer)
+    _write_json(partial / "state.json", state.__dict__)
+    try:
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            folder.rename(old)
+        partial.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
         raise TrainingError(f"cannot write {folder}: {e.strerror or e}") from None
-    _save_arrays(folder / "head.safetensors", dict(tree_flatten(head.parameters())))
-    _save_arrays(folder / "optimizer.safetensors", dict(tree_flatten(optimizer.state)))
-    _write_json(folder / "state.json", state.__dict__)
+
+
+def checkpoint_folder(folder: Path) -> Path | None:
+    """The checkpoint a resumed run reads: folder, or the set a crash mid-swap left as .old."""
+    for candidate in (folder, folder.with_name(folder.name + ".old")):
+        if (candidate / "state.json").is_file():
+            return candidate
+    return None
 
 
 def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
