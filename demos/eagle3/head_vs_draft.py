@@ -2,7 +2,7 @@
 
     python demos/eagle3/head_vs_draft.py [--head DIR] [--gamma 3] [--temp 0,0.7] [--max-tokens 64] [--quick]
 
-Loads the `smollm2` preset's target once, with its two-block draft, and the head (the
+Loads the `smollm2-draft` preset's target once, with its two-block draft, and the head (the
 shipped one unless --head) fitted to the same target, then, for every bench prompt and
 temperature, runs each method in turn on the same prompt and seed: standard decoding, the
 draft, the head, and each of the two beside prompt lookup. Taking the methods in turn per
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     temps = [float(t) for t in args.temp.split(",")]
 
-    two_block = mlxspec.load_pair(pair="smollm2")
+    two_block = mlxspec.load_pair(pair="smollm2-draft")  # the preset that keeps the separate draft
     head = load_eagle3(str(args.head), args.head, two_block.target)
     with_head = replace(two_block, draft=head)
     methods = {
