@@ -391,7 +391,7 @@ def test_while_plain_wins_a_lookup_match_beside_a_draft_model_is_still_tried():
     beside = Policy(gamma=AUTO, stop=0.0, controller=losing_controller(), lookup=PromptLookup(prompt, min_match=3))
     plan = beside.plan(remaining=50)
     assert plan.proposal == (8, 9, 10, 5) and not plan.draft
-    beside.lookup.extend([99])  # no match any more: a short plain stretch
+    beside.lookup.hear([99])  # no match any more: a short plain stretch
     assert 0 < beside.plan(remaining=50).plain <= LOOKUP_STRETCH
     rates = list(beside.controller.acceptance.rates)
     beside.observe_round(

@@ -2,8 +2,8 @@
 model or prompt lookup, with an optional early stop. Pure Python (no MLX): policies see the
 plain numbers of each round's outcome."""
 
+from ..drafters.lookup import NGramIndex, PromptLookup
 from .controller import Controller, ControllerConfig
-from .lookup import NGramIndex, PromptLookup
 from .plan import MODEL, NGRAM, TARGET, Outcome, Plan
 from .policy import AUTO, Auto, Policy
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..drafters.lookup import PromptLookup
 from .controller import Controller
-from .lookup import PromptLookup
 from .plan import Outcome, Plan
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
@@ -81,7 +81,7 @@ class Policy:
 
     def observe_round(self, outcome: Outcome) -> None:
         if self.lookup:
-            self.lookup.extend(outcome.emitted)
+            self.lookup.hear(outcome.emitted)
         plan = outcome.plan
         if plan.proposal and self.draft_model:
             # beside a draft model, a lookup round tells the verify's cost, not the model's rates
@@ -99,5 +99,5 @@ class Policy:
 
     def observe_plain(self, token: int, seconds: float) -> None:
         if self.lookup:
-            self.lookup.extend([token])
+            self.lookup.hear([token])
         self.controller.observe_plain(seconds)

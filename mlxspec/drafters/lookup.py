@@ -49,7 +49,11 @@ class NGramIndex:
 class PromptLookup:
     """Prompt-lookup proposals for one generation: an index over the prompt and output so far.
     Beside a draft model only matches of `min_match` ids or more are used (shorter ones are
-    guesses the model makes better)."""
+    guesses the model makes better).
+
+    Of base.Drafter's interface it needs only `propose` and `hear`: it keeps no cache (nothing
+    to begin, settle or undo), its q is a point mass (no rows), and it proposes beside any
+    drafter, so the drafting policy, not the round loop, asks it each round."""
 
     def __init__(self, prompt: list[int], *, min_match: int | None = None, index: NGramIndex | None = None):
         self.index = index or NGramIndex()
@@ -59,5 +63,6 @@ class PromptLookup:
     def propose(self, gamma: int) -> tuple[int, ...]:
         return tuple(self.index.propose(gamma, self.min_match)) if gamma > 0 else ()
 
-    def extend(self, ids) -> None:
+    def hear(self, ids) -> None:
+        """Ids emitted (by any means): the index reads them, as a drafter hears them."""
         self.index.extend(ids)
