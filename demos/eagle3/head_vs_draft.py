@@ -1,6 +1,6 @@
 """The SmolLM2 EAGLE-3 head beside the two-block distilled draft, on one target in one run.
 
-    python demos/eagle3/head_vs_draft.py [--head DIR] [--gamma 3] [--temp 0,0.7] [--max-tokens 64] [--quick]
+    python demos/eagle3/head_vs_draft.py [--head DIR] [--gamma 3|auto] [--temp 0,0.7] [--max-tokens 64] [--quick]
 
 Loads the `smollm2-draft` preset's target once, with its two-block draft, and the head (the
 shipped one unless --head) fitted to the same target, then, for every bench prompt and
@@ -37,7 +37,7 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", type=Path, default=SHIPPED_HEAD)
-    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--gamma", type=lambda v: v if v == "auto" else int(v), default=3, help="a draft length or auto")
     parser.add_argument("--temp", default="0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="one prompt per category")
@@ -77,7 +77,8 @@ def main() -> None:
         print(f"  {'method':<20} {'tok/s':>6} {'speedup':>8} {'α':>5}   {'α per position':<20} {'τ':>5} {'c':>6}")
         for name, stats in totals.items():
             speed = stats.tokens_per_second
-            per_position = " ".join(fmt(a) for a in stats.per_position_acceptance[: args.gamma])
+            shown = 4 if args.gamma == "auto" else args.gamma
+            per_position = " ".join(fmt(a) for a in stats.per_position_acceptance[:shown])
             c = stats.draft_step * base if stats.draft_step and base else None  # over a standard step
             print(
                 f"  {name:<20} {fmt(speed, '.1f'):>6} {fmt(speed / base if speed and base else None):>7}x"
