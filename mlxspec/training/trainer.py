@@ -412,9 +412,12 @@ def train(
     held_examples, held_labels = [held_out[i] for i in held], [held_labels[i] for i in held]
     optimizer = optim.AdamW(learning_rate=peak_lr, weight_decay=0.0)
     checkpoint = folder / "checkpoint"
-    if state.step > 0:  # resumed: the optimizer's moments belong to the head read back with the state
-        saved = checkpoint_folder(checkpoint) / "optimizer.safetensors"
-        optimizer.state = tree_unflatten(list(mx.load(str(saved)).items()))
+    saved = checkpoint_folder(checkpoint)
+    if state.step > 0 and saved:  # resumed: the moments belong to the head read back with the state
+        try:
+            optimizer.state = tree_unflatten(list(mx.load(str(saved / "optimizer.safetensors")).items()))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise TrainingError(f"{saved}: the optimizer's state does not read back ({e})") from None
     step_fn = nn.value_and_grad(head, lambda batch, unrolled: loss_fn(head, batch, unrolled))
     last_checkpoint = last_eval = time.perf_counter()
     if held_examples and not state.history:
@@ -488,8 +491,8 @@ def save_checkpoint(folder: Path, head: dict, optimizer: dict, state: State) -> 
     _save_arrays(partial / "optimizer.safetensors", optimizer)
     _write_json(partial / "state.json", state.__dict__)
     try:
-        shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
+        if folder.exists():  # else .old may be the only whole set (a swap cut short): keep it
+            shutil.rmtree(old, ignore_errors=True)
             folder.rename(old)
         partial.rename(folder)
         shutil.rmtree(old, ignore_errors=True)
