@@ -30,6 +30,10 @@ from mlxspec.stats import Stats  # noqa: E402
 SHIPPED_HEAD = Path(mlxspec.__file__).parent / "assets" / "smollm2-eagle3"
 
 
+def draft_length(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
 def fmt(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
@@ -37,7 +41,7 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", type=Path, default=SHIPPED_HEAD)
-    parser.add_argument("--gamma", type=lambda v: v if v == "auto" else int(v), default=3, help="a draft length or auto")
+    parser.add_argument("--gamma", type=draft_length, default=3, help="a draft length or auto")
     parser.add_argument("--temp", default="0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="one prompt per category")
