@@ -169,6 +169,24 @@ class ModelCache:
         self.restore(mark)
         return length - mark.length
 
+    def keep_block_rows(self, count: int, kept: list[int]) -> None:
+        """The last `count` rows were read as a tree (one block): keep the block's rows
+        `kept` (increasing: the accepted path, which the tree numbers in order), moved to
+        the block's front, and forget the rest. The rows kept were computed at their
+        path's positions attending to their ancestors, so the cache is then what reading
+        that path one id at a time would have left. Raises CacheRollbackError where a part
+        cannot (a state, a window written in place since)."""
+        if list(kept) != sorted(set(kept)) or (kept and not 0 <= kept[0] <= kept[-1] < count):
+            raise CacheRollbackError(f"rows {kept} are not increasing rows of a {count}-row block")
+        drop = count - len(kept)
+        moved = [r for i, r in enumerate(kept) if r != i]
+        if moved:
+            for layer in self.layers:
+                for part in _all_parts(layer):
+                    _move_block_rows(part, count, kept)
+        if drop and not self.trim_to(self.length - drop):
+            raise CacheRollbackError(f"the tree's {drop} rejected rows cannot be dropped exactly")
+
     def can_trim_to(self, length: int) -> bool:
         """Whether every layer can be trimmed back to `length` tokens exactly."""
         drop = self.length - length
@@ -284,6 +302,24 @@ def _trim(part, n: int) -> None:
     trimmed = part.trim(n)
     if trimmed != n:
         raise CacheRollbackError(f"{type(part).__name__} trimmed {trimmed} of {n} tokens")
+
+
+def _move_block_rows(part, count: int, kept: list[int]) -> None:
+    """Gather the kept rows of the newest `count`-row block to the block's front, in every
+    buffer of the part (a quantized one's data, scales and biases alike)."""
+    kind = _kind(part)
+    if kind == "trim":
+        first = part.offset - count
+    elif kind == "rotating" and part.keys is not None and part._idx == _rows(part.keys):
+        first = part._idx - count  # a block update left the buffer in time order, the block last
+    else:
+        raise CacheRollbackError(f"{type(part).__name__} does not hold a tree's block in order")
+    rows = mx.array([first + r for r in kept])
+    for name in ("keys", "values"):
+        buffer = getattr(part, name)
+        parts = list(buffer) if isinstance(buffer, (tuple, list)) else [buffer]
+        for b in parts:
+            b[..., first : first + len(kept), :] = b[..., rows, :]
 
 
 def _all_parts(layer) -> list:

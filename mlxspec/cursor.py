@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import tree_attention
 from .caches import CacheOptions, CacheRollbackError, Mark, ModelCache
 from .features import FeatureStore
+from .tree import Tree
 
 PREFILL_STEP = 512
 # Prompt ends remembered per cursor, for caches that cannot trim back: the last one serves
@@ -117,6 +119,35 @@ class Cursor:
                 self.taps.seen.clear()
                 self.features.forget_from(start)
         return _to_width(logits, self.width)
+
+    def why_no_trees(self) -> str | None:
+        """None when this model and cache can read a tree in one forward; else why not."""
+        return tree_attention.why_not(self.model, self.cache)
+
+    def forward_tree(self, drafted: mx.array, tree: Tree) -> mx.array:
+        """Read the pending ids and the nodes of `tree` (ids `drafted`, (n,)) in one forward,
+        the last pending id its root; returns logits (1 + len(tree), width): after the root, then after each node.
+        The cache then holds the whole block until `keep_tree_path` says what to keep."""
+        pending = len(self.pending)
+        layout = tree_attention.TreeLayout.chain_then_tree(
+            start=self.cache.length, pending=pending, tree_parents=tree.parents
+        )
+        inputs = mx.concatenate([mx.array(self.pending, dtype=TOKEN), drafted.astype(TOKEN)])
+        with tree_attention.reading(self.model, layout):
+            logits = self.forward(inputs)
+        return logits[pending - 1 :]
+
+    def keep_tree_path(self, tree: Tree, path: list[int], path_ids: list[int], *, pending: list[int]) -> None:
+        """After `forward_tree` read `pending` and `tree`: keep the rows of `pending` and of
+        the accepted `path` (node numbers; their ids `path_ids`), as if they had been read
+        one at a time."""
+        block = len(pending) + len(tree)
+        kept = list(range(len(pending))) + [len(pending) - 1 + node for node in path]
+        start = self.cache.length - block
+        self.cache.keep_block_rows(block, kept)
+        if self.features is not None and self.keep_features:
+            self.features.keep_block_rows(start, block, kept)
+        self.tokens += pending + list(path_ids)
 
     def sync(self, ids: list[int]) -> int:
         """Make history == ids, keeping what the cache already holds of them, and leave at

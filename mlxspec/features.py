@@ -38,6 +38,18 @@ class FeatureStore:
         self.buffer[offset : offset + n] = rows
         self.end = start + n
 
+    def keep_block_rows(self, start: int, count: int, kept: list[int]) -> None:
+        """Rows start .. start + count - 1 were a tree's block: keep the block's rows `kept`
+        (increasing), moved to the block's front, and forget the rest (caches.py's twin)."""
+        if not self.covers(start, start + count):
+            self.forget_from(start)
+            return
+        first = start - self.start
+        if any(r != i for i, r in enumerate(kept)):
+            rows = mx.array([first + r for r in kept])
+            self.buffer[first : first + len(kept)] = self.buffer[rows]
+        self.end = start + len(kept)
+
     def forget_from(self, position: int) -> None:
         """A forward that keeps no features started here: what is held from here on no
         longer describes the cache's ids."""

@@ -1,0 +1,124 @@
+"""A round's proposals as a tree of token ids: plain values, no MLX.
+
+Node 0 is the root: the last id emitted, which the target has yet to read. Proposals are
+nodes 1..n; `parents[k - 1]` is node k's parent, always an earlier node. A chain is the tree
+whose parents are 0, 1, 2, ... (SGLang's and vLLM's drafts are the same flat arrays: ids,
+each node's parent, its depth as its position). Siblings are numbered in the order they were
+drawn, and the rule (verify.py) tries them in that order; that order is part of what makes
+the rule exact under sampling.
+
+The target reads the nodes in one forward, each at the position of its depth and attending
+to the context and its own ancestors only (tree_attention.py); afterwards its cache keeps
+the accepted path alone (caches.py), as if that path had been decoded one id at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+ROOT = 0
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The shape of a round's proposals: node k's parent is parents[k - 1], always < k.
+    A drafter's ids may still be on the device while the shape is known."""
+
+    parents: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for node, parent in enumerate(self.parents, start=1):
+            if not 0 <= parent < node:
+                raise ValueError(f"node {node}'s parent {parent} does not come before it")
+
+    @classmethod
+    def chain_of(cls, length: int) -> Tree:
+        return cls(tuple(range(length)))
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(len(self.parents)))
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of every node, the root's (0) first: node k sits at position root + depth."""
+        depths = [0]
+        for parent in self.parents:
+            depths.append(depths[parent] + 1)
+        return tuple(depths)
+
+    @property
+    def depth(self) -> int:
+        """The longest path's length in proposals (a chain's gamma)."""
+        return max(self.depths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Each node's children, root first, in the order they were drawn."""
+        kids: list[list[int]] = [[] for _ in range(len(self.parents) + 1)]
+        for node, parent in enumerate(self.parents, start=1):
+            kids[parent].append(node)
+        return tuple(tuple(k) for k in kids)
+
+    def ancestors(self, node: int) -> list[int]:
+        """node's ancestors and itself, the root excluded, root side first."""
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node - 1]
+        return path[::-1]
+
+    def sibling_rank(self, node: int) -> int:
+        """Where node comes among its parent's children (0: drawn first)."""
+        return self.children[self.parents[node - 1]].index(node)
+
+
+@dataclass(frozen=True)
+class TokenTree(Tree):
+    """A tree with its ids on the host (prompt lookup, the history index, a tree drafter
+    that decided its shape from its ids): node k's id is ids[k - 1]."""
+
+    ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.ids) != len(self.parents):
+            raise ValueError(f"{len(self.ids)} ids but {len(self.parents)} parents")
+
+    @classmethod
+    def chain(cls, ids) -> TokenTree:
+        ids = tuple(int(t) for t in ids)
+        return cls(tuple(range(len(ids))), ids)
+
+    @classmethod
+    def of(cls, ids, parents) -> TokenTree:
+        return cls(tuple(parents), tuple(int(t) for t in ids))
+
+    def path_ids(self, path: list[int]) -> list[int]:
+        return [self.ids[node - 1] for node in path]
+
+    def greedy_path(self, target_ids: list[int]) -> tuple[list[int], int]:
+        """Temperature 0: from the root, follow the child whose id is the target's argmax at
+        its parent, while there is one. `target_ids[k]`: the target's argmax after node k.
+        Returns the accepted nodes and the target's next id after the last of them."""
+        path, node = [], ROOT
+        while True:
+            wanted = target_ids[node]
+            child = next((c for c in self.children[node] if self.ids[c - 1] == wanted), None)
+            if child is None:
+                return path, wanted
+            path.append(child)
+            node = child
+
+    def subtree(self, keep: list[int]) -> TokenTree:
+        """The tree of the nodes in `keep` (each one's parent kept too), renumbered in order."""
+        kept = sorted(set(keep))
+        index = {ROOT: ROOT} | {node: i for i, node in enumerate(kept, start=1)}
+        missing = [n for n in kept if self.parents[n - 1] not in index]
+        if missing:
+            raise ValueError(f"nodes {missing} are kept without their parents")
+        return TokenTree(tuple(index[self.parents[n - 1]] for n in kept), tuple(self.ids[n - 1] for n in kept))

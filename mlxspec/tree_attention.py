@@ -1,0 +1,200 @@
+"""A token tree read in one forward of an mlx-lm model: each node at the position of its
+depth, attending to the context and to its own ancestors only.
+
+Rather than fork model files, the attention modules of a supported family are given a
+subclass of their own class (as capture.py taps layers): while a `TreeLayout` is active on
+the model, the attention ignores the mask the model built for a causal block and uses the
+tree's, computed from its own cache (a plain cache sees all the context; a sliding window
+sees what a single step at that node's position would see), and its rotary embedding
+places each row at its node's position (one call, the rows moved onto the batch axis, where
+`mx.fast.rope` takes an offset per row). With no layout active they run exactly as before.
+
+Parameters, their names and the forward are unchanged, so weights, quantization and the
+hidden-state taps are not disturbed. A family whose cache holds recurrent state cannot read
+a tree (there is no way to give a state two children), and one whose attention does not
+have this shape is not wrapped: both draft chains.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models import cache as mlx_cache
+
+from .caches import KeptRotatingKVCache
+
+# Families whose attention is `self_attn(x, mask, cache)` applying `self.rope(x, offset=cache.offset)`
+# and mlx-lm's (or its own bool-aware) attention, checked exact in the tests.
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3")
+_PLAIN = (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
+_WINDOWED = (mlx_cache.RotatingKVCache, KeptRotatingKVCache)
+
+
+@dataclass
+class TreeLayout:
+    """The rows a forward appends, as a tree over the cache: row i of the block sits at
+    `positions[i]`; `parents[i]` is the block row it hangs from (-1: the context before the
+    block). `earlier` tree rows, already in a plain cache from an earlier forward of the same
+    tree (a drafter growing it), come first in `parents` and `positions`; rows of the block
+    are the last `len(parents) - earlier`."""
+
+    positions: list[int]
+    parents: list[int]
+    earlier: int = 0
+    _masks: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def chain_then_tree(cls, *, start: int, pending: int, tree_parents: tuple[int, ...]) -> TreeLayout:
+        """A verify block: `pending` ids in a chain from position `start` (the last one the
+        tree's root), then the tree's nodes (parents as TokenTree numbers them)."""
+        parents = list(range(-1, pending - 1)) + [pending - 1 + p for p in tree_parents]
+        return cls.from_parents(start=start, parents=parents)
+
+    @classmethod
+    def from_parents(cls, *, start: int, parents: list[int], earlier: int = 0) -> TreeLayout:
+        positions = []
+        for parent in parents:
+            positions.append(start if parent < 0 else positions[parent] + 1)
+        return cls(positions, list(parents), earlier)
+
+    @property
+    def fresh(self) -> int:
+        return len(self.parents) - self.earlier
+
+    def sees(self) -> np.ndarray:
+        """(rows, rows) bool: row i attends to row j, an ancestor of i or i itself."""
+        n = len(self.parents)
+        sees = np.eye(n, dtype=bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                sees[i] |= sees[parent]
+        return sees
+
+    def fresh_positions(self) -> mx.array:
+        return mx.array(self.positions[self.earlier :], dtype=mx.int32)
+
+    def mask_for(self, layer_cache) -> mx.array:
+        """(fresh rows, keys after the update) bool, for one layer's cache as it stands
+        before the block is written into it."""
+        kind = type(layer_cache)
+        key = (kind, layer_cache.offset, getattr(layer_cache, "max_size", None), getattr(layer_cache, "keep", 0))
+        if key not in self._masks:
+            self._masks[key] = mx.array(self._mask(layer_cache))
+        return self._masks[key]
+
+    def _mask(self, layer_cache) -> np.ndarray:
+        sees = self.sees()[self.earlier :]  # (fresh, rows)
+        queries = np.array(self.positions[self.earlier :])[:, None]
+        if isinstance(layer_cache, _PLAIN):
+            context = layer_cache.offset - self.earlier  # rows before the tree's first
+            return np.concatenate([np.ones((len(queries), context), dtype=bool), sees], axis=1)
+        if isinstance(layer_cache, _WINDOWED):
+            if self.earlier:
+                raise ValueError("a sliding window reads a tree in one block only")
+            # RotatingKVCache._update_concat: the buffer in time order, its `keep` first rows
+            # and the newest earlier ones (a window's worth less one), then the block
+            offset, size, keep = layer_cache.offset, layer_cache.max_size, layer_cache.keep
+            earlier = 0 if layer_cache.keys is None else min(size - 1, offset)
+            rows = np.arange(earlier)
+            context_positions = np.where(rows < keep, rows, rows + (offset - earlier))[None]
+            recent = size - keep
+            context = (context_positions <= queries) & (
+                (context_positions < keep) | (queries - context_positions < recent)
+            )
+            tree_positions = np.array(self.positions)[None]
+            return np.concatenate([context, sees & (queries - tree_positions < recent)], axis=1)
+        raise TypeError(f"a tree cannot be read through a {type(layer_cache).__name__}")
+
+
+class TreeSlot:
+    """The layout a model's wrapped modules read while a tree forward runs (None otherwise)."""
+
+    layout: TreeLayout | None = None
+
+
+_WRAPPED: dict[type, type] = {}
+
+
+def _tree_attention_class(cls: type) -> type:
+    if cls not in _WRAPPED:
+
+        def __call__(self, x, mask=None, cache=None, *args, **kwargs):
+            layout = self._mlxspec_tree.layout
+            if layout is not None:
+                mask = layout.mask_for(cache)
+            return cls.__call__(self, x, mask, cache, *args, **kwargs)
+
+        _WRAPPED[cls] = type(f"Tree{cls.__name__}", (cls,), {"__call__": __call__})
+    return _WRAPPED[cls]
+
+
+def _tree_rope_class(cls: type) -> type:
+    if cls not in _WRAPPED:
+
+        def __call__(self, x, offset=0, *args, **kwargs):
+            layout = self._mlxspec_tree.layout
+            if layout is None:
+                return cls.__call__(self, x, offset, *args, **kwargs)
+            # (1, heads, rows, dim) -> (rows, heads, 1, dim): one offset per row
+            rows = x[0].transpose(1, 0, 2)[:, :, None, :]
+            out = cls.__call__(self, rows, layout.fresh_positions(), *args, **kwargs)
+            return out[:, :, 0, :].transpose(1, 0, 2)[None]
+
+        _WRAPPED[cls] = type(f"Tree{cls.__name__}", (cls,), {"__call__": __call__})
+    return _WRAPPED[cls]
+
+
+def _family(model) -> str:
+    args = getattr(model, "args", None)
+    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+
+
+def _attention_modules(model) -> list | None:
+    inner = getattr(model, "language_model", model)
+    layers = getattr(getattr(inner, "model", None), "layers", None)
+    if not layers:
+        return None
+    modules = [getattr(layer, "self_attn", None) for layer in layers]
+    return modules if all(m is not None and hasattr(m, "rope") for m in modules) else None
+
+
+def why_not(model, cache) -> str | None:
+    """None when `model` with `cache` (a caches.ModelCache) can read trees; else why not."""
+    family = _family(model)
+    if family not in FAMILIES:
+        return f"{family} targets read chains only (trees: {', '.join(FAMILIES)})"
+    if _attention_modules(model) is None:
+        return f"this {family} model's attention is not of the shape trees are read through"
+    for layer in cache.layers:
+        if type(layer) not in (*_PLAIN, *_WINDOWED):
+            return f"a {type(layer).__name__} cannot hold a tree's branches"
+    return None
+
+
+def install(model) -> TreeSlot:
+    """Wrap `model`'s attention modules (once); returns the slot a tree forward sets."""
+    slot = getattr(model, "_mlxspec_tree", None)
+    if slot is not None:
+        return slot
+    slot = TreeSlot()
+    for attention in _attention_modules(model) or ():
+        for module, wrap in ((attention, _tree_attention_class), (attention.rope, _tree_rope_class)):
+            if type(module) not in _WRAPPED.values():
+                module.__class__ = wrap(type(module))
+            object.__setattr__(module, "_mlxspec_tree", slot)
+    object.__setattr__(model, "_mlxspec_tree", slot)
+    return slot
+
+
+@contextmanager
+def reading(model, layout: TreeLayout):
+    """While inside, `model`'s forward reads its block as `layout` says."""
+    slot = install(model)
+    slot.layout = layout
+    try:
+        yield
+    finally:
+        slot.layout = None
