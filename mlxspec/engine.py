@@ -25,7 +25,7 @@ from .cursor import TOKEN, Cursor
 from .drafting import TARGET, Outcome, Policy
 from .events import Prefill, Round
 from .grammar import Matcher
-from .rounds import pick, run_round
+from .rounds import pick, run_round, run_tree_round
 from .sampling import SamplingParams, constrain
 
 
@@ -93,7 +93,10 @@ def speculative(
                 if event.emitted[0] in eos_ids:
                     return "eos"
             continue
-        outcome = run_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar)
+        if plan.tree:
+            outcome = run_tree_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids)
+        else:
+            outcome = run_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar)
         policy.observe_round(outcome)
         produced += len(outcome.emitted)
         yield round_event(outcome, index=rounds)
@@ -115,6 +118,8 @@ def round_event(outcome: Outcome, *, index: int) -> Round:
         seconds=outcome.seconds + outcome.catch_up_seconds,
         source=outcome.source,
         early_stop=outcome.early_stop,
+        nodes=outcome.nodes,
+        branches=outcome.branches,
     )
 
 

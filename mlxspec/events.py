@@ -38,6 +38,10 @@ class Round:
     discarded: str = ""  # text of the drafts thrown away (the first rejected one and after)
     source: str = "model"  # who proposed: "model", "ngram", or "target" (nothing drafted)
     early_stop: bool = False  # the draft stopped short of gamma, unsure of its next id
+    # A tree round: `drafted` is the accepted path and, where the walk stopped, the first
+    # child tried there; `nodes` all the nodes verified, `branches` the paths not taken.
+    nodes: int = 0
+    branches: tuple[tuple[int, ...], ...] = ()
 
     @property
     def tested(self) -> int:

@@ -195,7 +195,13 @@ def drafting_policy(pair: Pair, session: Session, options: Options, ids: list[in
         controller=session.controller,
         lookup=lookup,
         draft_model=session.draft is not None,
+        tree=options.tree if _reads_trees(session) and options.grammar is None else 0,
     )
+
+
+def _reads_trees(session: Session) -> bool:
+    """Whether this session's drafter can propose trees and its target read them."""
+    return getattr(session.draft, "reads_trees", False) and session.target.why_no_trees() is None
 
 
 def stream(

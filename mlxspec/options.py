@@ -63,6 +63,7 @@ class Options:
     system: str | None = None  # a system prompt for the chat template
     think: bool | None = None  # enable_thinking for templates that take it; None: the template's default
     grammar: GrammarSpec | None = None  # what the reply must match (constrained decoding)
+    tree: int = 0  # at most this many proposals verified per round as a tree (0: a chain)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -87,6 +88,8 @@ class Options:
             raise InvalidOption("a stop text is empty: give the text to stop at")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidOption("sampling must be SamplingParams")
+        if isinstance(self.tree, bool) or not isinstance(self.tree, int) or self.tree < 0:
+            raise InvalidOption(f"tree must be a whole number >= 0, got {self.tree!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise InvalidOption("grammar must be a GrammarSpec (GrammarSpec.json_schema(...), ...)")
 
@@ -109,6 +112,7 @@ class Options:
         think: bool | None = None,
         xtc_probability: float = 0.0,
         grammar: GrammarSpec | None = None,
+        tree: int = 0,
     ) -> Options:
         """Options from the values a person types: gamma and draft_min_p may be "auto" or
         numbers as text."""
@@ -129,6 +133,7 @@ class Options:
             system=system,
             think=think,
             grammar=grammar,
+            tree=tree,
         )
 
     def replace(self, **changes) -> Options:

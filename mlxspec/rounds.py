@@ -27,7 +27,8 @@ from .drafters.sampling import pick
 from .drafting import Outcome, Plan
 from .grammar import Matcher
 from .sampling import SamplingParams, constrain, warp
-from .verify import greedy_sample, speculative_sample
+from .tree import TokenTree
+from .verify import greedy_sample, speculative_sample, tree_speculative_sample
 
 __all__ = ["pick", "run_round", "verify"]
 
@@ -149,6 +150,83 @@ def run_round(
         confidences=confidences,
         catch_up_seconds=caught_up,
     )
+
+
+def run_tree_round(
+    target: Cursor,
+    drafter: Drafter,
+    plan: Plan,
+    *,
+    params: SamplingParams,
+    key: mx.array,
+    eos_ids: frozenset[int],
+) -> Outcome:
+    """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes, the
+    target reads it in one forward (each node at its depth, seeing its ancestors), the rule
+    walks it from the root (verify.py), and both sides keep the accepted path alone. On any
+    exception both sides are left as before the round."""
+    caught_up = drafter.catch_up_if_behind()
+    start = time.perf_counter()
+    draft_key, rule_key = mx.random.split(key)
+    target_mark, target_pending = target.cache.mark(reads=len(target.pending) + plan.tree), list(target.pending)
+    draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft)  # pending, then every row it may read
+    try:
+        drafts = drafter.propose_tree(
+            depth=plan.draft, budget=plan.tree, width=plan.width, params=params, key=draft_key, state=draft_state
+        )
+        tree = drafts.tree if drafts is not None else TokenTree.chain(())
+        drafted_at = time.perf_counter()
+        ids = mx.array(tree.ids, dtype=TOKEN)
+        logits = target.forward_tree(ids, tree)
+        if params.greedy:
+            path, next_id = tree.greedy_path(mx.argmax(logits, axis=-1).tolist())
+        else:
+            walk, token = tree_speculative_sample(tree, ids, drafts.rows, warp(logits, params), rule_key)
+            values = mx.concatenate([walk.astype(mx.int32), token.astype(mx.int32)[None]]).tolist()
+            path, next_id = [n for n in values[:-1] if n], values[-1]
+        done_at = time.perf_counter()
+        path_ids = tree.path_ids(path)
+        target.keep_tree_path(tree, path, path_ids, pending=target_pending)
+        target.pending = [next_id]
+        if drafts is not None:
+            drafter.settle_tree(draft_state, drafts=drafts, path=path, next_id=next_id)
+        else:
+            drafter.undo(draft_state)
+        emitted = _cut_at_eos(path_ids + [next_id], eos_ids)
+    except BaseException:
+        target.abandon(target_mark, target_pending)
+        drafter.undo(draft_state)
+        raise
+    stop = path[-1] if path else 0
+    tried = tree.children[stop][:1]  # the first child the walk tried where it stopped
+    return Outcome(
+        plan=plan,
+        drafted=tuple(path_ids + tree.path_ids(list(tried))),
+        accepted=len(path),
+        next_id=next_id,
+        emitted=tuple(emitted),
+        verified=len(target_pending) + len(tree),
+        seconds=time.perf_counter() - start,
+        draft_seconds=drafted_at - start,
+        verify_seconds=done_at - drafted_at,
+        catch_up_seconds=caught_up,
+        nodes=len(tree),
+        branches=_branches(tree, path),
+    )
+
+
+def _branches(tree: TokenTree, path: list[int]) -> tuple[tuple[int, ...], ...]:
+    """The paths not taken, each from where it leaves the accepted path: every leaf off the
+    path, as ids from the fork on (race shows them with --show-rejected)."""
+    on_path = {0, *path}
+    leaves = [n for n in range(1, len(tree) + 1) if not tree.children[n]]
+    out = []
+    for leaf in leaves:
+        nodes = tree.ancestors(leaf)
+        off = [n for n in nodes if n not in on_path]
+        if off:
+            out.append(tuple(tree.path_ids(off)))
+    return tuple(out)
 
 
 def _cut_at_eos(ids: list[int], eos_ids: frozenset[int]) -> list[int]:

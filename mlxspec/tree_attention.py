@@ -138,13 +138,17 @@ def _tree_rope_class(cls: type) -> type:
             layout = self._mlxspec_tree.layout
             if layout is None:
                 return cls.__call__(self, x, offset, *args, **kwargs)
-            # (1, heads, rows, dim) -> (rows, heads, 1, dim): one offset per row
-            rows = x[0].transpose(1, 0, 2)[:, :, None, :]
-            out = cls.__call__(self, rows, layout.fresh_positions(), *args, **kwargs)
-            return out[:, :, 0, :].transpose(1, 0, 2)[None]
+            return rotate_at(lambda rows, positions: cls.__call__(self, rows, positions, *args, **kwargs), x, layout)
 
         _WRAPPED[cls] = type(f"Tree{cls.__name__}", (cls,), {"__call__": __call__})
     return _WRAPPED[cls]
+
+
+def rotate_at(rope, x: mx.array, layout: TreeLayout) -> mx.array:
+    """`rope(x, offset)` with each of the block's rows at its own position: x (1, heads,
+    rows, dim) goes through as (rows, heads, 1, dim), where an offset array is one per row."""
+    rows = x[0].transpose(1, 0, 2)[:, :, None, :]
+    return rope(rows, layout.fresh_positions())[:, :, 0, :].transpose(1, 0, 2)[None]
 
 
 def _family(model) -> str:
@@ -174,13 +178,15 @@ def why_not(model, cache) -> str | None:
     return None
 
 
-def install(model) -> TreeSlot:
-    """Wrap `model`'s attention modules (once); returns the slot a tree forward sets."""
+def install(model, attention_modules=None) -> TreeSlot:
+    """Wrap `model`'s attention modules (once; `attention_modules`: these, for a model not
+    laid out as mlx-lm's are, such as an MTP head's one layer); returns the slot a tree
+    forward sets."""
     slot = getattr(model, "_mlxspec_tree", None)
     if slot is not None:
         return slot
     slot = TreeSlot()
-    for attention in _attention_modules(model) or ():
+    for attention in attention_modules if attention_modules is not None else _attention_modules(model) or ():
         for module, wrap in ((attention, _tree_attention_class), (attention.rope, _tree_rope_class)):
             if type(module) not in _WRAPPED.values():
                 module.__class__ = wrap(type(module))

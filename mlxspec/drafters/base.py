@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from ..grammar import Matcher
 from ..sampling import SamplingParams
+from ..tree import TokenTree
 
 
 @dataclass
@@ -27,6 +28,16 @@ class Drafts:
     rows: mx.array | None  # (n, target vocab) q: the rows they were sampled from (None when greedy)
     read_all: bool  # the drafter read all of them (it stopped early), not all but the last
     confidences: mx.array | None  # (n,) its top probability at each, left on the device
+
+
+@dataclass
+class TreeDrafts:
+    """A tree of proposals whose shape the drafter chose from its ids (on the host)."""
+
+    tree: TokenTree
+    rows: mx.array | None  # (n, target vocab) q_k: what node k was drawn from, given its earlier siblings
+    values: tuple[float, ...] = ()  # the drafter's probability of each node's path (its confidence)
+    fed: tuple[int, ...] = ()  # each node's row in the drafter's own tree block (-1: not read)
 
 
 class Drafter(Protocol):

@@ -27,7 +27,7 @@ import numpy as np
 from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..grammar import Matcher
 from ..sampling import SamplingParams, constrain
-from .base import Drafts
+from .base import Drafts, TreeDrafts
 from .eagle3_head import Eagle3Head
 from .model import grammar_reads, stack_drafts
 from .sampling import confidence_of, pick
@@ -143,6 +143,62 @@ class Eagle3Drafter:
                 tokens, hidden = token.reshape(1, 1), out[:, -1:]
         return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
 
+    @property
+    def reads_trees(self) -> bool:
+        return getattr(self.head, "reads_trees", True)
+
+    def begin_tree(self, nodes: int):
+        return None
+
+    def propose_tree(
+        self, *, depth: int, budget: int, width: int, params: SamplingParams, key: mx.array, state=None
+    ) -> TreeDrafts | None:
+        """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
+        (tree_growth.py): the first level from the rows for the target's newest positions,
+        then `width` children for each of the `width` surest frontier nodes per level, each
+        level read in one forward of the head over its cache, each node attending to the
+        context and its own ancestors. None when there is nothing to draft from."""
+        from ..tree_attention import TreeLayout
+        from .tree_growth import grow_tree
+
+        self._align()
+        end = self.target_rows
+        if end == 0:
+            return None
+        if self.rows >= end:
+            self._trim(end - 1)
+        history = self.target.history
+        begin = self.rows
+        tokens = mx.array(history[begin + 1 : end + 1], dtype=TOKEN)[None]
+        hidden = self.target.features.read(begin, end)[None]
+        self.ids = history[: end + 1]
+        logits, out = self.head(tokens, hidden, self.cache)
+        outs = {-1: out[:, -1:]}  # what each fed candidate's children read as their hidden state
+
+        def expand(growth, frontier: list[int]) -> mx.array:
+            layout = TreeLayout.from_parents(
+                start=end, parents=growth.block_parents(), earlier=len(growth.fed_order) - len(frontier)
+            )
+            step_tokens = mx.array([growth.candidates[c].token for c in frontier], dtype=TOKEN)[None]
+            step_hidden = mx.concatenate([outs[growth.candidates[c].parent] for c in frontier], axis=1)
+            step_logits, step_out = self.head(step_tokens, step_hidden, self.cache, chained=True, layout=layout)
+            for i, c in enumerate(frontier):
+                outs[c] = step_out[:, i : i + 1]
+            return step_logits[0]
+
+        to_target = None if self.head.draft_to_target is None else self._to_target_ids()
+        return grow_tree(
+            logits[0, -1],
+            expand,
+            depth=depth,
+            width=width,
+            budget=budget,
+            params=params,
+            key=key,
+            to_target=to_target,
+            to_row=self._target_row,
+        )
+
     def _target_row(self, probs: mx.array | None) -> mx.array | None:
         """q over the target's ids: the head's row placed at the ids its rows stand for."""
         to_target = self.head.draft_to_target
@@ -164,6 +220,10 @@ class Eagle3Drafter:
     def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
         """Keep the rows read from the target's features; drop the chained ones."""
         self._trim(min(self.rows, max(len(self.ids) - 1, 0)))
+
+    def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:
+        """The tree's rows were made from the head's own outputs: all of them go."""
+        self.settle(state, drafted=[], accepted=0, next_id=next_id, read_all=False)
 
     def undo(self, state) -> None:
         self.reset()

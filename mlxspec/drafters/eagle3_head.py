@@ -155,22 +155,33 @@ class Attention(nn.Module):
         )
         self.scale = self.head_dim**-0.5
 
-    def project(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array, mx.array]:
-        """q (B, heads, L, d), k and v (B, kv_heads, L, d), rotated for positions offset.."""
+    def project(self, x: mx.array, offset: int, *, rope=None) -> tuple[mx.array, mx.array, mx.array]:
+        """q (B, heads, L, d), k and v (B, kv_heads, L, d), rotated for positions offset..
+        (or as `rope(t, offset)` places them)."""
         b, length, _ = x.shape
+        rope = rope or self.rope
 
         def split(t, n):
             return t.reshape(b, length, n, self.head_dim).transpose(0, 2, 1, 3)
 
-        q = self.rope(split(self.q_proj(x), self.heads), offset=offset)
-        k = self.rope(split(self.k_proj(x), self.kv_heads), offset=offset)
+        q = rope(split(self.q_proj(x), self.heads), offset=offset)
+        k = rope(split(self.k_proj(x), self.kv_heads), offset=offset)
         return q, k, split(self.v_proj(x), self.kv_heads)
 
-    def __call__(self, x: mx.array, cache) -> mx.array:
+    def __call__(self, x: mx.array, cache, layout=None) -> mx.array:
+        """`layout` (tree_attention.TreeLayout): the rows are tree nodes, each at its depth's
+        position, attending to the context and its ancestors only."""
         b, length, _ = x.shape
-        q, k, v = self.project(x, cache.offset)
+        if layout is None:
+            q, k, v = self.project(x, cache.offset)
+            mask = "causal" if length > 1 else None
+        else:
+            from ..tree_attention import rotate_at
+
+            q, k, v = self.project(x, cache.offset, rope=lambda t, offset: rotate_at(self.rope, t, layout))
+            mask = layout.mask_for(cache)
         k, v = cache.update_and_fetch(k, v)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal" if length > 1 else None)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
 
@@ -236,13 +247,16 @@ class Eagle3Head(nn.Module):
         residual = residual + attended
         return residual + self.midlayer.mlp(self.midlayer.post_attention_layernorm(residual))
 
-    def __call__(self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False) -> tuple[mx.array, mx.array]:
+    def __call__(
+        self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False, layout=None
+    ) -> tuple[mx.array, mx.array]:
         """ids (B, L), hidden (B, L, 3·hidden): the target's features, or (B, L, hidden) the
         head's own last output when `chained` -> (logits (B, L, draft vocab), pre-norm
         output (B, L, hidden), what the next chained step reads). Told, not guessed from
-        the width: a head three times its target's width would look the same."""
+        the width: a head three times its target's width would look the same. `layout`:
+        the rows are nodes of a tree (tree_attention.TreeLayout)."""
         x, residual = self.layer_input(ids, hidden if chained else self.fuse(hidden))
-        out = self.layer_output(residual, self.midlayer.self_attn(x, cache))
+        out = self.layer_output(residual, self.midlayer.self_attn(x, cache, layout))
         return self.lm_head(self.norm(out)), out
 
 

@@ -8,7 +8,7 @@ import mlx.core as mx
 from ..cursor import TOKEN, Cursor
 from ..grammar import Matcher
 from ..sampling import SamplingParams, constrain
-from .base import Drafts
+from .base import Drafts, TreeDrafts
 from .sampling import confidence_of, pick
 
 
@@ -67,6 +67,69 @@ class ModelDrafter(Cursor):
             rows.append(probs)
             inputs = token[None]
         return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
+
+    @property
+    def reads_trees(self) -> bool:
+        """Any cache of attention layers: a plain one keeps a tree's earlier levels where the
+        later ones read them; a window reads the whole tree again at each level (below). A
+        recurrent state cannot branch."""
+        return self.why_no_trees() is None
+
+    def begin_tree(self, nodes: int):
+        return self.cache.mark(reads=len(self.pending) + nodes), list(self.pending)
+
+    def propose_tree(
+        self, *, depth: int, budget: int, width: int, params: SamplingParams, key: mx.array, state
+    ) -> TreeDrafts | None:
+        """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
+        each level's frontier read in one forward, every node at its depth's position seeing
+        its ancestors only. The levels stay in the cache until `settle_tree` keeps the path.
+
+        A plain cache reads each level after the ones before it. A sliding window cannot: a
+        block's update keeps a window's worth of the newest rows before it, and the earlier
+        levels' branches would push out context a node still sees. There each level goes
+        back to the round's mark (`state`) and reads the pending ids and the whole tree so
+        far again, in one block, as the target reads its tree."""
+        from .. import tree_attention
+        from .tree_growth import grow_tree
+
+        mark, pending = state
+        incremental = all(kind == "trim" for kind in self.cache.kinds)
+        inputs = mx.array(self.pending, dtype=TOKEN)
+        self.pending, self.heard = [], 0
+        first = self.forward(inputs)[-1]
+        start = self.cache.length  # the first level's position: the root's, plus one
+
+        def expand(growth, frontier: list[int]) -> mx.array:
+            ids = [growth.candidates[c].token for c in growth.fed_order]
+            if incremental:
+                layout = tree_attention.TreeLayout.from_parents(
+                    start=start, parents=growth.block_parents(), earlier=len(ids) - len(frontier)
+                )
+                with tree_attention.reading(self.model, layout):
+                    return self.forward(mx.array(ids[-len(frontier) :], dtype=TOKEN))
+            self.cache.restore(mark)
+            tree = [p + 1 for p in growth.block_parents()]  # tree numbering: 0 the root
+            layout = tree_attention.TreeLayout.chain_then_tree(
+                start=mark.length, pending=len(pending), tree_parents=tuple(tree)
+            )
+            with tree_attention.reading(self.model, layout):
+                logits = self.forward(mx.array(pending + ids, dtype=TOKEN))
+            return logits[-len(frontier) :]
+
+        return grow_tree(first, expand, depth=depth, width=width, budget=budget, params=params, key=key)
+
+    def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:
+        """Keep the pending ids it read and the levels of the accepted path it read; the rest
+        of the path and the next id become its pending ids."""
+        mark, pending = state
+        path_ids = drafts.tree.path_ids(path)
+        read = [drafts.fed[node - 1] for node in path]
+        read = read[: next((i for i, row in enumerate(read) if row < 0), len(read))]
+        block = self.cache.length - mark.length
+        self.cache.keep_block_rows(block, list(range(len(pending))) + [len(pending) + row for row in read])
+        self.tokens += pending + path_ids[: len(read)]
+        self.pending = path_ids[len(read) :] + [next_id]
 
     def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
         mark, pending = state

@@ -110,22 +110,42 @@ class MtpHead(nn.Module):
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_output", output)
 
-    def hidden(self, ids: mx.array, hidden: mx.array, cache) -> mx.array:
+    def hidden(self, ids: mx.array, hidden: mx.array, cache, layout=None) -> mx.array:
         """ids (B, L) tokens j+1, hidden (B, L, H) states at j -> the head's normed output (B, L, H)."""
         from mlx_lm.models.base import create_attention_mask
 
         embedded = self.pre_fc_norm_embedding(self._embed(ids).astype(hidden.dtype))
         x = self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
         mask = create_attention_mask(x, cache)
-        x = self.layers[0](x, mask=mask, cache=cache)
+        with _reading_tree(self, layout):
+            x = self.layers[0](x, mask=mask, cache=cache)
         return self.norm(x)
 
-    def __call__(self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False) -> tuple[mx.array, mx.array]:
+    def __call__(
+        self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False, layout=None
+    ) -> tuple[mx.array, mx.array]:
         """-> (logits (B, L, target vocab), output (B, L, H): what a chained step reads as its
         hidden state). `chained` changes nothing: the head reads its own output as it reads
-        the target's (both normed)."""
-        out = self.hidden(ids, hidden, cache)
+        the target's (both normed). `layout`: the rows are nodes of a tree."""
+        out = self.hidden(ids, hidden, cache, layout)
         return self._output(out), out
+
+    @property
+    def reads_trees(self) -> bool:
+        """Whether its one layer's attention has the shape trees are read through."""
+        return hasattr(self.layers[0], "self_attn") and hasattr(self.layers[0].self_attn, "rope")
+
+
+def _reading_tree(head, layout):
+    """The head's one layer reads its rows as `layout` says (no layout: as a chain)."""
+    from contextlib import nullcontext
+
+    from ..tree_attention import install, reading
+
+    if layout is None:
+        return nullcontext()
+    install(head, [head.layers[0].self_attn])
+    return reading(head, layout)
 
 
 class SharedHead(nn.Module):

@@ -20,6 +20,8 @@ class Plan:
     stop_below: float = 0.0  # the draft stops when its confidence in its next id is lower
     read_confidences: bool = False  # bring the draft's confidences back with the outcome
     timed: bool = True  # wait for the drafts apart, to time drafting and verifying apart
+    tree: int = 0  # the draft model proposes a tree of at most this many nodes, `draft` levels deep
+    width: int = 0  # in a tree, children drawn per node and nodes expanded per level
 
     @property
     def gamma(self) -> int:
@@ -43,12 +45,19 @@ class Outcome:
     early_stop: bool = False  # the draft stopped short of the plan, unsure of its next id
     confidences: tuple[float, ...] | None = None  # the draft's, per proposal (when asked for)
     catch_up_seconds: float = 0.0  # the draft reading heard ids before the round (not in `seconds`)
+    nodes: int = 0  # a tree's nodes verified (0: a chain, whose nodes are its drafts)
+    branches: tuple[tuple[int, ...], ...] = ()  # a tree's paths not taken, each from the path's fork
 
     @property
     def source(self) -> str:
         if not self.drafted:
             return TARGET
         return MODEL if self.plan.draft else NGRAM
+
+    @property
+    def verified_nodes(self) -> int:
+        """Proposals the target read this round: a tree's nodes, or a chain's drafts."""
+        return self.nodes or len(self.drafted)
 
     @property
     def forwards(self) -> int:

@@ -36,11 +36,14 @@ class Policy:
         controller: Controller,
         lookup: PromptLookup | None = None,
         draft_model: bool = True,
+        tree: int = 0,
+        tree_width: int = 3,
     ):
         self.gamma, self.stop = gamma, stop
         self.controller = controller
         self.lookup = lookup
         self.draft_model = draft_model
+        self.tree, self.tree_width = tree, tree_width
         self._last_gamma, self._untimed = None, 0
         self._learning = stop is AUTO and draft_model
 
@@ -64,6 +67,8 @@ class Policy:
         proposal = self.lookup.propose(gamma) if self.lookup else ()
         if proposal or not self.draft_model or gamma == 0:
             return Plan(proposal=proposal, timed=timed)  # empty: the target reads and emits one id
+        if self.tree:
+            return Plan(draft=gamma, tree=self.tree, width=self.tree_width, timed=True)
         stop_below = (
             self.stop
             if not isinstance(self.stop, Auto)
