@@ -28,7 +28,7 @@ from .drafting import Outcome, Plan
 from .grammar import Matcher
 from .sampling import SamplingParams, constrain, warp
 from .tree import TokenTree
-from .verify import greedy_sample, speculative_sample, tree_speculative_sample
+from .verify import greedy_sample, speculative_sample, target_choices
 
 __all__ = ["pick", "run_round", "verify"]
 
@@ -167,23 +167,16 @@ def run_tree_round(
     exception both sides are left as before the round."""
     caught_up = drafter.catch_up_if_behind()
     start = time.perf_counter()
-    draft_key, rule_key = mx.random.split(key)
     target_mark, target_pending = target.cache.mark(reads=len(target.pending) + plan.tree), list(target.pending)
     draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft)  # pending, then every row it may read
     try:
         drafts = drafter.propose_tree(
-            depth=plan.draft, budget=plan.tree, width=plan.width, params=params, key=draft_key, state=draft_state
+            depth=plan.draft, budget=plan.tree, width=plan.width, params=params, state=draft_state
         )
         tree = drafts.tree if drafts is not None else TokenTree.chain(())
         drafted_at = time.perf_counter()
-        ids = mx.array(tree.ids, dtype=TOKEN)
-        logits = target.forward_tree(ids, tree)
-        if params.greedy:
-            path, next_id = tree.greedy_path(mx.argmax(logits, axis=-1).tolist())
-        else:
-            walk, token = tree_speculative_sample(tree, ids, drafts.rows, warp(logits, params), rule_key)
-            values = mx.concatenate([walk.astype(mx.int32), token.astype(mx.int32)[None]]).tolist()
-            path, next_id = [n for n in values[:-1] if n], values[-1]
+        logits = target.forward_tree(mx.array(tree.ids, dtype=TOKEN), tree)
+        path, next_id = tree.follow(target_choices(logits, params, key).tolist())
         done_at = time.perf_counter()
         path_ids = tree.path_ids(path)
         target.keep_tree_path(tree, path, path_ids, pending=target_pending)

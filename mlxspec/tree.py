@@ -101,13 +101,14 @@ class TokenTree(Tree):
     def path_ids(self, path: list[int]) -> list[int]:
         return [self.ids[node - 1] for node in path]
 
-    def greedy_path(self, target_ids: list[int]) -> tuple[list[int], int]:
-        """Temperature 0: from the root, follow the child whose id is the target's argmax at
-        its parent, while there is one. `target_ids[k]`: the target's argmax after node k.
+    def follow(self, choices: list[int]) -> tuple[list[int], int]:
+        """From the root, follow the child whose id is the target's choice at its parent,
+        while there is one (verify.py says why this is exact at every temperature).
+        `choices[k]`: the target's id after node k (its argmax, or a draw from its p).
         Returns the accepted nodes and the target's next id after the last of them."""
         path, node = [], ROOT
         while True:
-            wanted = target_ids[node]
+            wanted = choices[node]
             child = next((c for c in self.children[node] if self.ids[c - 1] == wanted), None)
             if child is None:
                 return path, wanted

@@ -11,14 +11,27 @@ emitted id then has exactly the target's distribution.
 
 Both outcomes are one formula here: the draft rows are padded with a zero row, so the row
 after the last accepted draft is max(0, p - q) at a rejection and p itself for the bonus.
+
+Trees (tree.py). A tree's candidates are point masses, chosen by the drafter however it
+likes (its most probable ids, a shape grown from its confidences). With q_i one-hot,
+recursive rejection over a node's children (Jeon et al., arXiv 2402.14160; SpecInfer's
+multi-step speculative sampling, Miao et al., arXiv 2305.09781: accept child x_i with
+probability p_i(x_i), else remove x_i from p and renormalise, then try the next) emits x_i
+with probability p(x_i) and any other id y with p(y): it is the same as drawing y from p
+and following the child that is y, or emitting y where no child is. So the target chooses
+once at every node of the tree (`target_choices`: its argmax, or a draw from its warped p),
+all in one pass, and the walk (TokenTree.follow) keeps the path of its choices: every id
+emitted is the target's own choice given the ids before it, whatever the tree, and no q is
+needed. (EAGLE's tree verification under sampling treats its candidates so too.) A chain
+keeps the rule above, which accepts x with min(1, p(x)/q(x)) >= p(x): better for one
+candidate per position, drawn from q.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from .sampling import sample
-from .tree import TokenTree, Tree
+from .sampling import SamplingParams, sample, warp
 
 
 def acceptance_probability(target_prob: mx.array, draft_prob: mx.array) -> mx.array:
@@ -69,70 +82,9 @@ def greedy_sample(
     return num_accepted, target_ids[num_accepted]
 
 
-def tree_greedy_sample(
-    tree: TokenTree,
-    target_ids: list[int],  # (n + 1,) the target's argmax after the root and after each node
-) -> tuple[list[int], int]:
-    """Temperature 0 over a tree: the longest path whose every id is the target's argmax
-    given its ancestors, and the target's id after it. Host values: the walk is a few steps."""
-    return tree.greedy_path(target_ids)
-
-
-def tree_speculative_sample(
-    tree: Tree,
-    drafted: mx.array,  # (n,) int: node k's id at k - 1
-    draft_probs: mx.array,  # (n, vocab) float32: row k - 1 is what node k was drawn from, given its earlier siblings
-    target_probs: mx.array,  # (n + 1, vocab) float32: p after the root, then after each node
-    key: mx.array,
-) -> tuple[mx.array, mx.array]:
-    """Multi-candidate speculative sampling down a tree; returns (the accepted node at each
-    depth, 0 past the path; the recovered or bonus id), lazy.
-
-    At a node, its children are tried in the order they were drawn: child i, drawn from
-    q_i given the children before it, is accepted with probability min(1, p_i(x_i) / q_i(x_i));
-    after a rejection p_{i+1} = norm(max(0, p_i - q_i)). The first child accepted becomes the
-    node; when all are rejected the id is drawn from the last p_i (from p itself at a node
-    without children: the bonus). Each try is one step of Leviathan et al.'s rule for p_i
-    against a proposal drawn from q_i, so the id emitted at a node has exactly p's law given
-    the path: SpecInfer's multi-step speculative sampling (Miao et al., arXiv 2305.09781,
-    Theorem 4.2) for children drawn independently from one q, and recursive rejection
-    sampling (Jeon et al., arXiv 2402.14160) for children drawn without replacement, whose
-    q_i is q with the earlier children removed. A point mass (prompt lookup) is q_i = one-hot:
-    it is accepted with probability p_i(x), and p_{i+1} is p_i without x.
-
-    The walk is unrolled over the tree's depths with the current node an array, so the
-    whole rule is one lazy graph and the host waits once."""
-    width = target_probs.shape[-1]
-    children, depth_of = tree.children, tree.depths
-    slots_at = [0] * (tree.depth + 1)  # most children of any node at each depth
-    for node, kids in enumerate(children):
-        slots_at[depth_of[node]] = max(slots_at[depth_of[node]], len(kids))
-    slots = max(slots_at)
-    # (n + 1, slots) each node's children in drawing order; 0 (the root, nobody's child) pads
-    table = mx.array([list(kids) + [0] * (slots - len(kids)) for kids in children], dtype=mx.int32)
-    ids = mx.concatenate([mx.zeros((1,), dtype=mx.int32), drafted.astype(mx.int32)])
-    rows = mx.concatenate([mx.zeros((1, width), dtype=draft_probs.dtype), draft_probs])
-    accept_key, next_key = mx.random.split(key)
-    coins = mx.random.uniform(shape=(len(slots_at), max(slots, 1)), key=accept_key)
-
-    node = mx.array(0, dtype=mx.int32)
-    walking = mx.array(True)
-    final = target_probs[0]
-    path = []
-    for depth, count in enumerate(slots_at):
-        p = mx.take(target_probs, node, axis=0)
-        moved, chosen = mx.array(False), mx.array(0, dtype=mx.int32)
-        for slot in range(count):
-            child = mx.take(table[:, slot], node)
-            tried = walking & (child > 0) & ~moved
-            x = mx.take(ids, child)
-            q = mx.take(rows, child, axis=0)
-            accepted = tried & (coins[depth, slot] < acceptance_probability(p[x], q[x]))
-            p = mx.where(tried & ~accepted, residual(p, q), p)
-            chosen = mx.where(accepted, child, chosen)
-            moved = moved | accepted
-        final = mx.where(walking & ~moved, p, final)
-        path.append(chosen)
-        walking = walking & moved
-        node = mx.where(moved, chosen, node)
-    return mx.stack(path[:-1]) if len(path) > 1 else mx.zeros((0,), dtype=mx.int32), sample(final, next_key)
+def target_choices(logits: mx.array, params: SamplingParams, key: mx.array) -> mx.array:
+    """The target's id at every row of a tree's verify (rows, vocab) -> (rows,): its argmax,
+    or an independent sample of its warped distribution at each row."""
+    if params.greedy:
+        return mx.argmax(logits, axis=-1)
+    return sample(warp(logits, params), key)  # one key, independent draws per row

@@ -56,9 +56,12 @@ def small_pair(factory):
     return mlxspec.load_pair(str(target), str(draft))
 
 
-def policy(session, gamma: int) -> Policy | None:
-    """A fixed draft length from the draft model (None: standard decoding)."""
-    return Policy(gamma=gamma, stop=0.0, controller=session.controller) if gamma else None
+def policy(session, gamma: int, tree: int = 0, width: int = 2) -> Policy | None:
+    """A fixed draft length from the draft model (None: standard decoding); `tree` > 0: a
+    tree of at most that many nodes, `gamma` levels deep, `width` children per node."""
+    if not gamma:
+        return None
+    return Policy(gamma=gamma, stop=0.0, controller=session.controller, tree=tree, tree_width=width)
 
 
 def exact_law(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
@@ -79,10 +82,20 @@ def exact_law(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
 
 
 def sample_joint(
-    pair, params: SamplingParams, gamma: int, runs: int, seed: int, *, prompt=PROMPT, fates: Counter | None = None
+    pair,
+    params: SamplingParams,
+    gamma: int,
+    runs: int,
+    seed: int,
+    *,
+    prompt=PROMPT,
+    fates: Counter | None = None,
+    tree: int = 0,
+    width: int = 2,
 ) -> Counter:
     """How often each sequence of the first LENGTH ids came out over `runs` generations;
-    `fates`, where given, counts the drafting rounds by how many drafts were accepted."""
+    `fates`, where given, counts the drafting rounds by how many drafts were accepted (by
+    tree rounds' nodes too, as "nodes=N")."""
     counts = Counter()
     for i in range(runs):
         session = Session(pair)
@@ -91,7 +104,7 @@ def sample_joint(
             session.target,
             session.draft,
             prompt,
-            policy=policy(session, gamma),
+            policy=policy(session, gamma, tree, width),
             params=params,
             max_tokens=LENGTH,
             eos_ids=frozenset(),
@@ -101,6 +114,9 @@ def sample_joint(
                 emitted += event.emitted
                 if fates is not None and event.drafted:
                     fates[event.accepted] += 1
+                if fates is not None and event.nodes:
+                    fates[f"nodes={event.nodes}"] += 1
+                    fates[f"rank={event.branches != ()}"] += 1
         counts[tuple(emitted)] += 1
     return counts
 
@@ -186,6 +202,43 @@ def test_harness_rejects_unclamped_residual(small_pair, monkeypatch):
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_joint(small_pair, params, GAMMA, RUNS // 2, seed=1000), law)
     assert not ok, f"an unclamped residual passed: chi2 {statistic:.1f} <= {threshold:.1f}"
+
+
+# Trees of branching 2 and 3, three levels deep: siblings drawn without replacement, tried
+# in drawing order, the residual renormalised after each rejected one.
+TREES = {"width2": dict(tree=7, width=2), "width3": dict(tree=10, width=3)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", list(TREES))
+@pytest.mark.parametrize("name", [*SETTINGS, "temp0.7"])
+def test_trees_have_the_targets_joint_law(small_pair, name, shape):
+    params = SETTINGS.get(name) or SamplingParams(temp=0.7)
+    law = exact_law(small_pair.target.model, params)
+    fates = Counter()
+    counts = sample_joint(small_pair, params, 3, RUNS, seed=3000, fates=fates, **TREES[shape])
+    ok, statistic, threshold = fits(counts, law)
+    assert ok, f"{name}, {shape}: chi2 {statistic:.1f} > {threshold:.1f}"
+    # trees that branch, and walks that end in every way: an early miss, a branch taken, a bonus
+    assert sum(v for k, v in fates.items() if str(k).startswith("nodes=")) > RUNS / 2, fates
+    assert all(fates[n] > 50 for n in range(3)), fates
+
+
+@pytest.mark.slow
+def test_harness_rejects_a_walk_that_shares_its_draws_across_nodes(small_pair, monkeypatch):
+    """The target's choices at a node and at its children must be independent draws: one
+    uniform for every row ties them, and the law moves."""
+    from mlxspec import rounds
+
+    def shared(logits, params, key):
+        u = mx.random.uniform(shape=(1, 1), key=key)
+        return (mx.cumsum(warp(logits, params), axis=-1) < u).sum(axis=-1)
+
+    monkeypatch.setattr(rounds, "target_choices", shared)
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_joint(small_pair, params, 3, RUNS // 2, seed=3000, **TREES["width3"]), law)
+    assert not ok, f"a walk with shared draws passed: chi2 {statistic:.1f} <= {threshold:.1f}"
 
 
 ADAPTIVE = {

@@ -1,7 +1,8 @@
-"""The tree's acceptance rule alone, on hand-made distributions: the residual after several
-rejected siblings by hand, the exact law of one node's children in float64, the tree walk's
-one-hot cases, and the joint law of two emitted ids over trees drawn from the draft
-(with a sabotaged rule that the same harness must catch)."""
+"""The tree's rule alone, on hand-made distributions: recursive rejection over a node's
+point-mass children (the residual after several rejected siblings, by hand and in float64)
+is the target's own draw, which is why a tree walk follows the target's choice at every
+node; the walk's one-hot cases; and the joint law of two emitted ids over trees of any
+shape, with a walk that shares its draws across nodes as the negative control."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxspec.sampling import SamplingParams
 from mlxspec.tree import TokenTree
-from mlxspec.verify import acceptance_probability, residual, tree_speculative_sample
+from mlxspec.verify import acceptance_probability, residual, target_choices
 from tests.chisquare import critical_value, goodness_of_fit
 
 
@@ -20,73 +22,47 @@ def f64(x):
     return mx.array(np.array(x, dtype=np.float64), dtype=mx.float64)
 
 
-def without(q, drawn):
-    """q with the ids already drawn removed and renormalised: what the next sibling is drawn from."""
-    q = np.array(q, dtype=np.float64)
-    q[list(drawn)] = 0
-    return q / q.sum()
-
-
 def test_residual_after_two_rejected_siblings_hand_computed():
-    p = [0.5, 0.3, 0.2, 0.0]
-    q = [0.4, 0.4, 0.1, 0.1]
+    """Children 1 and 3 tried as point masses at p = (.5, .3, .1, .1): child 1 is kept with
+    p(1) = .3; rejected, p becomes (.5, 0, .1, .1) / .7; child 3 is kept with (.1 / .7) = 1/7;
+    rejected, p becomes (.5, 0, .1, 0) / .6."""
+    p = [0.5, 0.3, 0.1, 0.1]
     with mx.stream(mx.cpu):
-        # child 1 drew id 1 from q and was rejected: max(0, p - q) = (.1, 0, .1, 0) / .2
-        p2 = residual(f64(p), f64(q))
-        assert np.allclose(np.array(p2), [0.5, 0.0, 0.5, 0.0], atol=1e-15)
-        # child 2 drew id 0 from q without id 1, (.4, 0, .1, .1) / .6; kept with 0.5 / (2/3)
-        q2 = without(q, [1])
-        assert np.allclose(np.array(acceptance_probability(p2[0], f64(q2)[0])), 0.75, atol=1e-15)
-        # rejected too: max(0, (.5, 0, .5, 0) - (2/3, 0, 1/6, 1/6)) = (0, 0, 1/3, 0) -> id 2 for sure
-        p3 = residual(p2, f64(q2))
-        assert np.allclose(np.array(p3), [0.0, 0.0, 1.0, 0.0], atol=1e-15)
+        one, three = f64(np.eye(4)[1]), f64(np.eye(4)[3])
+        assert float(np.array(acceptance_probability(f64(p)[1], one[1]))) == pytest.approx(0.3, abs=1e-15)
+        p2 = residual(f64(p), one)
+        assert np.allclose(np.array(p2), [5 / 7, 0.0, 1 / 7, 1 / 7], atol=1e-15)
+        assert float(np.array(acceptance_probability(p2[3], three[3]))) == pytest.approx(1 / 7, abs=1e-15)
+        p3 = residual(p2, three)
+        assert np.allclose(np.array(p3), [5 / 6, 0.0, 1 / 6, 0.0], atol=1e-15)
 
 
-def node_law(p, q, children: int, *, replace: bool = False) -> np.ndarray:
-    """P(emitted = x) at one node whose `children` ids are drawn from q (without replacement
-    unless `replace`), tried in turn by the rule's own functions, in float64."""
-    p, q = np.array(p, dtype=np.float64), np.array(q, dtype=np.float64)
-
-    def law(p_i, drawn, left):
-        if left == 0:
-            return p_i
-        q_i = q if replace else without(q, drawn)
-        with mx.stream(mx.cpu):
-            accept = np.array(acceptance_probability(f64(p_i), f64(q_i)))
-            p_next = np.array(residual(f64(p_i), f64(q_i)))
-        out = np.zeros_like(p_i)
-        for x in np.flatnonzero(q_i > 0):
-            out[x] += q_i[x] * accept[x]
-            out += q_i[x] * (1 - accept[x]) * law(p_next, drawn + [x], left - 1)
-        return out
-
-    return law(p, [], children)
-
-
-@pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("children", [1, 2, 3])
-@pytest.mark.parametrize("replace", [False, True])
-def test_a_nodes_children_reproduce_the_target_exactly(seed, children, replace):
-    rng = np.random.default_rng(seed)
-    vocab = int(rng.integers(4, 7))
-    p = rng.dirichlet(np.full(vocab, 0.4))
-    q = rng.dirichlet(np.full(vocab, 0.4))
-    assert np.allclose(node_law(p, q, children, replace=replace), p, atol=1e-12, rtol=0)
-
-
-def test_point_masses_reproduce_the_target_exactly():
-    """Prompt lookup's candidates (q one-hot each): accepted with p_i(x), then removed."""
-    p = np.array([0.1, 0.5, 0.15, 0.25])
+def point_mass_law(p, children) -> np.ndarray:
+    """P(emitted = x) when the children are tried in turn as point masses, by the rule's own
+    functions in float64: accepted with p_i(x_i), else p_{i+1} = residual(p_i, one-hot)."""
+    p = np.array(p, dtype=np.float64)
+    out, reach = np.zeros_like(p), 1.0
     with mx.stream(mx.cpu):
-        p_i, out, reach = f64(p), np.zeros(4), 1.0
-        for x in (1, 3):  # two candidates after one another
-            point = np.eye(4)[x]
-            a = float(np.array(acceptance_probability(p_i[x], f64(point)[x])))
-            out[x] += reach * a
-            reach *= 1 - a
-            p_i = residual(p_i, f64(point))
+        p_i = f64(p)
+        for x in children:
+            point = f64(np.eye(len(p))[x])
+            accept = float(np.array(acceptance_probability(p_i[x], point[x])))
+            out[x] += reach * accept
+            reach *= 1 - accept
+            p_i = residual(p_i, point)
         out += reach * np.array(p_i)
-    assert np.allclose(out, p, atol=1e-15)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_recursive_rejection_over_point_masses_is_the_targets_draw(seed):
+    """Whatever the children and their order, each id comes out with exactly p: trying them in
+    turn is the same as drawing from p and following the child drawn."""
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(3, 9))
+    p = rng.dirichlet(np.full(vocab, 0.5))
+    children = list(rng.permutation(vocab)[: int(rng.integers(1, vocab + 1))])
+    assert np.allclose(point_mass_law(p, children), p, atol=1e-12, rtol=0)
 
 
 def one_hot(i, n=5):
@@ -103,34 +79,30 @@ def one_hot(i, n=5):
 TREE = TokenTree.of((2, 1, 3, 0, 4), (0, 0, 1, 1, 2))
 
 
-def walk(tree, draft_rows, target_rows, seed=0):
-    path, token = tree_speculative_sample(
-        tree, mx.array(tree.ids), mx.array(draft_rows), mx.array(target_rows), mx.random.key(seed)
-    )
-    return [n for n in path.tolist() if n], token.item()
+def walk(tree, target_rows, params=SamplingParams(temp=1.0), seed=0):
+    choices = target_choices(mx.log(mx.array(target_rows)), params, mx.random.key(seed))
+    return tree.follow(choices.tolist())
 
 
 def test_one_hot_walks_take_the_branch_the_target_takes():
-    drafts = [one_hot(t) for t in TREE.ids]
     anything = one_hot(0)
     for seed in range(5):
-        # the root's second child (its first rejected), its child, then the bonus after that leaf
+        # the root's second child, its child, then the bonus after that leaf
         target = [one_hot(1), anything, one_hot(4), anything, anything, one_hot(3)]
-        assert walk(TREE, drafts, target, seed) == ([2, 5], 3)
-        # the root's first child, then that one's second child (after the first was rejected)
+        assert walk(TREE, target, seed=seed) == ([2, 5], 3)
+        # the root's first child, then that one's second child
         target = [one_hot(2), one_hot(0), anything, anything, one_hot(1), anything]
-        assert walk(TREE, drafts, target, seed) == ([1, 4], 1)
+        assert walk(TREE, target, seed=seed) == ([1, 4], 1)
         # no child at the root: the target's own id
         target = [one_hot(3)] + [anything] * 5
-        assert walk(TREE, drafts, target, seed) == ([], 3)
+        assert walk(TREE, target, seed=seed) == ([], 3)
 
 
-def test_greedy_path_matches_the_sampled_walk_on_one_hot_rows():
-    drafts = [one_hot(t) for t in TREE.ids]
+def test_greedy_follows_the_argmax():
     target_ids = [2, 0, 4, 1, 2, 1]
-    path, token = TREE.greedy_path(target_ids)
-    assert (path, token) == ([1, 4], 2)
-    assert walk(TREE, drafts, [one_hot(t) for t in target_ids]) == (path, token)
+    assert TREE.follow(target_ids) == ([1, 4], 2)
+    logits = mx.array([[5.0 if i == t else 0.0 for i in range(5)] for t in target_ids])
+    assert TREE.follow(target_choices(logits, SamplingParams(), mx.random.key(0)).tolist()) == ([1, 4], 2)
 
 
 def test_a_chain_is_the_tree_whose_parents_count_up():
@@ -144,71 +116,57 @@ def test_a_node_must_come_after_its_parent():
         TokenTree.of((1, 2), (0, 2))
 
 
-# The joint law of the first two emitted ids over trees drawn from the draft: at the root two
-# children drawn without replacement from q1, under each two drawn from q2(. | its id).
+# The joint law of the first two emitted ids over trees of random shape and ids (any shape
+# the drafter likes is exact), against p1(a) p2(b | a).
 VOCAB = 5
 RNG = np.random.default_rng(7)
 P1 = RNG.dirichlet(np.full(VOCAB, 0.6))
-Q1 = RNG.dirichlet(np.full(VOCAB, 0.6))
 P2 = RNG.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)
-Q2 = RNG.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)
 TRIALS = 4000
 
 
-def drawn_tree(rng, *, sabotage: bool = False):
-    """A depth-2 tree, two children drawn without replacement at the root and under each of
-    them, with the rows each was drawn from and the target's rows after every node;
-    `sabotage` declares q itself for every sibling (the removal of earlier ones forgotten)."""
-    ids, parents, rows = [], [], []
-
-    def draw_children(q, parent):
-        drawn = []
-        for _ in range(2):
-            q_i = without(q, drawn)
-            x = int(rng.choice(VOCAB, p=q_i))
-            drawn.append(x)
-            ids.append(x)
-            parents.append(parent)
-            rows.append(q if sabotage else q_i)
-
-    draw_children(Q1, 0)  # nodes 1, 2
-    first, second = ids
-    draw_children(Q2[first], 1)  # nodes 3, 4
-    draw_children(Q2[second], 2)  # nodes 5, 6
-    after_leaf = np.full(VOCAB, 1 / VOCAB)  # the bonus's law does not enter the first two ids
-    targets = [P1, P2[first], P2[second]] + [after_leaf] * 4
-    return TokenTree.of(ids, parents), np.array(rows), np.array(targets)
+def random_tree(rng) -> tuple[TokenTree, np.ndarray]:
+    """Root children: 1-3 distinct ids; under each, 0-2 distinct ids. Rows: the target's p after
+    every node (after a leaf's child: anything, it is never reached within two ids)."""
+    ids, parents = [], []
+    for x in rng.permutation(VOCAB)[: int(rng.integers(1, 4))]:
+        ids.append(int(x))
+        parents.append(0)
+    for node in range(1, len(ids) + 1):
+        for y in rng.permutation(VOCAB)[: int(rng.integers(0, 3))]:
+            ids.append(int(y))
+            parents.append(node)
+    tree = TokenTree.of(ids, parents)
+    rows = [P1] + [P2[ids[k - 1]] if tree.depths[k] == 1 else np.full(VOCAB, 1 / VOCAB) for k in range(1, len(ids) + 1)]
+    return tree, np.array(rows, dtype=np.float32)
 
 
-def first_two(tree, path, token):
-    emitted = tree.path_ids(path) + [token]
-    return tuple(emitted[:2]) if len(emitted) >= 2 else None
-
-
-def joint_law_statistic(*, sabotage: bool) -> tuple[float, float, Counter]:
+def joint_law_statistic(*, shared_draws: bool) -> float:
     rng = np.random.default_rng(11)
     counts = Counter()
     for trial in range(TRIALS):
-        tree, rows, targets = drawn_tree(rng, sabotage=sabotage)
-        path, token = walk(tree, rows.astype(np.float32), targets.astype(np.float32), seed=trial)
-        pair = first_two(tree, path, token)
-        if pair is None:
-            # nothing accepted at the root: the second id would come from the next round's
-            # p2(. | first); draw it here from the same law, so the pair's law is the target's
-            pair = (token, int(rng.choice(VOCAB, p=P2[token])))
-        counts[pair] += 1
+        tree, rows = random_tree(rng)
+        key = mx.random.key(trial)
+        if shared_draws:  # one uniform for every row: draws at a node and its child are tied
+            u = mx.random.uniform(shape=(1, 1), key=key)
+            choices = (mx.cumsum(mx.array(rows), axis=-1) < u).sum(axis=-1)
+        else:
+            choices = target_choices(mx.log(mx.array(rows)), SamplingParams(temp=1.0), key)
+        path, token = tree.follow(choices.tolist())
+        emitted = tree.path_ids(path) + [token]
+        if len(emitted) == 1:  # the next round draws the second id from p2(. | first)
+            emitted.append(int(rng.choice(VOCAB, p=P2[token])))
+        counts[tuple(emitted[:2])] += 1
     expected = {(a, b): P1[a] * P2[a][b] for a in range(VOCAB) for b in range(VOCAB)}
     statistic, df = goodness_of_fit(counts, expected)
-    return statistic, critical_value(df, 1e-4), counts
+    return statistic / critical_value(df, 1e-4)
 
 
 @pytest.mark.slow
-def test_trees_drawn_from_the_draft_keep_the_targets_joint_law():
-    statistic, critical, _ = joint_law_statistic(sabotage=False)
-    assert statistic < critical
+def test_walks_over_trees_of_any_shape_keep_the_targets_joint_law():
+    assert joint_law_statistic(shared_draws=False) < 1
 
 
 @pytest.mark.slow
-def test_the_harness_catches_siblings_declared_with_replacement():
-    statistic, critical, _ = joint_law_statistic(sabotage=True)
-    assert statistic > critical
+def test_the_harness_catches_draws_shared_across_nodes():
+    assert joint_law_statistic(shared_draws=True) > 1

@@ -34,8 +34,7 @@ class Drafts:
 class TreeDrafts:
     """A tree of proposals whose shape the drafter chose from its ids (on the host)."""
 
-    tree: TokenTree
-    rows: mx.array | None  # (n, target vocab) q_k: what node k was drawn from, given its earlier siblings
+    tree: TokenTree  # candidates are point masses: no rows (verify.py says why)
     values: tuple[float, ...] = ()  # the drafter's probability of each node's path (its confidence)
     fed: tuple[int, ...] = ()  # each node's row in the drafter's own tree block (-1: not read)
 
