@@ -63,7 +63,7 @@ class Options:
     system: str | None = None  # a system prompt for the chat template
     think: bool | None = None  # enable_thinking for templates that take it; None: the template's default
     grammar: GrammarSpec | None = None  # what the reply must match (constrained decoding)
-    tree: int = 0  # at most this many proposals verified per round as a tree (0: a chain)
+    tree: int | Auto = 0  # at most this many proposals verified per round as a tree (0: a chain), or sized per round
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -88,8 +88,10 @@ class Options:
             raise InvalidOption("a stop text is empty: give the text to stop at")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidOption("sampling must be SamplingParams")
-        if isinstance(self.tree, bool) or not isinstance(self.tree, int) or self.tree < 0:
-            raise InvalidOption(f"tree must be a whole number >= 0, got {self.tree!r}")
+        if not isinstance(self.tree, Auto) and (
+            isinstance(self.tree, bool) or not isinstance(self.tree, int) or self.tree < 0
+        ):
+            raise InvalidOption(f"tree (nodes per round) must be a whole number >= 0 or 'auto', got {self.tree!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise InvalidOption("grammar must be a GrammarSpec (GrammarSpec.json_schema(...), ...)")
 
@@ -112,7 +114,7 @@ class Options:
         think: bool | None = None,
         xtc_probability: float = 0.0,
         grammar: GrammarSpec | None = None,
-        tree: int = 0,
+        tree: int | str | Auto = 0,
     ) -> Options:
         """Options from the values a person types: gamma and draft_min_p may be "auto" or
         numbers as text."""
@@ -133,7 +135,7 @@ class Options:
             system=system,
             think=think,
             grammar=grammar,
-            tree=tree,
+            tree=parse_tree(tree),
         )
 
     def replace(self, **changes) -> Options:
@@ -143,6 +145,8 @@ class Options:
             changes["sampling"] = dataclasses.replace(self.sampling, **sampling)
         if "gamma" in changes:
             changes["gamma"] = parse_gamma(changes["gamma"])
+        if "tree" in changes:
+            changes["tree"] = parse_tree(changes["tree"])
         if "draft_min_p" in changes:
             changes["draft_min_p"] = parse_draft_min_p(changes["draft_min_p"])
         if "stop" in changes:
@@ -162,6 +166,7 @@ class Options:
             "stop": list(self.stop),
             "ngram": self.ngram,
             "draft_min_p": _label(self.draft_min_p),
+            "tree": _label(self.tree),
             "raw": self.raw,
             "system": self.system,
             "think": self.think,
@@ -181,6 +186,17 @@ def parse_gamma(value) -> int | Auto:
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidOption(f"gamma (draft length) must be a whole number >= 0 or 'auto', got {value!r}")
+    return value
+
+
+def parse_tree(value) -> int | Auto:
+    """Tree nodes per round: a whole number >= 0 (0: chains), or "auto"."""
+    if isinstance(value, Auto) or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return AUTO
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidOption(f"tree (nodes per round) must be a whole number >= 0 or 'auto', got {value!r}")
     return value
 
 

@@ -25,6 +25,7 @@ from .cursor import TOKEN, Cursor
 from .drafters.base import Drafter, Drafts
 from .drafters.sampling import pick
 from .drafting import Outcome, Plan
+from .drafting.tree_budget import best_size
 from .grammar import Matcher
 from .sampling import SamplingParams, constrain, warp
 from .tree import TokenTree
@@ -173,8 +174,18 @@ def run_tree_round(
         drafts = drafter.propose_tree(
             depth=plan.draft, budget=plan.tree, width=plan.width, params=params, state=draft_state
         )
-        tree = drafts.tree if drafts is not None else TokenTree.chain(())
         drafted_at = time.perf_counter()
+        if drafts is not None and plan.tree_costs:
+            drafts = drafts.best(
+                best_size(
+                    drafts.values_ranked(),
+                    drafts.depths_ranked(),
+                    calibration=plan.tree_calibration,
+                    costs=plan.tree_costs,
+                    drafting=drafted_at - start,
+                )
+            )
+        tree = drafts.tree if drafts is not None else TokenTree.chain(())
         logits = target.forward_tree(mx.array(tree.ids, dtype=TOKEN), tree)
         path, next_id = tree.follow(target_choices(logits, params, key).tolist())
         done_at = time.perf_counter()
@@ -205,6 +216,7 @@ def run_tree_round(
         catch_up_seconds=caught_up,
         nodes=len(tree),
         branches=_branches(tree, path),
+        reach_predicted=tuple(drafts.reach()) if drafts is not None else (),
     )
 
 

@@ -37,6 +37,34 @@ class TreeDrafts:
     tree: TokenTree  # candidates are point masses: no rows (verify.py says why)
     values: tuple[float, ...] = ()  # the drafter's probability of each node's path (its confidence)
     fed: tuple[int, ...] = ()  # each node's row in the drafter's own tree block (-1: not read)
+    ranked: tuple[int, ...] = ()  # the nodes, surest first: any prefix is a tree
+
+    def best(self, count: int) -> TreeDrafts:
+        """The tree of the `count` surest nodes, renumbered in order."""
+        if count >= len(self.tree):
+            return self
+        kept = sorted(self.ranked[:count])
+        number = {node: k for k, node in enumerate(kept, start=1)}
+        return TreeDrafts(
+            tree=self.tree.subtree(kept),
+            values=tuple(self.values[n - 1] for n in kept),
+            fed=tuple(self.fed[n - 1] for n in kept),
+            ranked=tuple(number[n] for n in self.ranked[:count]),
+        )
+
+    def depths_ranked(self) -> list[int]:
+        return [self.tree.depths[n] for n in self.ranked]
+
+    def values_ranked(self) -> list[float]:
+        return [self.values[n - 1] for n in self.ranked]
+
+    def reach(self) -> list[float]:
+        """Per depth, the summed confidence of its nodes: how likely the drafter thinks it is
+        that the accepted path gets that deep (at most one node per depth is on it)."""
+        out = [0.0] * self.tree.depth
+        for node in range(1, len(self.tree) + 1):
+            out[self.tree.depths[node] - 1] += self.values[node - 1]
+        return out
 
 
 class Drafter(Protocol):

@@ -74,10 +74,10 @@ class Growth:
             for n in self.fed_order
         ]
 
-    def best(self, budget: int) -> list[int]:
-        """The `budget` best candidates (a set closed under parents and earlier siblings)."""
-        order = sorted(range(len(self.candidates)), key=lambda i: (-self.candidates[i].score, i))
-        return sorted(order[:budget])
+    def ranked(self) -> list[int]:
+        """Every candidate, surest first: any prefix holds each node's parent (a child is
+        never surer than its parent, and comes after it)."""
+        return sorted(range(len(self.candidates)), key=lambda i: (-self.candidates[i].score, i))
 
     def tree(self, kept: list[int]) -> tuple[TokenTree, list[float]]:
         """The tree of the kept candidates (numbered as kept: parents first) and each node's
@@ -115,11 +115,18 @@ def grow_tree(
             break
         growth.feed(frontier)
         rows = expand(growth, frontier)
-    kept = growth.best(budget)
-    if not kept:
+    ranked = growth.ranked()[:budget]
+    if not ranked:
         return None
+    kept = sorted(ranked)
     tree, values = growth.tree(kept)
-    return TreeDrafts(tree=tree, values=tuple(values), fed=tuple(growth.candidates[c].fed for c in kept))
+    number = {c: k for k, c in enumerate(kept, start=1)}
+    return TreeDrafts(
+        tree=tree,
+        values=tuple(values),
+        fed=tuple(growth.candidates[c].fed for c in kept),
+        ranked=tuple(number[c] for c in ranked),
+    )
 
 
 def top_children(logits: mx.array, params: SamplingParams, count: int) -> tuple[mx.array, mx.array]:

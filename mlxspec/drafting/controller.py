@@ -29,6 +29,7 @@ from .early_stop import StopLearner
 from .plan import Outcome
 from .probes import ProbeSchedule
 from .timing import RoundTimes
+from .tree_budget import TreeCalibration
 
 PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
 LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
@@ -86,6 +87,7 @@ class Controller:
         self.acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
         self.probes = ProbeSchedule()
         self.stop = StopLearner(self.times)
+        self.tree_calibration = TreeCalibration()  # a tree drafter's confidence against its acceptance
         self.rounds = 0  # drafting rounds observed
 
     # --- observations ---------------------------------------------------------------
@@ -114,8 +116,8 @@ class Controller:
         )
         self.rounds += 1  # after the rates: a Ctrl-C in between leaves no round without one
         if outcome.draft_seconds is not None:
-            if not waited:
-                self.times.observe_draft(drafted, outcome.draft_seconds)
+            if not waited:  # a tree costs its levels, one forward each
+                self.times.observe_draft(outcome.plan.draft if outcome.nodes else drafted, outcome.draft_seconds)
             self.times.observe_overhead(outcome.seconds - outcome.draft_seconds - outcome.verify_seconds)
         self.probes.observe_round(all_accepted=outcome.accepted == drafted, drafting_wins=probing and self.best() > 0)
 

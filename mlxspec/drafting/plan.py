@@ -22,6 +22,10 @@ class Plan:
     timed: bool = True  # wait for the drafts apart, to time drafting and verifying apart
     tree: int = 0  # the draft model proposes a tree of at most this many nodes, `draft` levels deep
     width: int = 0  # in a tree, children drawn per node and nodes expanded per level
+    # `--tree auto`: seconds of a round verifying k nodes (k = 0 .. tree), and the drafter's
+    # confidence correction per depth; the round keeps the k that pays best (tree_budget.py)
+    tree_costs: tuple[float, ...] = ()
+    tree_calibration: tuple[float, ...] = ()
 
     @property
     def gamma(self) -> int:
@@ -46,6 +50,7 @@ class Outcome:
     confidences: tuple[float, ...] | None = None  # the draft's, per proposal (when asked for)
     catch_up_seconds: float = 0.0  # the draft reading heard ids before the round (not in `seconds`)
     nodes: int = 0  # a tree's nodes verified (0: a chain, whose nodes are its drafts)
+    reach_predicted: tuple[float, ...] = ()  # a tree's summed confidence per depth (tree_budget.py)
     branches: tuple[tuple[int, ...], ...] = ()  # a tree's paths not taken, each from the path's fork
 
     @property

@@ -14,6 +14,8 @@ from .plan import Outcome, Plan
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
 LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins
+TREE_WIDTH = 3  # children per node, and nodes expanded per level, in a drafter's tree
+TREE_AUTO_MAX = 32  # the most nodes `--tree auto` verifies in a round
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,8 @@ class Policy:
         controller: Controller,
         lookup: PromptLookup | None = None,
         draft_model: bool = True,
-        tree: int = 0,
-        tree_width: int = 3,
+        tree: int | Auto = 0,
+        tree_width: int = TREE_WIDTH,
     ):
         self.gamma, self.stop = gamma, stop
         self.controller = controller
@@ -68,13 +70,28 @@ class Policy:
         if proposal or not self.draft_model or gamma == 0:
             return Plan(proposal=proposal, timed=timed)  # empty: the target reads and emits one id
         if self.tree:
-            return Plan(draft=gamma, tree=self.tree, width=self.tree_width, timed=True)
+            return self._tree_plan(gamma)
         stop_below = (
             self.stop
             if not isinstance(self.stop, Auto)
             else (self.controller.stop.next_threshold() if self._learning else 0.0)
         )
         return Plan(draft=gamma, stop_below=stop_below, read_confidences=self._learning, timed=timed or stop_below > 0)
+
+    def _tree_plan(self, depth: int) -> Plan:
+        """A tree `depth` levels deep: a fixed size, or (auto) up to TREE_AUTO_MAX nodes sized
+        each round from this machine's verify costs and the drafter's calibrated confidence."""
+        if not isinstance(self.tree, Auto):
+            return Plan(draft=depth, tree=self.tree, width=self.tree_width)
+        times = self.controller.times
+        costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
+        return Plan(
+            draft=depth,
+            tree=TREE_AUTO_MAX,
+            width=self.tree_width,
+            tree_costs=costs if costs[0] > 0 else (),
+            tree_calibration=tuple(self.controller.tree_calibration.factors(depth)),
+        )
 
     def _timed(self, gamma: int) -> bool:
         """Time a round apart when the length changes, and every few rounds of one length:
@@ -87,6 +104,8 @@ class Policy:
     def observe_round(self, outcome: Outcome) -> None:
         if self.lookup:
             self.lookup.hear(outcome.emitted)
+        if outcome.nodes:
+            self.controller.tree_calibration.observe(predicted=outcome.reach_predicted, reached=outcome.accepted)
         plan = outcome.plan
         if plan.proposal and self.draft_model:
             # beside a draft model, a lookup round tells the verify's cost, not the model's rates
