@@ -94,7 +94,9 @@ def speculative(
                     return "eos"
             continue
         if plan.tree:
-            outcome = run_tree_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids)
+            outcome = run_tree_round(
+                target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar
+            )
         else:
             outcome = run_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar)
         policy.observe_round(outcome)

@@ -195,7 +195,7 @@ def drafting_policy(pair: Pair, session: Session, options: Options, ids: list[in
         controller=session.controller,
         lookup=lookup,
         draft_model=session.draft is not None,
-        tree=options.tree if _reads_trees(session) and options.grammar is None else 0,
+        tree=options.tree if _reads_trees(session) else 0,
     )
 
 

@@ -200,14 +200,41 @@ class Matcher:
         depth = len(self._ids)
         mask = self._masks.get(depth)
         if mask is None:
-            bits = np.empty((self._words,), dtype=np.int32)
-            self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
-            self._check_engine()  # in error, llguidance's mask is end of sequence alone: a silent cut
-            mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.width].astype(bool)
-            if mask.shape[0] < self.width:
-                mask = np.concatenate([mask, np.zeros(self.width - mask.shape[0], dtype=bool)])
-            self._masks[depth] = mask
+            mask = self._masks[depth] = self._compute_mask()
         return mask
+
+    def _compute_mask(self) -> np.ndarray:
+        bits = np.empty((self._words,), dtype=np.int32)
+        self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        self._check_engine()  # in error, llguidance's mask is end of sequence alone: a silent cut
+        mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.width].astype(bool)
+        if mask.shape[0] < self.width:
+            mask = np.concatenate([mask, np.zeros(self.width - mask.shape[0], dtype=bool)])
+        return mask
+
+    def allowed_after(self, ids) -> np.ndarray | None:
+        """(width,) bool: the ids allowed after reading `ids` from the current state (a tree
+        node's path), the state left as it was; None where the grammar refuses the path."""
+        mark = len(self._ids)
+        try:
+            if self.walk(ids) < len(ids):
+                return None
+            return self.allowed() if not ids else self._compute_mask()
+        finally:
+            self.rollback_to(mark)
+
+    def tree_masks(self, tree) -> np.ndarray:
+        """(1 + len(tree), width) bool: the masks after the root (the current state) and after
+        each node's path (a TokenTree), for the target's rows. A node the grammar refuses is
+        never reached (its parent's row forbids it): its row is left open, so that the
+        arithmetic stays free of 0/0."""
+        rows = np.ones((1 + len(tree), self.width), dtype=bool)
+        rows[0] = self.allowed()
+        for node in range(1, len(tree) + 1):
+            mask = self.allowed_after(tree.path_ids(tree.ancestors(node)))
+            if mask is not None and mask.any():
+                rows[node] = mask
+        return rows
 
     def consume(self, token: int) -> None:
         """Read one id the grammar allows (callers only pass such ids)."""

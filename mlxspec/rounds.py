@@ -161,6 +161,7 @@ def run_tree_round(
     params: SamplingParams,
     key: mx.array,
     eos_ids: frozenset[int],
+    grammar: Matcher | None = None,
 ) -> Outcome:
     """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes, the
     target reads it in one forward (each node at its depth, seeing its ancestors), the rule
@@ -169,10 +170,11 @@ def run_tree_round(
     caught_up = drafter.catch_up_if_behind()
     start = time.perf_counter()
     target_mark, target_pending = target.cache.mark(reads=len(target.pending) + plan.tree), list(target.pending)
+    grammar_mark = grammar.depth if grammar is not None else 0
     draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft)  # pending, then every row it may read
     try:
         drafts = drafter.propose_tree(
-            depth=plan.draft, budget=plan.tree, width=plan.width, params=params, state=draft_state
+            depth=plan.draft, budget=plan.tree, width=plan.width, params=params, state=draft_state, grammar=grammar
         )
         drafted_at = time.perf_counter()
         if drafts is not None and plan.tree_costs:
@@ -187,6 +189,9 @@ def run_tree_round(
             )
         tree = drafts.tree if drafts is not None else TokenTree.chain(())
         logits = target.forward_tree(mx.array(tree.ids, dtype=TOKEN), tree)
+        if grammar is not None:  # each node's row masked by the grammar's state after its path
+            mx.async_eval(logits)
+            logits = constrain(logits, grammar.tree_masks(tree))
         path, next_id = tree.follow(target_choices(logits, params, key).tolist())
         done_at = time.perf_counter()
         path_ids = tree.path_ids(path)
@@ -197,9 +202,13 @@ def run_tree_round(
         else:
             drafter.undo(draft_state)
         emitted = _cut_at_eos(path_ids + [next_id], eos_ids)
+        if grammar is not None:
+            grammar.settle(grammar.depth, emitted)
     except BaseException:
         target.abandon(target_mark, target_pending)
         drafter.undo(draft_state)
+        if grammar is not None:
+            grammar.rollback_to(grammar_mark)
         raise
     stop = path[-1] if path else 0
     tried = tree.children[stop][:1]  # the first child the walk tried where it stopped

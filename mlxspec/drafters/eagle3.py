@@ -151,7 +151,7 @@ class Eagle3Drafter:
         return None
 
     def propose_tree(
-        self, *, depth: int, budget: int, width: int, params: SamplingParams, state=None
+        self, *, depth: int, budget: int, width: int, params: SamplingParams, state=None, grammar=None
     ) -> TreeDrafts | None:
         """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
         (tree_growth.py): the first level from the rows for the target's newest positions,
@@ -195,6 +195,7 @@ class Eagle3Drafter:
             budget=budget,
             params=params,
             to_target=to_target,
+            grammar=grammar,
         )
 
     def _target_row(self, probs: mx.array | None) -> mx.array | None:

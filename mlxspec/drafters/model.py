@@ -78,7 +78,9 @@ class ModelDrafter(Cursor):
     def begin_tree(self, nodes: int):
         return self.cache.mark(reads=len(self.pending) + nodes), list(self.pending)
 
-    def propose_tree(self, *, depth: int, budget: int, width: int, params: SamplingParams, state) -> TreeDrafts | None:
+    def propose_tree(
+        self, *, depth: int, budget: int, width: int, params: SamplingParams, state, grammar=None
+    ) -> TreeDrafts | None:
         """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
         each level's frontier read in one forward, every node at its depth's position seeing
         its ancestors only. The levels stay in the cache until `settle_tree` keeps the path.
@@ -115,7 +117,7 @@ class ModelDrafter(Cursor):
                 logits = self.forward(mx.array(pending + ids, dtype=TOKEN))
             return logits[-len(frontier) :]
 
-        return grow_tree(first, expand, depth=depth, width=width, budget=budget, params=params)
+        return grow_tree(first, expand, depth=depth, width=width, budget=budget, params=params, grammar=grammar)
 
     def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:
         """Keep the pending ids it read and the levels of the accepted path it read; the rest

@@ -19,8 +19,9 @@ import math
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
-from ..sampling import SamplingParams, warp
+from ..sampling import SamplingParams, constrain, warp
 from ..tree import TokenTree
 from .base import TreeDrafts
 
@@ -52,6 +53,14 @@ class Growth:
                 break  # nothing more it would say (a warped row narrower than the width asked)
             token = choice if to_target is None else int(to_target[choice])
             self.candidates.append(Candidate(parent, token, choice, depth, base + logp, rank))
+
+    def path(self, candidate: int) -> list[int]:
+        """The candidates from the root's child down to `candidate`."""
+        out = []
+        while candidate >= 0:
+            out.append(candidate)
+            candidate = self.candidates[candidate].parent
+        return out[::-1]
 
     def at_depth(self, depth: int) -> list[int]:
         return [i for i, c in enumerate(self.candidates) if c.depth == depth]
@@ -97,13 +106,17 @@ def grow_tree(
     budget: int,
     params: SamplingParams,
     to_target=None,
+    grammar=None,
 ) -> TreeDrafts | None:
     """Grow a tree from `first` (vocab,), the drafter's logits after the root; `expand(growth,
     frontier)` reads the frontier candidates (marked fed, in order) and returns their logits
     (len(frontier), vocab). `to_target`: the target id of each drafter id (host), None when
-    they are the same."""
+    they are the same. `grammar` (grammar.Matcher): each node's children are ids it allows
+    after the node's path (a path it refuses grows nothing)."""
     growth, frontier, rows = Growth(), [-1], first[None]
     for level in range(depth):
+        if grammar is not None:
+            rows = constrain(rows, _masks(growth, frontier, grammar, to_target))
         choices, logps = top_children(rows, params, width)
         mx.eval(choices, logps)
         for i, parent in enumerate(frontier):
@@ -127,6 +140,18 @@ def grow_tree(
         fed=tuple(growth.candidates[c].fed for c in kept),
         ranked=tuple(number[c] for c in ranked),
     )
+
+
+def _masks(growth: Growth, frontier: list[int], grammar, to_target) -> np.ndarray:
+    """(len(frontier), drafter vocab) bool: what the grammar allows after each one's path."""
+    masks = []
+    for c in frontier:
+        path = [] if c < 0 else [growth.candidates[n].token for n in growth.path(c)]
+        mask = grammar.allowed_after(path)
+        if mask is None:
+            mask = np.zeros(grammar.width, dtype=bool)
+        masks.append(mask if to_target is None else mask[to_target])
+    return np.stack(masks)
 
 
 def top_children(logits: mx.array, params: SamplingParams, count: int) -> tuple[mx.array, mx.array]:
