@@ -311,7 +311,9 @@ def _gamma_label(gamma) -> int | str:
 def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopFilter) -> tuple[Round, str | None]:
     """Attach each emitted id's text; cut the round at a stop string. The text ends where
     the stop string starts; the ids that spelled it stay in `emitted`."""
-    if event.accepted < len(event.drafted):
+    if event.branches:  # a tree: the paths it did not take, each from where it left the path
+        event = dataclasses.replace(event, discarded=" / ".join(text.decode(list(b)) for b in event.branches))
+    elif event.accepted < len(event.drafted):
         event = dataclasses.replace(event, discarded=text.decode(list(event.drafted[event.accepted :])))
     pieces, kept = [], []
     for token in event.emitted:

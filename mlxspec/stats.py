@@ -4,7 +4,10 @@ the figures derived from them, each defined once. Plain Python: views read them 
 - acceptance rate alpha = accepted / tested, a draft being tested when every earlier one of
   its round was accepted (vLLM's and Leviathan et al.'s alpha), not accepted / drafted;
 - tokens per round tau = ids emitted / rounds, end-of-sequence ids included (>= 1 always);
-- mean gamma = proposals per drafting round (plain steps excluded);
+- mean gamma = proposals per drafting round (plain steps excluded; a tree's nodes count);
+  a tree round's drafts tested at each depth are the path's and, where it stopped, the
+  first child tried there, so alpha per position is the rate at which a round's accepted
+  path went one deeper;
 - the draft step and the verify pass, in seconds, from the rounds timed apart;
 - with the target split across ranks, the transfers between them while decoding: each
   round (and each plain step) is one target forward, whose transfers are counted at load.
@@ -43,6 +46,8 @@ class Stats:
     ngram_rounds: int = 0  # rounds proposed by prompt lookup
     plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
     early_stops: int = 0  # rounds the draft cut short (draft min-p)
+    tree_rounds: int = 0  # rounds that verified a tree
+    tree_nodes: int = 0  # the nodes those trees held
     transfers: int = 0  # cross-rank transfers while decoding, on rank 0 (a target split across ranks)
     generations: int = 0
     gamma: int | str = 0  # the setting: a draft length, or "auto"
@@ -61,7 +66,7 @@ class Stats:
         self.rounds += 1
         self.emitted += len(event.emitted)
         self.tokens += len(event.emitted) if tokens is None else tokens
-        self.drafted += len(event.drafted)
+        self.drafted += event.nodes or len(event.drafted)
         self.tested += event.tested
         self.accepted += event.accepted
         self.decode_seconds += event.seconds
@@ -69,10 +74,13 @@ class Stats:
             self.timed_rounds += 1
             self.verify_seconds += event.verify_seconds
             if event.source == "model":  # prompt lookup drafts at no cost worth a figure
-                self.timed_drafted += len(event.drafted)
+                self.timed_drafted += event.gamma if event.nodes else len(event.drafted)  # a tree: its levels
                 self.draft_seconds += event.draft_seconds
         setattr(self, _SOURCES[event.source], getattr(self, _SOURCES[event.source]) + 1)
         self.early_stops += event.early_stop
+        if event.nodes:
+            self.tree_rounds += 1
+            self.tree_nodes += event.nodes
         for i in range(event.tested):
             if i >= len(self.position_tested):
                 self.position_tested.append(0)
@@ -143,6 +151,11 @@ class Stats:
         return self.drafted / self.drafting_rounds if self.drafting_rounds else None
 
     @property
+    def nodes_per_tree(self) -> float | None:
+        """Nodes a tree round verified, on average."""
+        return self.tree_nodes / self.tree_rounds if self.tree_rounds else None
+
+    @property
     def plain_share(self) -> float:
         """The share of rounds that were plain steps (auto's fallback)."""
         return self.plain_rounds / self.rounds if self.rounds else 0.0
@@ -176,5 +189,6 @@ class Stats:
             "verify_step",
             "per_position_acceptance",
             "transfers_per_token",
+            "nodes_per_tree",
         )
         return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in derived}}

@@ -98,6 +98,8 @@ def stats_line(
         parts.append(f"γ auto ({detail})" if detail else "γ auto")
     else:
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
+    if stats.tree_rounds:
+        parts.append(f"trees of {stats.nodes_per_tree:.1f} nodes ({counted(stats.tree_rounds, 'round')})")
     if lookup and stats.gamma:
         parts.append(f"drafting by prompt lookup ({counted(stats.ngram_rounds, 'round')})")
     elif stats.ngram_rounds:
