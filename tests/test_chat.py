@@ -383,3 +383,27 @@ def test_stats_show_no_alpha_from_a_few_tested_drafts(load_pair):
     assert code == 0 and totals.tested < 8
     assert re.search(rf"acceptance α +│ – \({totals.accepted} of {totals.tested} tested\)", out), out
     assert "α –" in out and "est." not in out  # the stat line: no α, no estimate resting on it
+
+
+def chat_command(capsys, monkeypatch, lines: bytes, *args):
+    """`mlxspec chat` through its entry point, these bytes on standard input (read as Python
+    reads a pipe here), then its end; (exit code, stdout, stderr)."""
+    from tests.test_cli import run
+
+    stdin = io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr("sys.stdin", stdin)
+    return run(capsys, "chat", *args)
+
+
+def replies(out: str) -> list[str]:
+    """What a piped chat printed after its prompts, stat lines left out (their timings vary)."""
+    return [line for line in out.split(">>> ")[1:] if "tok/s" not in line]
+
+
+def test_a_tiny_temperature_chats_greedily(capsys, monkeypatch, factory):
+    folders = [str(p) for p in factory.pair("llama")]
+    args = ("-t", folders[0], "-d", folders[1], "-m", "8")
+    code, greedy, _ = chat_command(capsys, monkeypatch, b"def f():\nagain\n", *args, "--temp", "0")
+    assert code == 0 and "8 tokens" in greedy
+    code, tiny, err = chat_command(capsys, monkeypatch, b"def f():\nagain\n", *args, "--temp", "1e-45")
+    assert code == 0 and "0 tokens" not in tiny and replies(tiny) == replies(greedy), err

@@ -438,3 +438,22 @@ def test_loading_steps_name_a_bundled_model_as_the_presets_do():
     assert (
         bundled_by_name("Finding HuggingFaceTB/SmolLM2-135M-Instruct") == "Finding HuggingFaceTB/SmolLM2-135M-Instruct"
     )
+
+
+@pytest.mark.parametrize("gamma", ["0", "3", "auto"])
+def test_a_tiny_temperature_or_top_p_decodes_greedily(capsys, folders, gamma):
+    """A temperature below float32's normal range, or a top-p so small only the top id
+    survives, is greedy decoding in the limit: the greedy reply, never an empty one."""
+    target, draft = folders
+
+    def tokens(*extra):
+        code, out, err = run(
+            capsys, "generate", "def main(", "-t", target, "-d", draft, "-m", "12", "-g", gamma, "--json", *extra
+        )
+        assert code == 0, err
+        return json.loads(out)["tokens"]
+
+    greedy = tokens("--temp", "0")
+    assert greedy
+    assert tokens("--temp", "1e-45") == greedy and tokens("--temp", "1e-39") == greedy
+    assert tokens("--temp", "0.8", "--top-p", "1e-300", "--seed", "3") == greedy

@@ -322,3 +322,17 @@ def test_the_legend_says_recovered():
     standard, speculative = recorded_sides()
     text = screen(standard, speculative, 160).export_text()
     assert "recovered after a rejection" in text and "resampled" not in text
+
+
+def test_a_tiny_temperature_races_greedily(capsys, factory):
+    """--temp 1e-45 is greedy decoding: both sides write the greedy text, said identical."""
+    import json
+
+    target, draft = factory.pair("llama")
+    code, out, err = run(
+        capsys, "race", "hello", "-t", str(target), "-d", str(draft), "-m", "12", "--json", "--temp", "1e-45"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    code, greedy, _ = run(capsys, "generate", "hello", "-t", str(target), "--no-draft", "-m", "12", "--json")
+    assert result["identical"] is True and result["speculative"]["tokens"] == json.loads(greedy)["tokens"] != []
