@@ -27,7 +27,7 @@ from pathlib import Path
 from .caches import CacheOptions
 from .errors import InvalidOption, PromptTooLong
 from .events import ContextTrimmed, Done, Prefill, Round
-from .generation import Session, check_drafting, stream
+from .generation import Session, check_drafting, check_text, stream
 from .options import Options
 from .pairs import Pair
 from .stats import Stats
@@ -167,6 +167,7 @@ class Conversation:
         and a Done("interrupted") follows."""
         if not user.strip():
             raise InvalidOption("the message is empty")
+        check_text(user, "the message")  # bytes that were not UTF-8 (a Latin-1 pipe): refused, the chat goes on
         ids, text, appended, dropped = self._fit(user)
         if dropped:
             yield ContextTrimmed(dropped, self.pair.target.context_length)
@@ -235,6 +236,12 @@ class Conversation:
         turn = self.turns.pop()
         self._dropped = min(self._dropped, len(self.turns))
         return turn
+
+    def set_system(self, system: str | None) -> None:
+        """A new system prompt (None: none), which starts a new conversation."""
+        check_text(system, "the system prompt")
+        self.system = system
+        self.reset()
 
     def reset(self) -> None:
         self.turns.clear()

@@ -385,12 +385,13 @@ def test_stats_show_no_alpha_from_a_few_tested_drafts(load_pair):
     assert "α –" in out and "est." not in out  # the stat line: no α, no estimate resting on it
 
 
-def chat_command(capsys, monkeypatch, lines: bytes, *args):
-    """`mlxspec chat` through its entry point, these bytes on standard input (read as Python
-    reads a pipe here), then its end; (exit code, stdout, stderr)."""
+def chat_command(capsys, monkeypatch, lines: bytes, *args, errors: str = "surrogateescape"):
+    """`mlxspec chat` through its entry point, these bytes on standard input (decoded as Python
+    decodes a pipe under a C locale, or under a UTF-8 one with errors="strict"), then its end;
+    (exit code, stdout, stderr)."""
     from tests.test_cli import run
 
-    stdin = io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8", errors="surrogateescape")
+    stdin = io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8", errors=errors)
     monkeypatch.setattr("sys.stdin", stdin)
     return run(capsys, "chat", *args)
 
@@ -407,3 +408,17 @@ def test_a_tiny_temperature_chats_greedily(capsys, monkeypatch, factory):
     assert code == 0 and "8 tokens" in greedy
     code, tiny, err = chat_command(capsys, monkeypatch, b"def f():\nagain\n", *args, "--temp", "1e-45")
     assert code == 0 and "0 tokens" not in tiny and replies(tiny) == replies(greedy), err
+
+
+@pytest.mark.parametrize("errors", ["surrogateescape", "strict"])
+def test_a_message_that_is_not_utf8_is_refused_and_the_chat_goes_on(capsys, monkeypatch, factory, errors):
+    """Bytes that are not UTF-8 (a Latin-1 é) are refused in one line, as generate refuses such
+    a prompt, and the conversation goes on, whatever the locale's decoding of standard input."""
+    folders = [str(p) for p in factory.pair("llama")]
+    lines = b"def f():\ncaf\xe9\n/system caf\xe9\nagain\n"
+    args = ("-t", folders[0], "-d", folders[1], "-m", "8")
+    code, out, err = chat_command(capsys, monkeypatch, lines, *args, errors=errors)
+    assert code == 0 and "internal error" not in out + err, err
+    assert out.count("error: the message is not valid UTF-8 text (at character 3)") == 1
+    assert out.count("error: the system prompt is not valid UTF-8 text (at character 3)") == 1
+    assert out.count("8 tokens") == 2  # the first message and the last were answered

@@ -12,7 +12,7 @@ import typer
 from ..errors import InvalidOption
 from ..grammar import GrammarSpec
 from ..options import Options
-from .common import err, load
+from .common import err, lenient_stdin, load
 from .options import Models, PromptCacheOption, decoding_options, grammar_options, model_options
 
 
@@ -44,6 +44,7 @@ def generate(
             raise InvalidOption(
                 "PROMPT - cannot be read under mlx.launch (it never closes the ranks' input): give the text"
             )
+        lenient_stdin()
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")

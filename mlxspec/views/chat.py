@@ -236,8 +236,7 @@ class ChatApp:
                 self.conversation.reset()
                 self.console.print(Text("(conversation and caches cleared)", style="dim"))
             elif name == "/system":
-                self.conversation.system = argument or None
-                self.conversation.reset()
+                self.conversation.set_system(argument or None)
                 self.console.print(
                     Text(
                         "(system prompt set; new conversation)"
