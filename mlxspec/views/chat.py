@@ -34,11 +34,12 @@ HELP = """\
 /undo              forget the last exchange
 /reset             forget the conversation (and both models' caches)
 /save FILE         save the transcript, with per-turn statistics, as JSON
-/quit              leave (or Ctrl-D; Ctrl-C stops a reply)
+/quit              leave (or Ctrl-D; Ctrl-C stops a reply, or clears the line)
 End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
 
 
 HELP_FOOTER = HELP.splitlines()[-1]
+LEAVE_HINT = "(Ctrl-D or /quit to leave)"
 
 
 def help_table() -> Group:
@@ -123,9 +124,13 @@ class ChatApp:
         while True:
             try:
                 line = self.read_message()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 self.console.print()
                 return 0
+            except KeyboardInterrupt:  # as Python's REPL and Ollama: the line (or block) dropped, a fresh prompt
+                self.console.print()
+                self.console.print(Text(LEAVE_HINT, style="dim"))
+                continue
             if line is None or not line.strip():
                 continue
             if line.startswith("/"):
