@@ -8,6 +8,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from ..errors import InvalidOption
 from ..grammar import GrammarSpec
@@ -37,7 +38,7 @@ def generate(
     from .. import generation
     from ..events import Done, Prefill, Round
     from ..views.progress import reading, spinner_after
-    from ..views.summary import stats_line
+    from ..views.summary import estimated_speedup, plain_words, stats_line
 
     if prompt == "-":
         if models.shard:
@@ -89,7 +90,11 @@ def generate(
             sys.stdout.write(event.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    line = stats_line(done.stats, lookup=pair.draft is None and pair.ngram, reused=reused, by_position=pair.own_head)
+    estimate = estimated_speedup(done.stats)
+    lookup = pair.draft is None and pair.ngram
+    if words := plain_words(done.stats, estimate):  # what the figures below mean, said first (they stay last)
+        err.print(Text(words, style="dim"), soft_wrap=not err.is_terminal)
+    line = stats_line(done.stats, estimate=estimate, lookup=lookup, reused=reused, by_position=pair.own_head)
     err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)

@@ -15,9 +15,8 @@ from ..errors import MlxspecError
 from ..events import ContextTrimmed, Done, Prefill, Round
 from ..options import parse_gamma
 from ..text import Reasoning
-from ..theory import cost_ratio, predicted_speedup_of
 from .progress import reading, spinner_after
-from .summary import PartsLine, counted, stats_line
+from .summary import PartsLine, counted, estimated_speedup, stats_line
 
 if TYPE_CHECKING:
     from ..chat import Conversation
@@ -67,18 +66,6 @@ _SETTINGS = {
     "/seed": ("seed", int),
     "/max-tokens": ("max_tokens", int),
 }
-
-
-def estimated_speedup(stats) -> float | None:
-    """E[tau] / (gamma c + 1), c from this reply's own timings: a draft step over a verify
-    pass (which costs about one target step when decoding is memory-bound); prompt lookup
-    drafts for nothing. None from too few tested drafts (the α it rests on is not shown)."""
-    if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
-        return None
-    c = cost_ratio(stats.draft_step, stats.verify_step)
-    if c is None and stats.ngram_rounds and not stats.model_rounds:
-        c = 0.0
-    return predicted_speedup_of(stats, c=c) if c is not None else None
 
 
 def stat_line(stats, reused: int, *, lookup: bool = False, by_position: bool = False) -> PartsLine:
