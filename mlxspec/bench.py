@@ -20,7 +20,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import mlx.core as mx
 
@@ -28,6 +27,7 @@ from . import costs as cost_model
 from .generation import encode_prompt, generate
 from .options import Options
 from .pairs import Pair
+from .presets import shown_name
 from .prompts import BenchPrompt
 from .stats import Stats
 from .theory import predicted_speedup_of
@@ -384,15 +384,6 @@ def run_bench(
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
-
-
-def shown_name(name: str) -> str:
-    """A model's name as a user gives it: a bundled one as bundled:NAME, not its folder deep
-    inside the installed package."""
-    from .presets import ASSETS
-
-    path = Path(name)
-    return f"bundled:{path.name}" if path.is_absolute() and path.parent == ASSETS else name
 
 
 def peer_notes(pair: Pair, config: BenchConfig) -> list[str]:

@@ -30,6 +30,7 @@ from .events import ContextTrimmed, Done, Prefill, Round
 from .generation import Session, check_drafting, check_text, stream
 from .options import Options
 from .pairs import Pair
+from .presets import shown_name
 from .stats import Stats
 from .templates import render
 from .text import opens_thinking
@@ -259,8 +260,8 @@ class Conversation:
 
     def transcript(self) -> dict:
         return {
-            "target": self.pair.target.name,
-            "draft": self.pair.draft.name if self.pair.draft else None,
+            "target": shown_name(self.pair.target.name),
+            "draft": shown_name(self.pair.draft.name) if self.pair.draft else None,
             "system": self.system,
             "settings": self.settings.to_dict(),
             "turns": [

@@ -494,3 +494,9 @@ def test_plain_words_for_each_outcome():
     plain = run_of("auto", rounds=60, plain_rounds=58, drafted=4, tested=3, accepted=1, model_rounds=2)
     assert "decoded plainly for 58 of 60 steps" in plain_words(plain, None)
     assert plain_words(Stats(tokens=4, rounds=4, plain_rounds=4), None) is None  # standard decoding
+
+
+def test_json_names_a_bundled_model_as_the_presets_do(capsys):
+    code, out, _ = run(capsys, "generate", "def f(", "-m", "2", "--json")
+    data = json.loads(out)
+    assert code == 0 and (data["target"], data["draft"]) == ("bundled:tiny-target", "bundled:tiny-draft")

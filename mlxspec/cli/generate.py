@@ -37,6 +37,7 @@ def generate(
     """
     from .. import generation
     from ..events import Done, Prefill, Round
+    from ..presets import shown_name
     from ..views.progress import reading, spinner_after
     from ..views.summary import estimated_speedup, plain_words, stats_line
 
@@ -64,8 +65,8 @@ def generate(
     if as_json:
         result = generation.generate(pair, prompt, options, session=session)
         out = {
-            "target": pair.target.name,
-            "draft": pair.draft.name if pair.draft else None,
+            "target": shown_name(pair.target.name),
+            "draft": shown_name(pair.draft.name) if pair.draft else None,
             "prompt_lookup": pair.ngram,
             **result.to_dict(),
         }
