@@ -492,7 +492,7 @@ def test_plain_words_for_each_outcome():
     assert plain_words(helped, 0.6).startswith("Speculative decoding did not pay here: about 0.60x")
     assert "--no-draft" in plain_words(helped, 0.6)
     plain = run_of("auto", rounds=60, plain_rounds=58, drafted=4, tested=3, accepted=1, model_rounds=2)
-    assert "decoded plainly for 58 of 60 steps" in plain_words(plain, None)
+    assert "mostly stood aside: 58 of 60 steps were the target's alone" in plain_words(plain, None)
     assert plain_words(Stats(tokens=4, rounds=4, plain_rounds=4), None) is None  # standard decoding
 
 

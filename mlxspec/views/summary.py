@@ -139,8 +139,8 @@ def plain_words(stats: Stats, estimate: float | None) -> str | None:
         return None
     if stats.rounds and stats.plain_share > 0.5:
         return (
-            f"Speculative decoding decoded plainly for {stats.plain_rounds} of {counted(stats.rounds, 'step')}: "
-            "drafting did not pay on this run, so the target mostly ran alone."
+            f"Speculative decoding mostly stood aside: {stats.plain_rounds} of {counted(stats.rounds, 'step')} were "
+            "the target's alone, drafting not paying by this run's own measurements."
         )
     if stats.shown_acceptance_rate is None:
         return (
