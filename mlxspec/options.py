@@ -20,11 +20,16 @@ SEED_LIMIT = 2**64  # MLX's random keys take an unsigned 64-bit seed
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize accepts
 KV_GROUP_SIZES = (32, 64, 128)
 KEPT_TOKENS = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens past max_kv_size
+# Below float32's smallest normal number a temperature is subnormal: GPUs flush it to zero and
+# 1/temp overflows float32 (whose largest is just under 2^128), so logits/temp is inf or NaN.
+# Sampling at a temperature that small is greedy decoding in the limit, and is decoded so.
+GREEDY_BELOW = 2.0**-126  # about 1.18e-38
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How a token is drawn from a distribution (sampling.warp applies it); temp 0 is greedy."""
+    """How a token is drawn from a distribution (sampling.warp applies it); temp 0 is greedy,
+    and so is a temperature below GREEDY_BELOW (stored as 0)."""
 
     temp: float = 0.0
     top_p: float = 1.0
@@ -38,6 +43,8 @@ class SamplingParams:
                 raise InvalidOption(f"{name.replace('_', '-')} must be a number, got {value!r}")
         if not math.isfinite(self.temp) or self.temp < 0:
             raise InvalidOption(f"temperature must be >= 0, got {self.temp}")
+        if self.temp < GREEDY_BELOW:
+            object.__setattr__(self, "temp", 0.0)  # frozen: set once, here
         if not (0 < self.top_p <= 1):
             raise InvalidOption(f"top-p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:

@@ -199,12 +199,15 @@ def resolve_first(names: list[str], offline: bool | None, reporter: loading.Repo
     first = None
     for name in names:
         reporter.status(f"Finding {name}")
+        here = first is not None and loading.local_copy(name) is not None  # a fallback fetched before
         try:
             found = _resolve_checked(name, offline, reporter)
         except ModelNotFound as e:
             first = first or e
             continue
-        if first is not None:  # a fallback: said once, with why the first name could not be had
+        if first is not None and here:  # said when it was fetched; now a step like any other
+            reporter.status(f"using {name}, the fallback already on this machine ({first})")
+        elif first is not None:  # a fallback fetched now: said, with why the first name could not be had
             reporter.note(f"using {name} (the fallback): {first}")
         return name, found
     tried = f" (also tried {', '.join(names[1:])})" if len(names) > 1 else ""

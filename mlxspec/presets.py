@@ -54,6 +54,13 @@ def resolve_name(name: str) -> str:
     return str(ASSETS / name.removeprefix("bundled:")) if name.startswith("bundled:") else name
 
 
+def shown_name(name: str) -> str:
+    """A model's name as a user gives it: a bundled one as bundled:NAME, not its folder deep
+    inside the installed package."""
+    path = Path(name)
+    return f"bundled:{path.name}" if path.is_absolute() and path.parent == ASSETS else name
+
+
 def read_file(path: Path) -> dict[str, Preset]:
     try:
         data = tomllib.loads(path.read_text())

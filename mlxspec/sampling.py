@@ -40,6 +40,9 @@ def warp(logits: mx.array, params: SamplingParams) -> mx.array:
         keep = _both(keep, logprobs >= kth)
     if keep is not None:
         logprobs = mx.where(keep, logprobs, -mx.inf)
+    # the top id at exactly 0 before dividing: a tiny temperature then sends the others to
+    # -inf, never every id (a NaN row, which samples nothing the target would)
+    logprobs = logprobs - logprobs.max(axis=-1, keepdims=True)
     return mx.softmax(logprobs / params.temp, axis=-1)
 
 
@@ -58,6 +61,8 @@ def _top_p_mask(logprobs: mx.array, top_p: float) -> mx.array:
     mass_before = mx.cumsum(mx.exp(ordered), axis=-1) - mx.exp(ordered)
     kept = mass_before < top_p
     threshold = mx.min(mx.where(kept, ordered, mx.inf), axis=-1, keepdims=True)
+    # the top id always: a top_p that is 0 in float32 (1e-300) keeps it alone, as a tiny one does
+    threshold = mx.minimum(threshold, ordered[..., :1])
     return logprobs >= threshold
 
 

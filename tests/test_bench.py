@@ -293,3 +293,47 @@ def test_plain_runs_noise_and_thin_acceptance_are_said_so():
     two_row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "2"])
     assert f"{two.speedup:.2f}x≈" in two_row and f"{two.spread:.2f}" in two_row and "0.50" in two_row
     assert "≈ within noise" in text and "plain: decoded plainly" in text and "no measurable difference" in text
+
+
+def test_a_bench_says_its_plan_and_time_first_and_explains_its_columns(capsys, tmp_path):
+    """Before any generation: the plan (prompts × temperatures × settings × repeats) and, once a
+    target step is timed, the time it should take; under the table, what each column means; in
+    --json, a bundled draft by the name the presets give it, not its folder in the package."""
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):", "category": "code"}\n')
+    args = ["bench", "--prompts", str(prompts), "--raw", "-g", "2", "--temp", "0", "-m", "8", "--repeats", "1"]
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["pair"] == {"target": "bundled:tiny-target", "draft": "bundled:tiny-draft"}
+    plan = "plan: 1 prompt × 1 temperature × 4 settings (standard, γ 2, standard (mlx-lm), γ 2 (mlx-lm)) × 1 repeat"
+    lines = err.strip().splitlines()
+    assert lines[-2].startswith(f"{plan} = 4 generations of up to 8 tokens"), err
+    assert lines[-1].startswith("estimated ") and " from here (a target step takes " in lines[-1]
+    assert report["estimated_seconds"] > 0
+    code, out, _ = run(capsys, *args)
+    words = " ".join(out.split())  # the legend wraps at the table's width
+    assert code == 0 and "α: the share of the drafts the target checked that it accepted" in words
+    assert "c: a draft step's time over a target step's" in words and "±: half the range" in words
+
+
+def test_a_peer_left_out_is_said_with_its_reason(capsys, factory, tmp_path, monkeypatch):
+    """mlx-lm has no prompt lookup: no mlx-lm columns, and a line under the table says why."""
+    target, _ = factory.pair("llama")
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):", "category": "code"}\n')
+    monkeypatch.setenv("COLUMNS", "100")  # the narrow layout, whose second table had mlx-lm's columns
+    args = ["bench", "-t", str(target), "-d", "ngram", "--prompts", str(prompts), "--raw", "-g", "2", "--temp", "0"]
+    code, out, err = run(capsys, *args, "-m", "8", "--repeats", "1")
+    assert code == 0, err
+    assert "mlx-lm not measured: it has no prompt-lookup drafting to compare with" in out + err
+    assert not any(column in out for column in ("mlx-lm spec", "mlx-lm α", "vs mlx-lm")) and "+ prompt lookup" in out
+
+
+def test_quick_is_one_temperature_auto_and_the_pairs_own_length(capsys):
+    """--quick: one prompt per category, T 0, γ auto and the pair's recommended length (the
+    bundled pair's 4), one repeat: 15 generations here, said before they run."""
+    code, _, err = run(capsys, "bench", "--quick", "-m", "4", "--no-peers", "--json")
+    assert code == 0, err
+    plan = "plan: 5 prompts × 1 temperature × 3 settings (standard, γ auto, γ 4) × 1 repeat = 15 generations"
+    assert plan in err

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pty
 import re
+import select
+import subprocess
+import sys
+import time
 
 import pytest
 from rich.console import Console
@@ -383,3 +389,124 @@ def test_stats_show_no_alpha_from_a_few_tested_drafts(load_pair):
     assert code == 0 and totals.tested < 8
     assert re.search(rf"acceptance α +│ – \({totals.accepted} of {totals.tested} tested\)", out), out
     assert "α –" in out and "est." not in out  # the stat line: no α, no estimate resting on it
+
+
+def chat_command(capsys, monkeypatch, lines: bytes, *args, errors: str = "surrogateescape"):
+    """`mlxspec chat` through its entry point, these bytes on standard input (decoded as Python
+    decodes a pipe under a C locale, or under a UTF-8 one with errors="strict"), then its end;
+    (exit code, stdout, stderr)."""
+    from tests.test_cli import run
+
+    stdin = io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8", errors=errors)
+    monkeypatch.setattr("sys.stdin", stdin)
+    return run(capsys, "chat", *args)
+
+
+def replies(out: str) -> list[str]:
+    """What a piped chat printed after its prompts, stat lines left out (their timings vary)."""
+    return [line for line in out.split(">>> ")[1:] if "tok/s" not in line]
+
+
+def test_a_tiny_temperature_chats_greedily(capsys, monkeypatch, factory):
+    folders = [str(p) for p in factory.pair("llama")]
+    args = ("-t", folders[0], "-d", folders[1], "-m", "8")
+    code, greedy, _ = chat_command(capsys, monkeypatch, b"def f():\nagain\n", *args, "--temp", "0")
+    assert code == 0 and "8 tokens" in greedy
+    code, tiny, err = chat_command(capsys, monkeypatch, b"def f():\nagain\n", *args, "--temp", "1e-45")
+    assert code == 0 and "0 tokens" not in tiny and replies(tiny) == replies(greedy), err
+
+
+@pytest.mark.parametrize("errors", ["surrogateescape", "strict"])
+def test_a_message_that_is_not_utf8_is_refused_and_the_chat_goes_on(capsys, monkeypatch, factory, errors):
+    """Bytes that are not UTF-8 (a Latin-1 é) are refused in one line, as generate refuses such
+    a prompt, and the conversation goes on, whatever the locale's decoding of standard input."""
+    folders = [str(p) for p in factory.pair("llama")]
+    lines = b"def f():\ncaf\xe9\n/system caf\xe9\nagain\n"
+    args = ("-t", folders[0], "-d", folders[1], "-m", "8")
+    code, out, err = chat_command(capsys, monkeypatch, lines, *args, errors=errors)
+    assert code == 0 and "internal error" not in out + err, err
+    assert out.count("error: the message is not valid UTF-8 text (at character 3)") == 1
+    assert out.count("error: the system prompt is not valid UTF-8 text (at character 3)") == 1
+    assert out.count("8 tokens") == 2  # the first message and the last were answered
+
+
+class Terminal:
+    """`mlxspec chat` on a real pseudo-terminal: keys go in as a person types them (Ctrl-C is
+    the terminal's SIGINT, as in a shell), the screen comes out."""
+
+    # the child takes the pty as its controlling terminal (a new session), so that Ctrl-C on it
+    # is a SIGINT, as in a shell; run in a fresh interpreter: forking this one (MLX's threads
+    # running) could deadlock the child before its exec
+    ATTACH = (
+        "import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+
+    def __init__(self, *args: str):
+        env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40", "HF_HUB_OFFLINE": "1"}
+        self.fd, terminal = pty.openpty()
+        command = [sys.executable, "-c", self.ATTACH, "-m", "mlxspec", "chat", *args]
+        self.process = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=terminal, env=env)
+        os.close(terminal)
+        self.screen = ""
+
+    def _read(self, seconds: float) -> bool:
+        """What the terminal shows within `seconds`, added to the screen; False once it closed."""
+        if select.select([self.fd], [], [], seconds)[0]:
+            try:
+                self.screen += os.read(self.fd, 4096).decode(errors="replace")
+            except OSError:  # the child closed its terminal
+                return False
+        return True
+
+    def wait_for(self, text: str, timeout: float = 90.0) -> str:
+        """Read until `text` shows after what was read before; the new output."""
+        start, deadline = len(self.screen), time.monotonic() + timeout
+        while text not in self.screen[start:]:
+            assert time.monotonic() < deadline, f"no {text!r} on the screen: {self.screen[start:]!r}"
+            assert self._read(0.2), f"the chat ended: {self.screen[start:]!r}"
+        return self.screen[start:]
+
+    def type(self, keys: str) -> None:
+        os.write(self.fd, keys.encode())
+
+    def exit_code(self, timeout: float = 30.0) -> int | None:
+        """The exit code once it ends (the terminal drained meanwhile), None if still running."""
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            if not self._read(0.1):
+                time.sleep(0.1)
+        return self.process.poll()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        os.close(self.fd)
+
+
+def test_ctrl_c_at_the_prompt_clears_the_line_and_the_chat_goes_on(factory):
+    """As in Python's REPL and Ollama: Ctrl-C over a half-typed line (or a half-typed block)
+    drops it and gives a fresh prompt; /quit and Ctrl-D leave, with exit code 0."""
+    folders = [str(p) for p in factory.pair("llama")]
+    for leave in ("/quit\r", "\x04"):
+        chat = Terminal("-t", folders[0], "-d", folders[1], "-m", "6", "--temp", "0")
+        try:
+            chat.wait_for(">>> ")
+            chat.type("half a thought")
+            chat.wait_for("half a thought")
+            chat.type("\x03")
+            after = chat.wait_for(">>> ")
+            assert "Ctrl-D or /quit to leave" in after and "tokens" not in after
+            chat.type('"""\r')
+            chat.wait_for("... ")
+            chat.type("a block\r")
+            chat.wait_for("... ")
+            chat.type("\x03")
+            assert "tokens" not in chat.wait_for(">>> ")  # the block was dropped, not answered
+            chat.type("def f():\r")
+            assert "6 tokens" in chat.wait_for(">>> ")  # the chat still answers
+            chat.type(leave)
+            assert chat.exit_code() == 0, chat.screen
+        finally:
+            chat.close()

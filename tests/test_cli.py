@@ -438,3 +438,65 @@ def test_loading_steps_name_a_bundled_model_as_the_presets_do():
     assert (
         bundled_by_name("Finding HuggingFaceTB/SmolLM2-135M-Instruct") == "Finding HuggingFaceTB/SmolLM2-135M-Instruct"
     )
+
+
+@pytest.mark.parametrize("gamma", ["0", "3", "auto"])
+def test_a_tiny_temperature_or_top_p_decodes_greedily(capsys, folders, gamma):
+    """A temperature below float32's normal range, or a top-p so small only the top id
+    survives, is greedy decoding in the limit: the greedy reply, never an empty one."""
+    target, draft = folders
+
+    def tokens(*extra):
+        code, out, err = run(
+            capsys, "generate", "def main(", "-t", target, "-d", draft, "-m", "12", "-g", gamma, "--json", *extra
+        )
+        assert code == 0, err
+        return json.loads(out)["tokens"]
+
+    greedy = tokens("--temp", "0")
+    assert greedy
+    assert tokens("--temp", "1e-45") == greedy and tokens("--temp", "1e-39") == greedy
+    assert tokens("--temp", "0.8", "--top-p", "1e-300", "--seed", "3") == greedy
+
+
+def test_generate_says_in_plain_words_whether_speculation_helped(capsys, folders):
+    """Before the figures (which stay the last line), one line without symbols: whether drafting
+    paid on this run, as an estimate from its own acceptance and costs (chat's "≈1.06x est."),
+    or why it cannot tell."""
+    target, draft = folders
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-d", draft, "-g", "3", "-m", "48")
+    lines = err.strip().splitlines()
+    assert code == 0 and lines[-1].startswith("48 tokens · ") and "x est." in lines[-1]
+    words = lines[-2]
+    assert words.startswith("Speculative decoding ") and "α" not in words and "τ" not in words and "γ" not in words
+    assert any(verdict in words for verdict in ("helped", "made little difference", "did not pay")), words
+    assert "of the drafts" in words and "tokens per pass of the target" in words
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "-d", draft, "-g", "3", "-m", "2")
+    assert "too few drafts were tested to tell" in err.strip().splitlines()[-2]
+    code, _, err = run(capsys, "generate", "def main(", "-t", target, "--no-draft", "-m", "4")
+    assert "Speculative decoding" not in err  # no drafting, nothing to say of it
+
+
+def test_plain_words_for_each_outcome():
+    from mlxspec.stats import Stats
+    from mlxspec.views.summary import plain_words
+
+    def run_of(gamma=3, **counts):
+        stats = Stats(tokens=60, emitted=60, decode_seconds=1.0, **counts)
+        stats.gamma = gamma
+        return stats
+
+    helped = run_of(rounds=20, drafted=60, tested=50, accepted=40, model_rounds=20)
+    assert plain_words(helped, 1.8).startswith("Speculative decoding helped: about 1.80x the speed of the target alone")
+    assert plain_words(helped, 1.0).startswith("Speculative decoding made little difference here")
+    assert plain_words(helped, 0.6).startswith("Speculative decoding did not pay here: about 0.60x")
+    assert "--no-draft" in plain_words(helped, 0.6)
+    plain = run_of("auto", rounds=60, plain_rounds=58, drafted=4, tested=3, accepted=1, model_rounds=2)
+    assert "mostly stood aside: 58 of 60 steps were the target's alone" in plain_words(plain, None)
+    assert plain_words(Stats(tokens=4, rounds=4, plain_rounds=4), None) is None  # standard decoding
+
+
+def test_json_names_a_bundled_model_as_the_presets_do(capsys):
+    code, out, _ = run(capsys, "generate", "def f(", "-m", "2", "--json")
+    data = json.loads(out)
+    assert code == 0 and (data["target"], data["draft"]) == ("bundled:tiny-target", "bundled:tiny-draft")

@@ -127,3 +127,25 @@ def test_random_bytes_in_the_real_smollm2_gguf_are_refused(tmp_path):
     damaged = with_random_bytes(real_models.gguf_file(real_models.SMOLLM2), tmp_path / "smollm2.gguf", seed=0)
     with pytest.raises(ModelLoadError, match=DAMAGE):
         import_gguf(damaged, dtype="float32", out=tmp_path / "out")
+
+
+def test_the_same_file_fetched_again_is_not_imported_again(ggufs, tmp_path, cache):
+    """A GGUF of the same size and sha256 as an import's source (a registry wheel fetched again
+    after its files were deleted) finds that import: no second conversion."""
+    import shutil
+
+    from mlxspec.gguf_import import imported_folder
+    from mlxspec.loading import import_gguf_once
+
+    first = tmp_path / "a" / "tiny.gguf"
+    first.parent.mkdir()
+    shutil.copy(ggufs["F32"], first)
+    folder = import_gguf_once(first, dtype="float32")
+    written = (folder / "model.safetensors").stat().st_mtime_ns
+    again = tmp_path / "b" / "tiny.gguf"
+    again.parent.mkdir()
+    shutil.copy(ggufs["F32"], again)
+    assert imported_folder(again, "float32") == folder
+    assert import_gguf_once(again, dtype="float32") == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == written
+    assert json.loads((folder / "mlxspec-import.json").read_text())["source"] == str(again.resolve())

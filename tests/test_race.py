@@ -322,3 +322,53 @@ def test_the_legend_says_recovered():
     standard, speculative = recorded_sides()
     text = screen(standard, speculative, 160).export_text()
     assert "recovered after a rejection" in text and "resampled" not in text
+
+
+def test_a_tiny_temperature_races_greedily(capsys, factory):
+    """--temp 1e-45 is greedy decoding: both sides write the greedy text, said identical."""
+    import json
+
+    target, draft = factory.pair("llama")
+    code, out, err = run(
+        capsys, "race", "hello", "-t", str(target), "-d", str(draft), "-m", "12", "--json", "--temp", "1e-45"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    code, greedy, _ = run(capsys, "generate", "hello", "-t", str(target), "--no-draft", "-m", "12", "--json")
+    assert result["identical"] is True and result["speculative"]["tokens"] == json.loads(greedy)["tokens"] != []
+
+
+def looping_sides(answer_loops: bool, lookup: bool = True):
+    """A race over 64 tokens: standard steady at 0.1 s a token; speculative in rounds of four
+    (three accepted drafts and a bonus), proposed by prompt lookup or by the draft model, on an
+    answer that repeats one line or one that never repeats."""
+    words = [" A", " lone", " steed", ","] if answer_loops else [f" w{i}" for i in range(64)]
+    ids = [words.index(w) for w in words] * (64 // len(words)) if answer_loops else list(range(64))
+    pieces = (words * (64 // len(words)))[:64]
+    standard = racing.Side("standard", "Big", 0)
+    for i in range(64):
+        standard.apply(round_event(i, (), 0, [ids[i]], [pieces[i]], 0.1 + 0.001 * (i % 2)))
+    speculative = racing.Side("speculative", "Big + head + n-gram", 3)
+    for r in range(16):
+        chunk = slice(4 * r, 4 * r + 4)
+        event = round_event(r, ids[chunk][:3], 3, ids[chunk], pieces[chunk], 0.17)
+        speculative.apply(Round(**{**event.__dict__, "source": "ngram" if lookup else "model"}))
+    return standard, speculative
+
+
+def test_a_speedup_from_lookup_on_a_looping_answer_says_so():
+    """Most accepted drafts from prompt lookup on an answer that repeats itself: the headline
+    and the summary say that the speed came from the loop, not from drafting a reader would see
+    on text that moves on; lookup on text that does not repeat, or a model's drafts on a loop,
+    are a plain speedup."""
+    standard, looping = looping_sides(answer_loops=True)
+    assert sides.verdict(standard, looping) == "faster" and sides.repeated_share(looping.tokens) == 56 / 64
+    assert sides.lookup_on_repetition(looping)
+    headline = view.speedup_text(standard, looping).plain
+    assert headline.startswith(f"speedup {sides.speedup(standard, looping):.2f}x") and "repeating answer" in headline
+    summary = view.summary(standard, looping, temp=0).plain
+    assert "48 of 48 accepted drafts came from prompt lookup" in summary and "repeats itself" in summary
+    assert view.as_dict(standard, looping, temp=0)["lookup_on_repetition"] is True
+    for moving_on in (looping_sides(answer_loops=False), looping_sides(answer_loops=True, lookup=False)):
+        assert not sides.lookup_on_repetition(moving_on[1])
+        assert "repeat" not in view.speedup_text(*moving_on).plain + view.summary(*moving_on, temp=0).plain

@@ -97,3 +97,26 @@ def test_sample_is_reproducible_with_a_key():
 def test_invalid_settings_are_refused(options):
     with pytest.raises(InvalidOption):
         SamplingParams(**options)
+
+
+@pytest.mark.parametrize("temp", [1e-45, 1e-39, 1.1e-38])
+def test_a_temperature_below_float32s_normal_range_is_greedy(temp):
+    """Below float32's smallest normal number (2^-126) a temperature is subnormal, 1/temp
+    overflows, and sampling at it is greedy decoding in the limit: it is decoded greedily."""
+    assert SamplingParams(temp=temp).greedy and SamplingParams(temp=temp).temp == 0
+    assert not SamplingParams(temp=2.0**-126).greedy
+
+
+@pytest.mark.parametrize("temp", [2.0**-126, 1e-37, 1e-30])
+def test_a_tiny_temperature_puts_all_the_mass_on_the_top_id(temp):
+    """Just above that bound the warp is still a distribution (never a NaN row), all on the
+    top id, even when the top id's logprob is far from 0 (a hundred close rivals: -4.6,
+    which divided by 2^-126 overflows float32)."""
+    crowded = mx.array([[8.99] * 50 + [9.0] + [8.99] * 50 + [-20.0]])
+    probs = np.array(warp(crowded, SamplingParams(temp=temp)))
+    assert np.isfinite(probs).all() and probs[0, 50] == 1.0 and probs.sum() == 1.0
+
+
+def test_a_top_p_below_float32s_range_keeps_the_top_id():
+    assert kept(SamplingParams(temp=0.7, top_p=1e-300)) == [True, False, False, False]
+    assert kept(SamplingParams(temp=0.7, top_p=1e-40)) == [True, False, False, False]

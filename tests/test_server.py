@@ -184,6 +184,16 @@ def test_sampling_fields_reach_the_engine(client, pair):
     assert stopped.choices[0].text == standard(pair, CODE, 40, raw=True, stop=["\n"]).text
 
 
+def test_a_tiny_temperature_or_top_p_is_greedy(client, pair):
+    """A temperature below float32's normal range, or a top_p that keeps only the top id,
+    is greedy decoding in the limit: the greedy reply, never an empty "stop"."""
+    expected = standard(pair, chat_ids(pair, CHAT), 16)
+    assert expected.text
+    for options in (dict(temperature=1e-45), dict(temperature=0.8, top_p=1e-300, seed=1)):
+        reply = client.chat.completions.create(model="m", messages=CHAT, max_tokens=16, **options)
+        assert reply.choices[0].message.content == expected.text, options
+
+
 def test_a_follow_up_reads_only_its_new_tokens(client, pair):
     first_messages = [{"role": "user", "content": "class Stack:"}]
     first = client.chat.completions.create(model="m", messages=first_messages, temperature=0, max_tokens=16)

@@ -6,6 +6,7 @@ import json
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from ..errors import InvalidOption
 from .common import err, load, wide_console, writable, write_text
@@ -41,14 +42,17 @@ def bench(
             "-g",
             metavar="LIST",
             help=f"Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4. Default: {DEFAULT_GAMMAS} (--quick: "
-            "auto,2,4).",
+            "auto and the pair's recommended length, a preset's γ or 4).",
             show_default=False,
         ),
     ] = None,
     temp: Annotated[
         Optional[str],
         typer.Option(
-            "--temp", metavar="LIST", help="Temperatures to sweep, e.g. 0,0.7,1.0. Default: 0,1.", show_default=False
+            "--temp",
+            metavar="LIST",
+            help="Temperatures to sweep, e.g. 0,0.7,1.0. Default: 0,1 (--quick: 0).",
+            show_default=False,
         ),
     ] = None,
     prompts: Annotated[
@@ -82,7 +86,11 @@ def bench(
     no_peers: Annotated[bool, typer.Option("--no-peers", help="Skip mlx-lm's own generation.")] = False,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="A short run: one prompt per category, γ auto,2,4, T 0,1, 64 tokens, one repeat."),
+        typer.Option(
+            "--quick",
+            help="A short run (a minute or two for smollm2 on a 2-core CPU): one prompt per category, γ auto and the "
+            "pair's recommended length, T 0, 64 tokens, one repeat.",
+        ),
     ] = False,
     seed: Annotated[
         int, typer.Option("--seed", metavar="N", help="Seed of the first repeat (the next ones add 1).")
@@ -114,8 +122,8 @@ def bench(
 
     config = BenchConfig(
         prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
-        gammas=_number_list(gamma or ("auto,2,4" if quick else DEFAULT_GAMMAS), _gamma_value, "--gamma"),
-        temps=_number_list(temp or "0,1", float, "--temp"),
+        gammas=_number_list(gamma or ("auto" if quick else DEFAULT_GAMMAS), _gamma_value, "--gamma"),
+        temps=_number_list(temp or ("0" if quick else "0,1"), float, "--temp"),
         max_tokens=max_tokens or (64 if quick else 128),
         repeats=repeats or (1 if quick else 3),
         peers=not no_peers,
@@ -134,9 +142,11 @@ def bench(
     pair = load(models)
     if pair.draft is None and not pair.ngram:
         raise InvalidOption("bench needs a draft model (or --draft ngram)")
-    if pair.draft is None:
-        config.peers = False  # mlx-lm has no prompt-lookup drafting to compare with
-    report = _with_progress(lambda step: run_bench(pair, config, step), plan_size(config) + 2, "Benchmarking")
+    if quick and gamma is None:  # auto, and the fixed length the pair recommends (a preset's γ, else 4)
+        config.gammas = ["auto", pair.gamma_hint]
+    report = _with_progress(
+        lambda step: run_bench(pair, config, step, on_note=_note), lambda: plan_size(config) + 2, "Benchmarking"
+    )
     if csv_path:
         write_text(csv_path, _csv(view.csv_rows(report)), "CSV")
     if plot_path:
@@ -168,8 +178,13 @@ def _csv(rows: list[dict]) -> str:
     return out.getvalue()
 
 
-def _with_progress(work, total: int, label: str):
-    """Run work(step) with a progress bar on stderr; `step(description)` advances it."""
+def _note(line: str) -> None:
+    err.print(Text(line, style="dim"), soft_wrap=not err.is_terminal)
+
+
+def _with_progress(work, total, label: str):
+    """Run work(step) with a progress bar on stderr; `step(description)` advances it.
+    `total()`: the steps to make, asked at each step (the plan shrinks where a peer is off)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -187,7 +202,7 @@ def _with_progress(work, total: int, label: str):
         TimeRemainingColumn(),
     ]
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task(label, total=total)
+        task = progress.add_task(label, total=total())
         started = False
 
         def step(description: str) -> None:
@@ -195,6 +210,6 @@ def _with_progress(work, total: int, label: str):
             if started:
                 progress.advance(task)
             started = True
-            progress.update(task, description=description)
+            progress.update(task, description=description, total=total())
 
         return work(step)

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..grammar import GrammarSpec
 from ..options import Options
-from .common import load
+from .common import lenient_stdin, load
 from .generate import read_prompt_cache
 from .options import Models, PromptCacheOption, decoding_options, grammar_options, model_options
 
@@ -39,6 +39,7 @@ def chat(
         import readline  # noqa: F401
     except ImportError:  # pragma: no cover
         pass
+    lenient_stdin()
     if models.no_draft:
         options = options.replace(gamma=0)
     if grammar is not None:

@@ -63,6 +63,18 @@ class ConsoleReporter(Reporter):
             self._bar = None
 
 
+def lenient_stdin() -> None:
+    """Bytes on standard input that are not UTF-8 arrive as lone surrogates, whatever the
+    locale (a UTF-8 one decodes strictly and would raise mid-read), so that the text check
+    refuses them in one line (generation.check_text)."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
+        try:
+            reconfigure(errors="surrogateescape")
+        except (ValueError, OSError):  # a stream that has been read from cannot change its decoding
+            pass
+
+
 def bundled_by_name(message: str) -> str:
     """A step's words with a bundled model named as the presets name it (bundled:tiny-target),
     not by its folder deep inside the installed package."""

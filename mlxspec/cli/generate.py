@@ -8,11 +8,12 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from ..errors import InvalidOption
 from ..grammar import GrammarSpec
 from ..options import Options
-from .common import err, load
+from .common import err, lenient_stdin, load
 from .options import Models, PromptCacheOption, decoding_options, grammar_options, model_options
 
 
@@ -36,14 +37,16 @@ def generate(
     """
     from .. import generation
     from ..events import Done, Prefill, Round
+    from ..presets import shown_name
     from ..views.progress import reading, spinner_after
-    from ..views.summary import stats_line
+    from ..views.summary import estimated_speedup, plain_words, stats_line
 
     if prompt == "-":
         if models.shard:
             raise InvalidOption(
                 "PROMPT - cannot be read under mlx.launch (it never closes the ranks' input): give the text"
             )
+        lenient_stdin()
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")
@@ -62,8 +65,8 @@ def generate(
     if as_json:
         result = generation.generate(pair, prompt, options, session=session)
         out = {
-            "target": pair.target.name,
-            "draft": pair.draft.name if pair.draft else None,
+            "target": shown_name(pair.target.name),
+            "draft": shown_name(pair.draft.name) if pair.draft else None,
             "prompt_lookup": pair.ngram,
             **result.to_dict(),
         }
@@ -88,7 +91,11 @@ def generate(
             sys.stdout.write(event.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    line = stats_line(done.stats, lookup=pair.draft is None and pair.ngram, reused=reused, by_position=pair.own_head)
+    estimate = estimated_speedup(done.stats)
+    lookup = pair.draft is None and pair.ngram
+    if words := plain_words(done.stats, estimate):  # what the figures below mean, said first (they stay last)
+        err.print(Text(words, style="dim"), soft_wrap=not err.is_terminal)
+    line = stats_line(done.stats, estimate=estimate, lookup=lookup, reused=reused, by_position=pair.own_head)
     err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)

@@ -171,8 +171,14 @@ def models_import(
     if dtype not in DTYPES:
         raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     reporter = ConsoleReporter()
+    from ..gguf_import import default_dtype
     from ..loading import fetch_registry
 
+    kept_here = registry.is_registry_name(file) and out is None  # the import mlxspec's cache keeps for it
+    wanted = default_dtype() if dtype == "auto" else dtype
+    if kept_here and not force and (kept := registry.recorded_import(file, wanted)) is not None:
+        print(kept)
+        return
     path = fetch_registry(file, reporter) if registry.is_registry_name(file) else Path(file).expanduser()
     if not path.is_file():
         raise InvalidOption(f"no GGUF file at {file}")
@@ -183,6 +189,8 @@ def models_import(
         force=force,
         on_progress=lambda done, total, what: reporter.progress("Converting", done, total),
     )
+    if kept_here:
+        registry.release(file, folder)  # the cache keeps the import alone
     print(folder)
 
 

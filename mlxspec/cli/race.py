@@ -71,7 +71,7 @@ def race(
 ):
     """Standard vs speculative decoding, side by side, live: same prompt, same target.
 
-    Example: mlxspec race "Write a limerick about caches." --pair smollm2 --show-rejected
+    Example: mlxspec race "What is the difference between a list and a tuple in Python?" --pair smollm2
     """
     from .. import race as racing
     from ..views import race as view

@@ -22,7 +22,7 @@ from ..errors import InsufficientMemory, InvalidOption, MlxspecError, ModelLoadE
 from . import checks
 from . import tensors as conv
 from .architectures import UnsupportedGGUF, architecture, rope_scaling_from_factors, unpermute_rows
-from .record import MANIFEST, sha256, weight_record
+from .record import MANIFEST, read_manifest, sha256, weight_record, write_manifest
 from .tokenizer import build as build_tokenizer
 
 GGUF_MAGIC = b"GGUF"
@@ -96,11 +96,18 @@ def is_current(folder: Path, path: str | Path, dtype: str) -> bool:
 
 
 def _matches(folder: Path, key: dict, dtype: str) -> bool:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
+    """The folder holds this source's import as `dtype`: the same file (path, size, time), or
+    one of the same size and sha256 (a registry wheel fetched again, a copy), which the
+    record then names so the next check is quick."""
+    manifest = read_manifest(folder)
+    if not manifest or manifest.get("dtype") != dtype:
         return False
-    return manifest.get("dtype") == dtype and all(manifest.get(k) == v for k, v in key.items())
+    if all(manifest.get(k) == v for k, v in key.items()):
+        return True
+    if manifest.get("size") != key["size"] or sha256(Path(key["source"])) != manifest.get("source_sha256"):
+        return False
+    write_manifest(folder, {**manifest, **key})
+    return True
 
 
 def import_gguf(

@@ -91,10 +91,16 @@ def _again(manifest: dict) -> str:
     return f"import it again (`mlxspec models import {source} --force`)"
 
 
-def _rewrite(folder: Path, manifest: dict) -> None:
-    partial = folder / (MANIFEST + ".partial")
+def write_manifest(folder: Path, manifest: dict) -> bool:
+    """Replace the record whole (never half written); False when the folder cannot be written."""
+    partial = Path(folder) / (MANIFEST + ".partial")
     try:
         partial.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(partial, folder / MANIFEST)
-    except OSError:  # a read-only folder: the next load hashes again, nothing worse
-        pass
+        os.replace(partial, Path(folder) / MANIFEST)
+    except OSError:
+        return False
+    return True
+
+
+def _rewrite(folder: Path, manifest: dict) -> None:
+    write_manifest(folder, manifest)  # a read-only folder: the next load hashes again, nothing worse

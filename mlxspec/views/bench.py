@@ -127,17 +127,18 @@ def settings_table(report, *, wide: bool = True) -> Table:
 def peer_table(report) -> Table:
     """The narrow layout's second table: how each setting drafted, and mlx-lm beside it."""
     table = Table(
-        title="Drafting, and mlx-lm on the same settings",
+        title="Drafting, and mlx-lm on the same settings" if _peers_measured(report) else "Drafting",
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
     )
-    for name in ("T", "γ", "drafting", "mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm"):
+    peers = _peers_measured(report)  # else no mlx-lm columns: a note under the table says why
+    names = ("T", "γ", "drafting") + (("mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm") if peers else ())
+    for name in names:
         table.add_column(name, justify="right" if name != "drafting" else "left")
     for s in (s for s in report.settings if s.category == "all"):
-        table.add_row(
-            f"{s.temp:g}", str(s.gamma), _drafting(s, by_position=bool(report.pair.get("drafting"))), *_peer_cells(s)
-        )
+        cells = [f"{s.temp:g}", str(s.gamma), _drafting(s, by_position=bool(report.pair.get("drafting")))]
+        table.add_row(*cells, *(_peer_cells(s) if peers else []))
     return table
 
 
@@ -213,26 +214,66 @@ def recommendation(report) -> Text:
     return Text.assemble(("recommended  ", "bold"), "; ".join(parts))
 
 
+def legend(report, *, wide: bool) -> Text:
+    """What the table's columns and the cost model's figures mean, in words (under the table)."""
+    columns = [
+        "T temperature (0: greedy)",
+        "γ draft tokens per round (auto: chosen each round, plain steps included)",
+        f"{'std/s' if not wide else 'std tok/s'}, {'spec/s' if not wide else 'spec tok/s'}: tokens a second of "
+        "standard and speculative decoding",
+        f"speedup: speculative over standard ({NOISE_MARK}: within noise)",
+        "±: half the range of the repeats' speedups",
+        "α: the share of the drafts the target checked that it accepted",
+        "τ: tokens per pass of the target",
+        f"{'pred.' if not wide else 'predicted'}: the speedup the theory gives from α, c and v",
+        f"{'m/p' if not wide else 'meas/pred'}: measured over predicted",
+        "c: a draft step's time over a target step's",
+        "v(k): a k-token pass of the target over a 1-token one",
+    ]
+    if _peers_measured(report):
+        columns.append("mlx-lm: its own speculative decoding on the same pair and settings")
+    return Text("; ".join(columns) + ".", style="dim")
+
+
+def _peers_measured(report) -> bool:
+    return any(s.peer_speculative_tps for s in report.settings)
+
+
+def notes_text(report) -> Text:
+    """What could not be measured, and why (a peer left out)."""
+    return Text("\n".join(report.notes), style="yellow")
+
+
+def _seconds(report) -> str:
+    def said(seconds: float) -> str:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+    estimate = getattr(report, "estimated_seconds", None)  # of the sweep, after the cost model
+    return f"{said(report.seconds)} (sweep estimated {said(estimate)})" if estimate else said(report.seconds)
+
+
 def render(report, width: int = 160) -> Group:
     """Everything; below 140 columns the wide table splits in two."""
     drafting = report.pair.get("drafting")
     models = (
         f"{report.pair['target']} · drafting: {drafting}"
         if drafting
-        else f"{report.pair['target']} + {report.pair['draft']}"
+        else f"{report.pair['target']} + {report.pair['draft'] or 'prompt lookup'}"
     )
     header = Text(
         f"{models}  ·  {report.machine.get('device')}  ·  "
-        f"mlx {report.machine.get('mlx')}, mlx-lm {report.machine.get('mlx_lm')}  ·  {report.seconds:.0f} s",
+        f"mlx {report.machine.get('mlx')}, mlx-lm {report.machine.get('mlx_lm')}  ·  {_seconds(report)}",
         style="bold",
     )
     wide = width >= 140
-    tables = [settings_table(report, wide=wide)] + ([] if wide else [peer_table(report)])
-    notes = [note for note in (noise_note(report), doubt_note(report)) if note.plain]
+    narrow_second = _peers_measured(report) or any(_drafting(s) for s in report.settings if s.category == "all")
+    tables = [settings_table(report, wide=wide)] + ([] if wide or not narrow_second else [peer_table(report)])
+    notes = [note for note in (noise_note(report), doubt_note(report), notes_text(report)) if note.plain]
     return Group(
         header,
         costs_line(report),
         *tables,
+        legend(report, wide=wide),
         *notes,
         category_table(report),
         standard_line(report),

@@ -15,9 +15,8 @@ from ..errors import MlxspecError
 from ..events import ContextTrimmed, Done, Prefill, Round
 from ..options import parse_gamma
 from ..text import Reasoning
-from ..theory import cost_ratio, predicted_speedup_of
 from .progress import reading, spinner_after
-from .summary import PartsLine, counted, stats_line
+from .summary import PartsLine, counted, estimated_speedup, stats_line
 
 if TYPE_CHECKING:
     from ..chat import Conversation
@@ -34,11 +33,12 @@ HELP = """\
 /undo              forget the last exchange
 /reset             forget the conversation (and both models' caches)
 /save FILE         save the transcript, with per-turn statistics, as JSON
-/quit              leave (or Ctrl-D; Ctrl-C stops a reply)
+/quit              leave (or Ctrl-D; Ctrl-C stops a reply, or clears the line)
 End a line with \\ to continue on the next; paste a block between lines of three quotes (\"\"\")."""
 
 
 HELP_FOOTER = HELP.splitlines()[-1]
+LEAVE_HINT = "(Ctrl-D or /quit to leave)"
 
 
 def help_table() -> Group:
@@ -66,18 +66,6 @@ _SETTINGS = {
     "/seed": ("seed", int),
     "/max-tokens": ("max_tokens", int),
 }
-
-
-def estimated_speedup(stats) -> float | None:
-    """E[tau] / (gamma c + 1), c from this reply's own timings: a draft step over a verify
-    pass (which costs about one target step when decoding is memory-bound); prompt lookup
-    drafts for nothing. None from too few tested drafts (the α it rests on is not shown)."""
-    if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
-        return None
-    c = cost_ratio(stats.draft_step, stats.verify_step)
-    if c is None and stats.ngram_rounds and not stats.model_rounds:
-        c = 0.0
-    return predicted_speedup_of(stats, c=c) if c is not None else None
 
 
 def stat_line(stats, reused: int, *, lookup: bool = False, by_position: bool = False) -> PartsLine:
@@ -123,9 +111,13 @@ class ChatApp:
         while True:
             try:
                 line = self.read_message()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 self.console.print()
                 return 0
+            except KeyboardInterrupt:  # as Python's REPL and Ollama: the line (or block) dropped, a fresh prompt
+                self.console.print()
+                self.console.print(Text(LEAVE_HINT, style="dim"))
+                continue
             if line is None or not line.strip():
                 continue
             if line.startswith("/"):
@@ -236,8 +228,7 @@ class ChatApp:
                 self.conversation.reset()
                 self.console.print(Text("(conversation and caches cleared)", style="dim"))
             elif name == "/system":
-                self.conversation.system = argument or None
-                self.conversation.reset()
+                self.conversation.set_system(argument or None)
                 self.console.print(
                     Text(
                         "(system prompt set; new conversation)"

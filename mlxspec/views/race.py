@@ -132,9 +132,12 @@ def speedup_text(standard: model.Side, speculative: model.Side) -> Text:
             (f"{now:.2f}x{band}", "bold yellow"),
             (": within noise" if noise is not None else ": too few rounds to tell from noise", "yellow"),
         )
-    return Text.assemble(
+    text = Text.assemble(
         ("speedup ", "bold"), (f"{now:.2f}x{band}", "bold green" if verdict == "faster" else "bold red")
     )
+    if verdict == "faster" and model.lookup_on_repetition(speculative):
+        text.append(": mostly prompt lookup on a repeating answer", style="yellow")
+    return text
 
 
 def verdict_text(standard: model.Side, speculative: model.Side, *, done: bool) -> Text:
@@ -190,6 +193,16 @@ def why_plain(standard: model.Side, speculative: model.Side) -> str | None:
     )
 
 
+def looping(speculative: model.Side) -> str:
+    """Why a speedup from prompt lookup on a looping answer is not one to expect elsewhere."""
+    stats, share = speculative.stats, model.repeated_share(speculative.tokens)
+    return (
+        f" {speculative.lookup_accepted} of {counted(stats.accepted, 'accepted draft')} came from prompt lookup, "
+        f"copying an answer that repeats itself ({share:.0%} of its tokens repeat what it already wrote): on text "
+        "that moves on, expect less."
+    )
+
+
 def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Text:
     """The closing line: the speedup as the run supports it (plain, within noise, faster,
     slower), acceptance, time saved; why auto decoded plainly."""
@@ -242,6 +255,8 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
         )
     if reason:
         text.append(reason, style="yellow")
+    if verdict in ("faster", "noise") and model.lookup_on_repetition(speculative):
+        text.append(looping(speculative), style="yellow")
     predicted = model.predicted_speedup(standard, speculative)
     if verdict in ("faster", "slower") and predicted and doubtful(now / predicted):
         text.append(
@@ -350,6 +365,8 @@ def as_dict(standard: model.Side, speculative: model.Side, *, temp: float) -> di
         "speedup": model.speedup(standard, speculative),
         "speedup_noise": model.speedup_noise(standard, speculative),  # half-width, two standard errors
         "verdict": model.verdict(standard, speculative),  # plain, noise, faster, slower
+        # most accepted drafts from prompt lookup, on an answer that mostly repeats itself
+        "lookup_on_repetition": model.lookup_on_repetition(speculative),
         "predicted_speedup": model.predicted_speedup(standard, speculative),
         "draft_cost": model.draft_cost(standard, speculative),
         "identical": model.identical_so_far(standard, speculative) is None if temp == 0 else None,

@@ -7,6 +7,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from ..events import Stats
+from ..theory import cost_ratio, predicted_speedup_of
 
 SEPARATOR = " · "
 
@@ -114,3 +115,50 @@ def stats_line(
     if stats.finish_reason not in (None, "eos", "length", "stop"):
         parts.append(stats.finish_reason)
     return PartsLine(parts)
+
+
+def estimated_speedup(stats: Stats) -> float | None:
+    """E[tau] / (gamma c + 1), c from this run's own timings: a draft step over a verify
+    pass (which costs about one target step when decoding is memory-bound); prompt lookup
+    drafts for nothing. None from too few tested drafts (the α it rests on is not shown)."""
+    if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
+        return None
+    c = cost_ratio(stats.draft_step, stats.verify_step)
+    if c is None and stats.ngram_rounds and not stats.model_rounds:
+        c = 0.0
+    return predicted_speedup_of(stats, c=c) if c is not None else None
+
+
+# an estimate this close to 1 is no difference worth a word either way (bench colours alike)
+NO_DIFFERENCE = (0.95, 1.05)
+
+
+def plain_words(stats: Stats, estimate: float | None) -> str | None:
+    """One sentence without symbols after a run: whether drafting paid, from the run's own
+    acceptance and costs (`estimate`, estimated_speedup's), or why it cannot tell; None for
+    standard decoding (nothing drafted to judge)."""
+    if not stats.gamma:
+        return None
+    if stats.rounds and stats.plain_share > 0.5:
+        return (
+            f"Speculative decoding mostly stood aside: {stats.plain_rounds} of {counted(stats.rounds, 'step')} were "
+            "the target's alone, drafting not paying by this run's own measurements."
+        )
+    if stats.shown_acceptance_rate is None:
+        return (
+            f"Speculative decoding: too few drafts were tested to tell whether it helped ({stats.tested}); a longer "
+            "run (-m N) tells."
+        )
+    measured = (
+        f"{stats.acceptance_rate:.0%} of the drafts the target checked were accepted, "
+        f"{stats.tokens_per_round:.1f} tokens per pass of the target"
+    )
+    if estimate is None:
+        return f"Speculative decoding: {measured}."
+    low, high = NO_DIFFERENCE
+    verdict = "helped" if estimate >= high else "did not pay here" if estimate <= low else "made little difference here"
+    advice = "; --no-draft runs the target alone" if estimate <= low else ""
+    return (
+        f"Speculative decoding {verdict}: about {estimate:.2f}x the speed of the target alone, estimated from "
+        f"this run ({measured}){advice}."
+    )
