@@ -1,0 +1,94 @@
+"""What a tree can turn into tokens: a head's top-k coverage per depth, on prompts it never
+trained on.
+
+    python demos/eagle3/coverage.py --pair gemma3-270m [--temp 0,0.7] [--max-tokens 64] [--depth 4]
+
+For each prompt of the bench suite (outside the heads' training prompts), the target writes
+its answer (its argmax at temperature 0, a draw at 0.7). At every position the head then
+drafts as a tree would: its first step from the target's features there, each later step
+chained on its own output and the *target's* id at the step before (the branch a tree keeps
+when the target's id is among its children). Coverage at depth d and k: how often the
+target's next id is among the head's k most probable there, given the path so far was
+right. A chain accepts about the k = 1 column; a tree with k children per node about the
+k-th (greedy; under sampling the column is the chance that the target's draw is a child).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache
+
+from mlxspec import capture
+from mlxspec.pairs import load_pair
+from mlxspec.prompts import SUITE
+from mlxspec.sampling import SamplingParams, warp
+
+KS = (1, 2, 3, 4)
+
+
+def answer(pair, prompt: list[int], *, temp: float, tokens: int, seed: int) -> list[int]:
+    import mlxspec
+
+    return mlxspec.generate(pair, prompt, max_tokens=tokens, gamma=0, temp=temp, seed=seed).tokens
+
+
+def coverage(pair, ids: list[int], start: int, *, depth: int, params: SamplingParams) -> np.ndarray:
+    """(depth, len(KS)) hits, and (depth,) positions tried, over the answer ids[start:]."""
+    model, head = pair.target.model, pair.draft.model
+    model(mx.array([ids]))
+    features = capture.taps_of(model).take()[0]
+    to_target = None if head.draft_to_target is None else np.array(head.draft_to_target)
+    hits = np.zeros((depth, len(KS)))
+    tried = np.zeros(depth)
+    for t in range(start - 1, len(ids) - 1):  # the head drafts the id at t + 1 from position t
+        cache = KVCache()
+        logits, out = head(mx.array([ids[1 : t + 1]]), features[None, :t], cache)
+        row, hidden = logits[0, -1], out[:, -1:]
+        for d in range(depth):
+            if t + 1 + d >= len(ids):
+                break
+            probs = np.array(warp(row, params) if not params.greedy else mx.softmax(row.astype(mx.float32)))
+            order = np.argsort(-probs)[: max(KS)]
+            order = order if to_target is None else to_target[order]
+            truth = ids[t + 1 + d]
+            tried[d] += 1
+            for j, k in enumerate(KS):
+                hits[d, j] += truth in order[:k]
+            logits, out = head(mx.array([[truth]]), hidden, cache, chained=True)
+            row, hidden = logits[0, -1], out[:, -1:]
+    return hits, tried
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pair", default="gemma3-270m")
+    parser.add_argument("--temp", default="0,0.7")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=4)
+    args = parser.parse_args()
+    pair = load_pair(pair=args.pair)
+    raw = not pair.templated
+    for temp in (float(t) for t in args.temp.split(",")):
+        params = SamplingParams(temp=temp)
+        hits, tried = np.zeros((args.depth, len(KS))), np.zeros(args.depth)
+        for i, bench in enumerate(SUITE):
+            prompt = list(pair.tokenizer.encode(bench.prompt)) if raw else None
+            if prompt is None:
+                from mlxspec.generation import encode_prompt
+
+                prompt = encode_prompt(pair, bench.prompt)
+            ids = prompt + answer(pair, prompt, temp=temp, tokens=args.max_tokens, seed=i)
+            h, n = coverage(pair, ids, len(prompt), depth=args.depth, params=params)
+            hits, tried = hits + h, tried + n
+        print(f"{args.pair}, temperature {temp}: the target's next id among the head's top k, by depth")
+        print("depth  " + "  ".join(f"k={k}" for k in KS) + "  positions")
+        for d in range(args.depth):
+            rates = "  ".join(f"{hits[d, j] / max(tried[d], 1):.2f}" for j in range(len(KS)))
+            print(f"{d + 1:>5}  {rates}  {int(tried[d])}")
+
+
+if __name__ == "__main__":
+    main()
