@@ -73,7 +73,7 @@ DEFAULT_LIMIT_TOKENS = 1 << 20  # about 60 MB per namespace
 MAX_MATCH = 32  # longest suffix compared (Arctic keeps 64 of match and speculation together)
 MIN_MATCH = 2  # shorter matches are guesses
 MAX_OCCURRENCES = 256  # chain steps per query: the newest occurrences of a common suffix
-_FIRST_CAPACITY = 1 << 12
+_FIRST_CAPACITY = 1 << 8  # then doubled as needed: a request's own index stays small
 _MOST_LIMIT = 1 << 31  # chain links are uint32 distances
 _MOST_MATCH = 1 << 10
 FORMAT = "mlxspec-history/1"
@@ -145,7 +145,7 @@ def footprint(limit_tokens: int, *, min_match: int = MIN_MATCH, max_match: int =
 
 
 def _buckets(capacity: int) -> int:
-    return 1 << max(8, (capacity - 1).bit_length() - 1)
+    return 1 << max(6, (capacity - 1).bit_length() - 1)
 
 
 class HistoryIndex:
