@@ -20,7 +20,8 @@ side; every request goes to each server in turn (the order rotated per request),
 machine slows all of them alike. Each server answers a warm-up first. Tokens/s: completion
 tokens over the client's wall time (prompt reading included), and the engine's decoding
 rate (usage.speculative.decode_seconds); α = accepted / tested, τ = ids per round, both
-from usage.speculative. "same" counts answers identical to standard decoding's.
+from usage.speculative. Speedups and "same" (answers identical to its answers) are against
+the first configuration: standard decoding unless --only or --config say otherwise.
 """
 
 from __future__ import annotations
@@ -570,7 +571,7 @@ def main() -> None:
     )
     print(table(tallies, servers, workloads))
     if args.json:
-        figures = {f"{w}/{n}": {k: v for k, v in vars(t).items() if k != "texts"} for (w, n), t in tallies.items()}
+        figures = {f"{w}/{n}": vars(t) for (w, n), t in tallies.items()}  # the answers too
         args.json.write_text(json.dumps(figures, indent=1))
 
 
