@@ -286,8 +286,28 @@ def test_a_later_request_drafts_from_an_earlier_answer():
     assert drafter.propose(4) == tuple(SECRET[:4])
     drafter.hear(SECRET[:10])  # on its way, the same answer again: still proposed from history
     assert drafter.propose(4) == tuple(SECRET[10:14])
-    drafter.end()
-    assert store.index("team").kept() == [PROMPT + SECRET, PROMPT + SECRET[:10]]
+    drafter.end()  # the prompt was in the history already: its last max_match ids come before the answer
+    assert store.index("team").kept() == [PROMPT + SECRET, PROMPT[-32:] + SECRET[:10]]
+
+
+def test_a_resent_conversation_adds_only_its_new_turns():
+    """An agent's loop: each prompt is the last prompt, its answer and a tool's result. The
+    history grows by the new parts only, and still drafts across each border."""
+    index = HistoryIndex(limit_tokens=100_000)
+    system, result = list(range(3000, 3100)), list(range(4000, 4020))
+    call = [7, 8, 9, 10, 11, 12]
+    prompt = system
+    for turn in range(5):
+        drafter = HistoryDrafter(index).begin(prompt)
+        if turn >= 2:
+            assert drafter.propose(6) == tuple(call)  # after "result, header": the call, from history
+        answered_ids = [*call, 100 + turn]
+        drafter.hear(answered_ids)
+        drafter.end()
+        prompt = prompt + answered_ids + result + [5]  # a tool result, then the assistant's header (5)
+    assert index.documents == 5  # markers, the system prompt once, answers, and what came before each answer:
+    assert index.size == 5 + len(system) + 5 * 7 + 4 * (32 + 21)  # a result and a header after 32 ids it resent
+    assert index.kept()[2] == (prompt[: len(system) + 2 * 28])[-(32 + 21) :] + [*call, 102]
 
 
 def test_one_namespace_never_drafts_from_another():

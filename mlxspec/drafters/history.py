@@ -73,6 +73,7 @@ DEFAULT_LIMIT_TOKENS = 1 << 20  # about 60 MB per namespace
 MAX_MATCH = 32  # longest suffix compared (Arctic keeps 64 of match and speculation together)
 MIN_MATCH = 2  # shorter matches are guesses
 MAX_OCCURRENCES = 256  # chain steps per query: the newest occurrences of a common suffix
+RECENT_TURNS = 4  # a new prompt is compared with this many latest prompts and answers (kept whole)
 _FIRST_CAPACITY = 1 << 8  # then doubled as needed: a request's own index stays small
 _MOST_LIMIT = 1 << 31  # chain links are uint32 distances
 _MOST_MATCH = 1 << 10
@@ -168,6 +169,7 @@ class HistoryIndex:
         self.limit = limit_tokens
         self.max_match, self.min_match, self.max_occurrences = max_match, min_match, max_occurrences
         self.orders = orders_for(min_match, max_match)
+        self._recent: deque[np.ndarray] = deque(maxlen=RECENT_TURNS)  # whole prompts + answers, int32
         self._reset(min(_FIRST_CAPACITY, limit_tokens or _FIRST_CAPACITY))
 
     def _reset(self, capacity: int) -> None:
@@ -193,6 +195,7 @@ class HistoryIndex:
 
     @property
     def nbytes(self) -> int:
+        """The ring and its chains (the latest turns kept whole for add_turn come on top)."""
         return self._tokens.nbytes + self._back.nbytes + self._heads.nbytes
 
     def kept(self) -> list[list[int]]:
@@ -214,6 +217,25 @@ class HistoryIndex:
     def add(self, ids: Iterable[int]) -> None:
         """A new document."""
         self._append(np.concatenate([[END], _checked(ids)]))
+
+    def add_turn(self, prompt: Iterable[int], answer: Iterable[int], *, keep_prompt: bool = True) -> None:
+        """A request's prompt and answer as one document, less what the prompt resends: an
+        agent's prompt begins with its last prompt and answer, and only what follows them is
+        added, with max_match ids before it (the context a later match needs). Without
+        `keep_prompt`, only the prompt's last max_match ids go before the answer."""
+        prompt, answer = _checked(prompt), _checked(answer)
+        known = self._resent(prompt) if keep_prompt else len(prompt)
+        self.add(np.concatenate([prompt[max(0, known - self.max_match) :], answer]))
+        self._recent.append(np.concatenate([prompt, answer]))
+
+    def _resent(self, prompt: np.ndarray) -> int:
+        """How many of the prompt's first ids one of the latest turns began with."""
+        longest = 0
+        for text in self._recent:
+            length = min(len(text), len(prompt))
+            same = text[:length] == prompt[:length]
+            longest = max(longest, length if same.all() else int(np.argmin(same)))
+        return longest
 
     def extend(self, ids: Iterable[int]) -> None:
         """More ids of the newest document (a new one if there is none)."""
@@ -556,8 +578,10 @@ class HistoryDrafter:
     `propose_tree(max_nodes)`, `query` (the proposal with its scores), and a request's
     lifetime: `begin(prompt)`, `end()`. At `end()` the prompt and the answer go into the
     history as one document, so a later request matches across their border (the chat
-    template's assistant header before an answer); `keep_prompts=False` keeps only the
-    prompt's last `max_match` ids before the answer."""
+    template's assistant header before an answer). A prompt that begins with one of the
+    newest documents (an agent's conversation, resent with one more turn) adds only what
+    follows it, so resent turns neither fill the history nor count twice; `keep_prompts=False`
+    keeps only the prompt's last `max_match` ids before the answer."""
 
     def __init__(
         self,
@@ -630,9 +654,8 @@ class HistoryDrafter:
         if self.local is None:
             return
         if self.history is not None:
-            kept = self._prompt if self.keep_prompts else self._prompt[-self.max_match :]
             with self._lock:
-                self.history.add(kept + self._answer)
+                self.history.add_turn(self._prompt, self._answer, keep_prompt=self.keep_prompts)
         self.local, self._prompt, self._answer = None, [], []
 
     def __enter__(self) -> HistoryDrafter:
