@@ -27,6 +27,7 @@ the first configuration: standard decoding unless --only or --config say otherwi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -533,6 +534,8 @@ def main() -> None:
     parser.add_argument("--pair", default="smollm2", help="the preset every server runs (default smollm2)")
     parser.add_argument("--quick", action="store_true", help="3 tool calls, 5 invoices, 1 edit, shorter answers")
     parser.add_argument("--workloads", default="tools,extract,edit")
+    for name in ("turns", "records", "edits"):
+        parser.add_argument(f"--{name}", type=int, help=f"override the {name} of --quick or the full run")
     parser.add_argument("--only", help="configurations to run, by name (default: all)")
     parser.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS", help="another server")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -543,6 +546,8 @@ def main() -> None:
         configs = {name: configs[name] for name in args.only.split(",")}
     workloads = args.workloads.split(",")
     sizes = QUICK if args.quick else FULL
+    overrides = {name: getattr(args, name) for name in ("turns", "records", "edits") if getattr(args, name)}
+    sizes = dataclasses.replace(sizes, **overrides)
     common = ["--pair", args.pair, *serve_flags]
     servers = [Server(name, shlex.split(flags)) for name, flags in configs.items()]
     folder = Path(tempfile.mkdtemp(prefix="mlxspec-agents-"))
