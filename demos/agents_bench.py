@@ -409,15 +409,19 @@ def call(server: Server, request: dict) -> tuple[Reply, dict, float]:
             figures,
             seconds,
         )
-    text = message.content or ""
+    return reply_of(message.content or ""), figures, seconds
+
+
+def reply_of(text: str) -> Reply:
+    """A text answer, with the call in it when it is one (JSON calls)."""
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError:
         parsed = None
     if isinstance(parsed, dict) and "tool" in parsed:
         arguments = parsed.get("arguments") if isinstance(parsed.get("arguments"), dict) else {}
-        return Reply(text, parsed.get("tool"), arguments), figures, seconds
-    return Reply(text), figures, seconds
+        return Reply(text, parsed.get("tool"), arguments)
+    return Reply(text)
 
 
 def tool_mode(server: Server) -> str:
@@ -577,7 +581,8 @@ def main() -> None:
     print(table(tallies, servers, workloads))
     if args.json:
         figures = {f"{w}/{n}": vars(t) for (w, n), t in tallies.items()}  # the answers too
-        args.json.write_text(json.dumps(figures, indent=1))
+        run = {"pair": args.pair, "mode": mode, "sizes": vars(sizes), "serve": serve_flags}
+        args.json.write_text(json.dumps({"run": run, "figures": figures}, indent=1))
 
 
 if __name__ == "__main__":

@@ -38,12 +38,23 @@ per token and forgetting old documents would mean walking the tree. Instead:
   occurrence's exact match length against the context with one numpy comparison (hash
   collisions fall out there), and builds the trie of what followed the longest ones.
 
+A request's prompt and answer join the history as one document when it ends (a later
+request then matches across their border: the chat template's assistant header before an
+answer), less what the prompt resends: an agent's prompt begins with its last prompt and
+answer, and only what follows them is added (`add_turn`), so a conversation resent turn
+after turn neither fills the history nor counts its old turns again.
+
 Memory: 4 bytes per slot for the token, 4 per order for its chain link, and 8 per order per
-head bucket (a bucket for every one to two slots): about 60 bytes per token at the default
-five orders (`bytes_per_token()`; tests/test_history_index.py measures it with tracemalloc).
-A query costs a few hundred microseconds whatever the history's size (docs/drafting.md has
-the figures): the chain walk and the trie are bounded by `max_occurrences` and the tree's
+head bucket (a bucket for every one to two slots): 44 bytes per token of the limit at a power
+of two, 46 MB at the default 2**20 (`footprint()`; tests/test_history_index.py holds a long
+stream of documents to it with tracemalloc), plus the 4 latest turns kept whole. A query
+costs about a hundred microseconds whatever the history's size (docs/drafting.md has the
+figures): the chain walk and the trie are bounded by `max_occurrences` and the tree's
 budget, not by the history.
+
+One index per namespace (`HistoryStore`; the server's: a digest of the API key), optionally
+kept on disk as .npz with a format version and a sha256 of its content, refused in one line
+when it does not read back whole.
 
 Plain Python and numpy: no MLX. The drafter here proposes point masses, as prompt lookup
 does (lookup.py), so the rule's exactness is untouched by anything it proposes.
@@ -69,7 +80,7 @@ from ..errors import DamagedHistory
 from ..tree import TokenTree
 
 END = -1  # opens every document in the ring: no match reads back past it, no continuation on
-DEFAULT_LIMIT_TOKENS = 1 << 20  # about 60 MB per namespace
+DEFAULT_LIMIT_TOKENS = 1 << 20  # 46 MB per namespace (footprint())
 MAX_MATCH = 32  # longest suffix compared (Arctic keeps 64 of match and speculation together)
 MIN_MATCH = 2  # shorter matches are guesses
 MAX_OCCURRENCES = 256  # chain steps per query: the newest occurrences of a common suffix
