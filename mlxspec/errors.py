@@ -79,3 +79,8 @@ class IncompatibleHead(MlxspecError):
 
 class ChatTemplateError(MlxspecError):
     """The model's chat template failed on the messages (or rendered them as nothing)."""
+
+
+class DamagedHistory(MlxspecError):
+    """A history file (drafting from earlier requests) that is truncated, altered or foreign:
+    refused whole, and that history starts empty."""
