@@ -167,14 +167,12 @@ class Api:
             raise RequestError(str(e), param=param) from None
 
     def check_forced_call(self, grammar, tools: ToolUse) -> None:
-        """As check_grammar for a tool_choice's grammar, naming the tool whose parameters the
-        engine refuses where one alone is refused (else tool_choice)."""
-        try:
-            self.check_grammar(grammar, param="tool_choice")
-        except RequestError:
-            for param, arguments in tools.parameter_specs():
-                self.check_grammar(arguments, param=param)
-            raise
+        """As check_grammar for a tool_choice's grammar: each tool's arguments alone first, so
+        that a refusal names the tool whose parameters the engine refuses (and the start of
+        its arguments is walked), then the whole call (naming tool_choice)."""
+        for param, arguments in tools.parameter_specs():
+            self.check_grammar(arguments, param=param)
+        self.check_grammar(grammar, param="tool_choice")
 
     def _check(self, ids: list[int], options: Options, param: str) -> None:
         if not ids:
