@@ -240,7 +240,10 @@ def on_compile_stack(fn, /, *args, **kwargs):
             box["error"] = e
 
     with _STACK_SIZE:  # the size is the process's setting for new threads: set it back at once
-        previous = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            previous = threading.stack_size(COMPILE_STACK_BYTES)
+        except (ValueError, RuntimeError):  # a platform that cannot set it: the bounds alone hold
+            return fn(*args, **kwargs)
         try:
             thread = threading.Thread(target=run, name=_COMPILE_THREAD, daemon=True)
             thread.start()
