@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from tests.tool_models import QWEN3_MARKERS, QWEN3_TEMPLATE, build_tool_model  #
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
 MAX_TOKENS = 24
+LONG_CONTEXT = 8192  # a prompt longer than this (a tool schema the template shows whole) is refused by length
 
 
 def schemas(quick: bool) -> dict[str, object]:
@@ -104,8 +106,11 @@ class Probe:
         try:
             if stream:
                 with self.http.stream("POST", f"{self.url}{route}", json=body) as response:
-                    lines = list(response.iter_lines()) if response.status_code == 200 else None
-                    response.read()
+                    if response.status_code == 200:
+                        lines = list(response.iter_lines())
+                    else:
+                        lines = None
+                        response.read()
                     verdict = self._judge(response, lines, route, check)
             else:
                 verdict = self._judge(self.http.post(f"{self.url}{route}", json=body), None, route, check)
@@ -117,7 +122,7 @@ class Probe:
             health = self.http.get(f"{self.url}/health")
             if health.status_code != 200 or health.json().get("status") != "ok":
                 verdict = f"FAIL /health {health.status_code}"
-        kind = verdict.split(":")[0] if not verdict.startswith("FAIL") else "FAIL"
+        kind = verdict if not verdict.startswith("FAIL") else "FAIL"
         self.seen[kind] += 1
         if verdict.startswith("FAIL"):
             self.failures.append(f"{name} {route}{' stream' if stream else ''}: {verdict}")
@@ -129,10 +134,15 @@ class Probe:
                 body = response.json()
             except ValueError:
                 return f"FAIL {status} that is not JSON"
-            message = (body.get("error") or {}).get("message", "")
+            error = body.get("error") or {}
+            message = error.get("message", "")
             if not message or "\n" in message or "internal error" in message:
                 return f"FAIL {status} without a one-line message: {message[:200]!r}"
-            return f"refused {status}"
+            # by what it named (Anthropic's shape names nothing but its type)
+            if body.get("type") == "error":
+                return f"refused {status} (Anthropic's shape)"
+            named = error.get("code") if error.get("code") == "context_length_exceeded" else error.get("param")
+            return f"refused {status} ({_kind_of(named) if named else 'the body'})"
         if status != 200:
             return f"FAIL {status}: {response.text[:300]}"
         if lines is not None:
@@ -343,6 +353,9 @@ def main() -> None:
             noise=0.1,
             eos_token_ids=factory.eos,
         )
+        for folder in (target, draft):  # room for the tools' schemas in the prompt (the template shows them)
+            config = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": LONG_CONTEXT}))
         args = ("--target", str(target), "--draft", str(draft))
         with served(failures, "random Hermes model", *args, log=work / "hermes.log") as (url, process):
             probe = Probe(url, process)
@@ -371,6 +384,11 @@ def served(failures: list[str], name: str, *args: str, log: Path):
             yield server
     except AssertionError as e:
         failures.append(f"{name}: {str(e)[:300]}")
+
+
+def _kind_of(param: str) -> str:
+    """tools[1].function.parameters -> tools[i].function.parameters"""
+    return re.sub(r"\[\d+\]", "[i]", param)
 
 
 def _counts(seen: Counter) -> str:
