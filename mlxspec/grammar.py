@@ -58,9 +58,9 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 # a thread's 8 MiB stack, which kills the process: there is no error to catch. So every
 # compile runs on a thread with COMPILE_STACK_BYTES of stack (address space, touched only as
 # used), and what reaches it is bounded well inside that: MAX_SCHEMA_DEPTH levels need about
-# 2 MiB (within even an 8 MiB stack), MAX_GRAMMAR_BYTES of Lark about 130 MiB at the worst
-# measured (0.5 KiB of stack per byte, a chain of the shortest rules), so a shape these bounds
-# do not foresee still has room. demos/hostile_server.py throws such shapes at the server.
+# 2 MiB (within even an 8 MiB stack), MAX_GRAMMAR_BYTES of Lark about 130 MiB (3 KiB per rule,
+# and a chained rule fits in 6 bytes, "ab: ac"), so a shape these bounds do not foresee still
+# has room. demos/hostile_server.py throws such shapes at the server.
 COMPILE_STACK_BYTES = 512 << 20
 MAX_SCHEMA_DEPTH = 512
 MAX_GRAMMAR_BYTES = 256 << 10  # a Lark or llguidance grammar, or a regex, as text
