@@ -1,11 +1,13 @@
-"""Damaged GGUF headers and prompt-cache metadata, many more than the CI run of
-tests/test_fuzz.py (needs the test extra: pip install -e ".[test]").
+"""Damaged GGUF headers and prompt-cache metadata, and JSON schemas for the grammar engine
+(deep, wide, self-referring), many more than the CI run of tests/test_fuzz.py (needs the
+test extra: pip install -e ".[test]").
 
-    python demos/fuzz_inputs.py [--examples 20000] [--fixed]
+    python demos/fuzz_inputs.py [--examples 20000] [--fixed] [--only gguf|cache|grammar ...]
 
-Each input must be imported or read, or refused with one of mlxspec's errors in one line
-without a library's own text (numpy's, gguf-py's). Prints how many inputs each target ran
-and how each ended. Random seeds each run (`--fixed`: the CI test's).
+Each input must be imported, read or compiled, or refused with one of mlxspec's errors in
+one line without a library's own text (numpy's, gguf-py's); a schema that crashed the grammar
+engine would end the run. Prints how many inputs each target ran and how each ended. Random
+seeds each run (`--fixed`: the CI test's).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from tests import fuzz_targets as fuzz  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
 
+TARGETS = ("gguf", "cache", "grammar")
+
 
 def counted(seen: Counter, target_of):
     """A test of one input that counts how each ended."""
@@ -39,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=20000, help="inputs per target")
     parser.add_argument("--fixed", action="store_true", help="the CI test's fixed seeds")
+    parser.add_argument("--only", action="append", choices=TARGETS, help="run only these targets")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import mlxspec
@@ -68,11 +73,15 @@ def main() -> None:
             suppress_health_check=list(HealthCheck),
             database=None,
         )
+        bundled = mlxspec.load_pair()  # its tokenizer, for the grammar engine
         runs = {
-            "GGUF headers": (fuzz.header_edits(header), lambda case: fuzz.import_damaged(source, *case)),
-            "prompt-cache metadata": (fuzz.meta_edits(), lambda case: fuzz.read_damaged(cache, pair, *case)),
+            "gguf": ("GGUF headers", fuzz.header_edits(header), lambda case: fuzz.import_damaged(source, *case)),
+            "cache": ("prompt-cache metadata", fuzz.meta_edits(), lambda case: fuzz.read_damaged(cache, pair, *case)),
+            "grammar": ("grammar schemas", fuzz.grammar_schemas(), lambda schema: fuzz.start_schema(bundled, schema)),
         }
-        for name, (strategy, target_of) in runs.items():
+        for key, (name, strategy, target_of) in runs.items():
+            if args.only and key not in args.only:
+                continue
             seen, start = Counter(), time.perf_counter()
             options(given(strategy)(counted(seen, target_of)))()
             ended = ", ".join(f"{kind} {count}" for kind, count in seen.most_common())

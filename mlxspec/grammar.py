@@ -36,7 +36,9 @@ MLX: masks are numpy booleans, applied by the callers.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -49,6 +51,25 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 # free, small models fill a reply with newlines until max tokens (measured on the bundled
 # pair: 8 of 8 greedy replies); vLLM offers the same switch (disable_any_whitespace)
 JSON_OPTIONS = {"whitespace_flexible": False}
+
+# llguidance compiles a grammar by recursion, in Rust: measured on 1.9.1, 2 to 4 KiB of stack
+# per level of a JSON schema's nesting (objects and arrays along a path, $refs followed) and
+# 3 KiB per rule of a chained Lark grammar. A chain of 1,000 $defs (3,000 levels) overflowed
+# a thread's 8 MiB stack, which kills the process: there is no error to catch. So every
+# compile runs on a thread with COMPILE_STACK_BYTES of stack (address space, touched only as
+# used), and what reaches it is bounded well inside that: MAX_SCHEMA_DEPTH levels need about
+# 2 MiB (within even an 8 MiB stack), MAX_GRAMMAR_BYTES of Lark about 130 MiB (3 KiB per rule,
+# and a chained rule fits in 6 bytes, "ab: ac"), so a shape these bounds do not foresee still
+# has room. demos/hostile_server.py throws such shapes at the server.
+COMPILE_STACK_BYTES = 512 << 20
+MAX_SCHEMA_DEPTH = 512
+MAX_GRAMMAR_BYTES = 256 << 10  # a Lark or llguidance grammar, or a regex, as text
+# Before answering, the engine is walked from a reply's start through every id it allows
+# where it allows at most START_BRANCHES, START_STEPS ids in all: enough to enter a recursive
+# $ref, a pattern it cannot build or an object too wide for its parser, which it gives up on
+# there (a grammar it would give up on only after the model's own choices still can, mid-reply)
+START_STEPS = 32
+START_BRANCHES = 4
 
 
 @dataclass(frozen=True)
@@ -64,20 +85,26 @@ class GrammarSpec:
             raise InvalidOption(f"a grammar's kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if not isinstance(self.source, str):
             raise InvalidOption("a grammar's source must be text")
+        if self.kind in ("json_schema", "json_object"):
+            check_schema_depth(_read_json(self.source, self.name), self.name)
+        elif len(self.source.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+            raise InvalidOption(
+                f"{self.name} is {len(self.source.encode('utf-8', 'surrogatepass')) >> 10} KiB: the grammar engine "
+                f"takes at most {MAX_GRAMMAR_BYTES >> 10} KiB (it compiles by recursion, and a longer grammar could "
+                "overflow its stack)"
+            )
 
     @classmethod
     def json_schema(cls, schema: dict | str, *, label: str = "the JSON schema") -> GrammarSpec:
         if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise InvalidOption(f"{label} is not JSON ({e})") from None
+            schema = _read_json(schema, label)
         if not isinstance(schema, (dict, bool)):
             raise InvalidOption(f"{label} must be a JSON object")
         if schema is False:
             raise InvalidOption(f"{label} is false, which no value matches")
         if schema is True:  # any JSON value; the engine takes only objects (its options go in one)
             schema = {}
+        check_schema_depth(schema, label)  # before json.dumps, which recurses too
         return cls("json_schema", json.dumps(schema), label)
 
     @classmethod
@@ -117,6 +144,119 @@ class GrammarSpec:
         if self.kind == "llguidance":
             return self.source
         return LLMatcher.grammar_from_lark(self.source)
+
+
+def _read_json(text: str, label: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidOption(f"{label} is not JSON ({e})") from None
+    except RecursionError:  # Python's reader recurses once per level
+        raise InvalidOption(
+            f"{label} nests deeper than {MAX_SCHEMA_DEPTH} levels, the most the grammar engine takes"
+        ) from None
+
+
+def check_schema_depth(schema, label: str) -> None:
+    """InvalidOption naming `label` if `schema` nests deeper than MAX_SCHEMA_DEPTH."""
+    depth = schema_depth(schema, limit=MAX_SCHEMA_DEPTH)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidOption(
+            f"{label} nests deeper than {MAX_SCHEMA_DEPTH} levels (objects and arrays along a path, $refs "
+            "followed): the grammar engine compiles by recursion, and a deeper schema could overflow its stack"
+        )
+
+
+def schema_depth(schema, *, limit: int | None = None) -> int:
+    """The most objects and arrays nested along any path of `schema`, a local `$ref` ("#...")
+    followed as if its target were written there; a reference back into its own path (a
+    recursive schema) is not followed again. Iterative: a schema may nest past Python's
+    recursion limit. Stops counting once past `limit`."""
+    if not isinstance(schema, (dict, list)):
+        return 0
+    done: dict[int, int] = {}  # id(node) -> its depth
+    path: list[tuple[object, object, int]] = [(schema, _children(schema, schema), 0)]  # (node, children, deepest)
+    on_path = {id(schema)}
+    while path:
+        node, children, deepest = path[-1]
+        child = next(children, None)
+        if child is None:
+            path.pop()
+            on_path.discard(id(node))
+            done[id(node)] = deepest + 1
+            if path:
+                parent, rest, best = path[-1]
+                path[-1] = (parent, rest, max(best, deepest + 1))
+            continue
+        if id(child) in done:
+            path[-1] = (node, children, max(deepest, done[id(child)]))
+        elif id(child) not in on_path:
+            if limit is not None and len(path) > limit:
+                return len(path) + 1
+            on_path.add(id(child))
+            path.append((child, _children(child, schema), 0))
+    return done[id(schema)]
+
+
+def _children(node, root):
+    """The objects and arrays inside `node`, and the target of its local `$ref`."""
+    values = node.values() if isinstance(node, dict) else node
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+        target = _pointer(root, node["$ref"])
+        if target is not None:
+            yield target
+    for value in values:
+        if isinstance(value, (dict, list)):
+            yield value
+
+
+def _pointer(root, ref: str):
+    """The object or array a local reference ("#", "#/$defs/a") names, else None."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for part in ref[1:].split("/")[1:] if ref[1:] else []:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node if isinstance(node, (dict, list)) else None
+
+
+def on_compile_stack(fn, /, *args, **kwargs):
+    """`fn(*args, **kwargs)` on a thread with COMPILE_STACK_BYTES of stack (where the grammar
+    engine's recursion has room), waited for; its result, or what it raised."""
+    if threading.current_thread().name == _COMPILE_THREAD:
+        return fn(*args, **kwargs)
+    box: dict[str, object] = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    with _STACK_SIZE:  # the size is the process's setting for new threads: set it back at once
+        try:
+            previous = threading.stack_size(COMPILE_STACK_BYTES)
+        except (ValueError, RuntimeError):  # a platform that cannot set it: the bounds alone hold
+            return fn(*args, **kwargs)
+        try:
+            thread = threading.Thread(target=run, name=_COMPILE_THREAD, daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+_COMPILE_THREAD = "mlxspec-grammar-compile"
+_STACK_SIZE = threading.Lock()
 
 
 def _first_line(error, limit: int = 240) -> str:
@@ -159,7 +299,11 @@ def bridge(tokenizer, *, width: int, eos_ids: frozenset[int]):
 
 def compile_spec(spec: GrammarSpec, tokenizer) -> str:
     """The llguidance grammar for `spec`, checked against `tokenizer` (an LLTokenizer):
-    InvalidOption naming the spec if the engine rejects it."""
+    InvalidOption naming the spec if the engine rejects it. Compiled on a big stack."""
+    return on_compile_stack(_compile, spec, tokenizer)
+
+
+def _compile(spec: GrammarSpec, tokenizer) -> str:
     from llguidance import LLMatcher
 
     grammar = spec.llguidance_grammar()
@@ -181,7 +325,7 @@ class Matcher:
         from llguidance import LLMatcher
 
         self.width = width
-        self._matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        self._matcher = on_compile_stack(LLMatcher, tokenizer, grammar, log_level=0)  # compiles it again
         if self._matcher.is_error():
             raise InvalidOption(f"the grammar engine rejected the grammar: {_first_line(self._matcher.get_error())}")
         self._words = (tokenizer.vocab_size + 31) // 32
@@ -277,12 +421,42 @@ class Matcher:
                 f"{_first_line(self._matcher.get_error().split('<state>')[0])}"
             )
 
+    def check_start(self, name: str) -> None:
+        """InvalidOption naming the grammar if the engine gives up at the reply's start: at
+        its first mask, or on an id it allows from there where it allows only a few (a
+        recursive $ref that must be entered, a pattern too large to build, an object too wide
+        for its parser), up to START_STEPS ids read. Walked on copies: this matcher is left
+        at the start."""
+        bits = np.empty((self._words,), dtype=np.int32)
+        frontier, read = [self._matcher.deep_copy()], 0
+        while frontier and read < START_STEPS:
+            probe = frontier.pop()
+            probe.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.width])
+            if probe.is_error():
+                _gave_up(name, probe)
+            if probe.is_stopped() or len(allowed) > START_BRANCHES:
+                continue
+            for token in allowed[: START_STEPS - read]:
+                branch = probe.deep_copy()
+                read += 1
+                if not branch.consume_token(int(token)):
+                    _gave_up(name, branch)
+                frontier.append(branch)
+
     def rollback_to(self, mark: int) -> None:
         """Back to the state after the first `mark` ids (a matcher in error, whose reply is
         over, only forgets them: llguidance cannot roll one back)."""
         extra = sum(self._recorded[mark:])
         if extra > 0 and not self._matcher.is_error() and not self._matcher.rollback(extra):
-            raise RuntimeError(f"the grammar could not roll back: {self._matcher.get_error()}")
+            error = self._matcher.get_error()
+            if "rollback not supported" in error:  # a Lark lexeme with stop= or max_tokens=
+                raise InvalidOption(
+                    "the grammar engine cannot take back ids read under this grammar "
+                    f"({_first_line(error.split('<state>')[0])}), and speculative decoding takes back the drafts "
+                    "it rejects: decode with gamma 0, or write the grammar without stop= and max_tokens="
+                )
+            raise RuntimeError(f"the grammar could not roll back: {error}")
         del self._ids[mark:], self._recorded[mark:]
         for depth in [d for d in self._masks if d > mark]:
             del self._masks[depth]
@@ -313,12 +487,25 @@ class Matcher:
         return self._matcher.is_stopped()
 
 
+def _gave_up(name: str, matcher) -> None:
+    reason = _first_line(matcher.get_error().split("<state>")[0])
+    raise InvalidOption(f"{name} is not one the grammar engine accepts: it gives up at the start of a reply ({reason})")
+
+
 def matcher_for(spec: GrammarSpec, tokenizer, *, width: int, eos_ids: frozenset[int]) -> Matcher:
-    """A fresh matcher for one reply."""
+    """A fresh matcher for one reply, checked to start (InvalidOption naming `spec` if the
+    engine rejects the grammar or gives up at its start)."""
     lltokenizer = bridge(tokenizer, width=width, eos_ids=eos_ids)
-    return Matcher(lltokenizer, compile_spec(spec, lltokenizer), width=width)
+    return on_compile_stack(_started, spec, lltokenizer, width)
+
+
+def _started(spec: GrammarSpec, lltokenizer, width: int) -> Matcher:
+    matcher = Matcher(lltokenizer, _compile(spec, lltokenizer), width=width)
+    matcher.check_start(spec.name)
+    return matcher
 
 
 def check_spec(spec: GrammarSpec, tokenizer, *, width: int, eos_ids: frozenset[int]) -> None:
-    """Raise InvalidOption naming `spec` if the engine rejects it (the server's 400)."""
-    compile_spec(spec, bridge(tokenizer, width=width, eos_ids=eos_ids))
+    """Raise InvalidOption naming `spec` if the engine rejects it or gives up at its start
+    (the server's 400, before the request queues)."""
+    matcher_for(spec, tokenizer, width=width, eos_ids=eos_ids)

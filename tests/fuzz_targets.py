@@ -1,7 +1,8 @@
 """Fuzz targets shared by tests/test_fuzz.py (a CI-sized run) and demos/fuzz_inputs.py (a
-longer one): damaged GGUF headers and prompt-cache metadata must be imported or read, or
+longer one): damaged GGUF headers and prompt-cache metadata must be imported or read, and
+JSON schemas (deep, wide, with references) compiled and started by the grammar engine, or
 refused with one of mlxspec's errors in one line; anything else (a bare exception, a
-message with numpy's text in it) fails."""
+message with numpy's text in it, a crash of the process) fails."""
 
 from __future__ import annotations
 
@@ -120,3 +121,95 @@ def read_damaged(source: Path, pair, edits, reseal: bool) -> str:
 def copy_of(path: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copy(path, folder))
+
+
+# --- grammar schemas (issue 28) ---------------------------------------------------------------
+# One level of a chain of $defs, each a step to the next: the shapes that measured the grammar
+# engine's stack (mlxspec/grammar.py, COMPILE_STACK_BYTES).
+CHAIN_STEPS = {
+    "object": lambda ref: {"type": "object", "properties": {"x": {"$ref": ref}}, "required": ["x"]},
+    "array": lambda ref: {"type": "array", "items": {"$ref": ref}},
+    "anyOf": lambda ref: {"anyOf": [{"$ref": ref}, {"type": "null"}]},
+    "allOf": lambda ref: {"allOf": [{"$ref": ref}]},
+    "alias": lambda ref: {"$ref": ref},
+    "additional": lambda ref: {"type": "object", "additionalProperties": {"$ref": ref}},
+    "diamond": lambda ref: {"type": "object", "properties": {"a": {"$ref": ref}, "b": {"$ref": ref}}},
+}
+
+
+def ref_chain(levels: int, step: str = "object") -> dict:
+    """`levels` $defs, each (a `step`) referring to the next, the last an integer: 1,000
+    object levels overflowed llguidance's stack and killed the process."""
+    defs = {f"d{i}": CHAIN_STEPS[step](f"#/$defs/d{i + 1}") for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "integer"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
+
+
+def wide_schema(properties: int, *, refs: bool = False) -> dict:
+    """An object with `properties` optional properties (each a $ref to a def of its own when
+    `refs`)."""
+    if not refs:
+        return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(properties)}}
+    defs = {f"d{i}": {"type": "object", "properties": {"v": {"type": "integer"}}} for i in range(properties)}
+    return {
+        "type": "object",
+        "properties": {f"p{i}": {"$ref": f"#/$defs/d{i}"} for i in range(properties)},
+        "$defs": defs,
+    }
+
+
+def lark_chain(rules: int) -> str:
+    """A Lark grammar of `rules` rules each naming the next, the last "x": 3,000 overflowed."""
+    return "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(rules)) + f'r{rules}: "x"\n'
+
+
+LEAF = st.sampled_from(
+    [
+        {"type": "integer"},
+        {"type": "string", "maxLength": 4},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"enum": ["a", "b"]},
+        {"type": "string", "pattern": "^[a-z]{1,3}$"},
+        {},
+    ]
+)
+
+
+def _node(inner):
+    names = st.text("abcxyz", min_size=1, max_size=3)
+    ref = st.sampled_from(["#", "#/$defs/a", "#/$defs/b", "#/$defs/missing", "#/properties"]).map(lambda r: {"$ref": r})
+    return st.one_of(
+        st.dictionaries(names, inner, max_size=4).map(lambda props: {"type": "object", "properties": props}),
+        st.dictionaries(names, inner, min_size=1, max_size=3).map(
+            lambda props: {"type": "object", "properties": props, "required": sorted(props)}
+        ),
+        inner.map(lambda items: {"type": "array", "items": items}),
+        st.lists(inner, min_size=1, max_size=3).map(lambda options: {"anyOf": options}),
+        st.lists(inner, min_size=1, max_size=2).map(lambda parts: {"allOf": parts}),
+        ref,
+    )
+
+
+def grammar_schemas():
+    """JSON schemas that try the grammar engine's depth, width and references: chains of $defs
+    of every step up to twice MAX_SCHEMA_DEPTH and beyond, wide objects, and random nests of
+    objects, arrays, anyOf and allOf with $refs to the root, to defs (themselves random) and
+    to nothing."""
+    chain = st.builds(ref_chain, st.integers(1, 1200), st.sampled_from(sorted(CHAIN_STEPS)))
+    wide = st.builds(wide_schema, st.integers(1, 300), refs=st.booleans())
+    nest = st.recursive(LEAF, _node, max_leaves=12)
+    with_defs = st.tuples(nest, nest, nest).map(lambda t: {**t[0], "$defs": {"a": t[1], "b": t[2]}})
+    return st.one_of(chain, wide, nest, with_defs)
+
+
+def start_schema(pair, schema) -> str:
+    """'ok' when the engine compiles `schema` and starts a reply under it, else the refusal's
+    class name (one line): never a crash, never another exception."""
+    from mlxspec.grammar import GrammarSpec, check_spec
+
+    def check():
+        spec = GrammarSpec.json_schema(schema, label="the schema")
+        check_spec(spec, pair.tokenizer, width=pair.target.width, eos_ids=pair.eos_ids)
+
+    return outcome(check)

@@ -18,6 +18,7 @@ import mlxspec
 from mlxspec.generation import encode_messages
 from mlxspec.server.schema import ChatBody, template_messages
 
+from . import fuzz_targets as fuzz
 from .test_server import KEY, TIMEOUT, chat_ids, health, running_server, standard
 from .test_tool_calls import (  # noqa: F401 (fixtures)
     AFTER_CALL,
@@ -207,6 +208,10 @@ BAD_REQUESTS = {
         "'web_search_20250305' tools are not supported",
     ),
     "a tool without a schema": ({"messages": USER, "max_tokens": 8, "tools": [{"name": "f"}]}, "input_schema"),
+    "a text block without its text": (
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 8},
+        "messages[0].content[0]: a text block needs its text",
+    ),
     "a bad tool_choice": ({"messages": USER, "max_tokens": 8, "tool_choice": {"type": "maybe"}}, "tool_choice must"),
     "negative temperature": ({"messages": USER, "max_tokens": 8, "temperature": -1}, "temperature must be >= 0"),
     "an empty stop sequence": ({"messages": USER, "max_tokens": 8, "stop_sequences": [""]}, "stop_sequences"),
@@ -366,6 +371,36 @@ def test_tool_choice_any_or_a_named_tool_forces_one_call(qwen3_served, choice):
         message = ask_tools(client, messages, tool_choice=choice)
         assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["tool_use"]
         assert message.content[0].name == "get_weather" and isinstance(message.content[0].input["city"], str)
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_hostile_input_schemas_are_400s_and_the_server_serves(qwen3_served, choice):
+    """A chain of 1,000 $defs in input_schema killed the server under tool_choice any or tool,
+    and on /v1/messages/count_tokens, which generates nothing: a 400 in Anthropic's shape now,
+    streamed or not, and /health answers after each."""
+    client, _ = qwen3_served
+    url = str(client.base_url).rstrip("/")
+    for schema, words in (
+        (fuzz.ref_chain(1000), "nests deeper than 512 levels"),
+        (fuzz.ref_chain(20000, "anyOf"), "nests deeper than 512 levels"),
+        (fuzz.wide_schema(2000), "gives up at the start of a reply"),
+        ({"type": "string"}, "must describe an object"),
+    ):
+        tools = [{"name": "get_weather", "input_schema": schema}]
+        body = {"model": "m", "messages": PARIS, "tools": tools, "tool_choice": choice}
+        for route, extra in (
+            ("messages", {"max_tokens": 8}),
+            ("messages", {"max_tokens": 8, "stream": True}),
+            ("messages/count_tokens", {}),
+        ):
+            answer = httpx.post(f"{url}/v1/{route}", json={**body, **extra}, timeout=TIMEOUT)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["type"] == "invalid_request_error" and words in error["message"], error
+            assert "\n" not in error["message"]
+            assert httpx.get(f"{url}/health", timeout=TIMEOUT).json()["status"] == "ok"
+    message = ask_tools(client, PARIS, tool_choice=choice)
+    assert message.stop_reason == "tool_use" and message.content[0].input == {"city": "Paris"}
 
 
 def test_a_coding_agents_request_is_served(qwen3_served, qwen3):  # noqa: F811

@@ -1,6 +1,7 @@
-"""A CI-sized fuzz run (hypothesis) over GGUF headers and prompt-cache metadata (issue 19):
-every input is imported or read, or refused in one line with one of mlxspec's errors.
-demos/fuzz_inputs.py runs the same targets longer."""
+"""A CI-sized fuzz run (hypothesis) over GGUF headers and prompt-cache metadata (issue 19)
+and JSON schemas for the grammar engine (issue 28): every input is imported, read or
+compiled, or refused in one line with one of mlxspec's errors. demos/fuzz_inputs.py runs the
+same targets longer."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.gguf_files import write_gguf
 from tests.test_prompt_cache import TEXT
 
 EXAMPLES = 1000  # each target: about 6 s here
+SCHEMA_EXAMPLES = 300  # compiled in this process: a schema that overflowed the engine's stack would end the run
 SETTINGS = settings(
     max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
 )
@@ -63,3 +65,18 @@ def test_fuzzed_prompt_cache_metadata_is_read_or_refused_in_one_line(cache_file)
 
     run()
     assert sum(seen.values()) >= EXAMPLES and len(seen) > 1, seen
+
+
+def test_fuzzed_grammar_schemas_compile_or_are_refused_in_one_line():
+    import mlxspec
+
+    pair = mlxspec.load_pair()  # the bundled pair: its tokenizer
+    seen = Counter()
+
+    @settings(SETTINGS, max_examples=SCHEMA_EXAMPLES)
+    @given(fuzz.grammar_schemas())
+    def run(schema):
+        seen[fuzz.start_schema(pair, schema)] += 1
+
+    run()
+    assert sum(seen.values()) >= SCHEMA_EXAMPLES and seen["ok"] and seen["InvalidOption"], seen

@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 
 import jsonschema
@@ -22,7 +24,9 @@ from mlxspec.generation import Session
 from mlxspec.grammar import GrammarSpec, Matcher, compile_spec
 from mlxspec.sampling import SamplingParams, constrain, warp
 from mlxspec.synthetic import ARCHITECTURES
+from tests import fuzz_targets as fuzz
 from tests.test_distribution import fits
+from tests.test_server import ROOT
 
 PROMPT = list(range(10, 22))
 MAX_TOKENS = 40
@@ -343,6 +347,62 @@ def test_bad_grammars_are_one_line_and_exit_2(capsys, factory, args, message):
     code, _, err = run_cli(capsys, "generate", "def main(", "-t", target, "-d", draft, "-m", "4", *args)
     assert code == 2 and message in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real command in a process of its own: a crash there is an exit code, not this run's end."""
+    command = [sys.executable, "-m", "mlxspec", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(done: subprocess.CompletedProcess, words: str) -> None:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and words in errors[0], done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_grammars_that_overflowed_the_engines_stack(factory, tmp_path):
+    """`--json-schema` with a chain of 1,000 $defs and `--grammar` with a chain of 3,000 Lark
+    rules died with exit 139 (the engine's recursion overflowed the stack). The schema is
+    refused in one line (exit 2), before the models load; the Lark chain compiles on the
+    engine's own big stack and its reply is what it allows; a grammar past the size bound
+    is one line."""
+    target, draft = (str(p) for p in factory.pair("llama"))
+    models = ("-t", target, "-d", draft, "-m", "8")
+    deep = tmp_path / "deep.json"
+    deep.write_text(json.dumps(fuzz.ref_chain(1000)))
+    done = cli("generate", "def main(", "--json-schema", str(deep), *models)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    one_error_line(done, f"the JSON schema in {deep} nests deeper than 512 levels")
+    nested = tmp_path / "nested.json"  # deeper than Python's JSON reader recurses
+    nested.write_text('{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000)
+    done = cli("generate", "def main(", "--json-schema", str(nested), *models)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    one_error_line(done, "nests deeper than 512 levels")
+    chain = tmp_path / "chain.lark"
+    chain.write_text(fuzz.lark_chain(3000))
+    done = cli("generate", "def main(", "--grammar", str(chain), *models, "--json")
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert json.loads(done.stdout)["text"] == "x"
+    chain.write_text(fuzz.lark_chain(30000))
+    done = cli("generate", "def main(", "--grammar", str(chain), *models)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    one_error_line(done, "the grammar engine takes at most 256 KiB")
+
+
+def test_a_lark_lexeme_with_stop_is_one_line_when_speculating(factory, tmp_path):
+    """`stop=` lexemes cannot be rolled back by the engine, and speculative decoding rolls back
+    the drafts it rejects: that was "internal error: RuntimeError: ...". It is one line now;
+    standard decoding (gamma 0), which rolls nothing back, answers under it."""
+    target, draft = (str(p) for p in factory.pair("llama"))
+    lark = tmp_path / "stop.lark"
+    lark.write_text('start: word\nword[stop=""]: /[a-z]+/\n')
+    models = ("-t", target, "-d", draft, "-m", "40")
+    done = cli("generate", "def main(", "--grammar", str(lark), *models, "-g", "3")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    one_error_line(done, "the grammar engine cannot take back ids read under this grammar")
+    done = cli("generate", "def main(", "--grammar", str(lark), *models, "-g", "0", "--json")
+    assert done.returncode == 0 and re.fullmatch("[a-z]+", json.loads(done.stdout)["text"]), done.stderr
 
 
 # -- the real SmolLM2 pair -------------------------------------------------------------------

@@ -339,8 +339,13 @@ def test_a_function_named_like_a_tool_choice_keyword_is_still_forced(load_pair, 
     )
     use = tool_use(body, json_tools)
     assert use.forced and use.parses
-    grammar = use.forced_call(load_pair("llama").tokenizer)
-    assert f'"const": "{name}"' in grammar.source and '"const": "other"' not in grammar.source
+    pair = load_pair("llama")
+    grammar = use.forced_call(pair.tokenizer)
+    for called, allowed in ((name, True), ("other", False)):
+        matcher = matcher_for(grammar, pair.tokenizer, width=pair.target.width, eos_ids=pair.eos_ids)
+        call = f'<tool_call>\n{{"name": "{called}", "arguments": {{}}}}\n</tool_call>'
+        ids = pair.tokenizer.encode(call, add_special_tokens=False)
+        assert (matcher.walk(ids) == len(ids) and matcher.accepting) is allowed, called
 
 
 def test_boolean_json_schemas(load_pair):

@@ -274,6 +274,7 @@ BAD_REQUESTS = {
     "zero max_tokens": ("completions", {"prompt": CODE, "max_tokens": 0}, "max tokens must be a whole number >= 1"),
     "bad gamma": ("completions", {"prompt": CODE, "gamma": "lots"}, "gamma"),
     "n above one": ("chat", {"messages": CHAT, "n": 2}, "n > 1 is not supported"),
+    "n zero": ("chat", {"messages": CHAT, "n": 0}, "n must be 1 (one choice per request), got 0"),
     "penalty": ("chat", {"messages": CHAT, "presence_penalty": 0.5}, "presence_penalty is not supported"),
     "stop not text": ("completions", {"prompt": CODE, "stop": [1]}, "stop must be a text"),
     "image content": (
@@ -412,3 +413,25 @@ def test_a_taken_port_or_a_bad_option_is_one_line_before_anything_loads(capsys):
                 main(["serve", *args])
             err = capsys.readouterr().err
             assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--api-key", ""], {}, "--api-key is empty, which would turn authentication off"),
+        (["--api-key", "  "], {}, "--api-key is empty"),
+        ([], {"MLXSPEC_API_KEY": ""}, "MLXSPEC_API_KEY is set but empty"),
+        (["--host", ""], {}, "--host is empty: give an address"),
+    ],
+    ids=["empty-key", "blank-key", "empty-key-variable", "empty-host"],
+)
+def test_an_empty_api_key_or_host_is_one_line_before_anything_loads(args, env, message):
+    """An empty key silently turned authentication off, and an empty host listened on every
+    interface (printing http://:PORT): both served on. Refused now, before anything loads."""
+    command = [sys.executable, "-m", "mlxspec", "serve", "--port", str(free_port()), *args]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"serve {args} {env} started serving") from None
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

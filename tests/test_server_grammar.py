@@ -15,6 +15,7 @@ import pytest
 
 import mlxspec
 from mlxspec.grammar import GrammarSpec
+from tests import fuzz_targets as fuzz
 from tests.test_server import TIMEOUT, chat_ids, client, health, pair, running_server, server  # noqa: F401 (fixtures)
 
 SCHEMAS = {
@@ -172,3 +173,95 @@ def test_a_disconnect_mid_constrained_stream_leaves_the_session_exact(server, cl
     )
     assert again.choices[0].message.content == reference.text
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
+# --- hostile schemas (issue 28) --------------------------------------------------------------
+def post(url: str, route: str, body: dict) -> httpx.Response:
+    """A chat or text completion request, as raw JSON: what came back."""
+    if route == "completions":
+        body = {"prompt": "def merge_sort(items):", **body}
+    else:
+        body = {"messages": MESSAGES, **body}
+    return httpx.post(f"{url}/v1/{route}", json={"max_tokens": 8, **body}, timeout=TIMEOUT)
+
+
+def assert_refused(response: httpx.Response, param: str, words: str) -> None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"] and "\n" not in error["message"], error
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "completions"])
+def test_deep_wide_and_chained_schemas_leave_the_server_serving(server, route):  # noqa: F811
+    """A chain of 1,000 $defs overflowed the grammar engine's stack and killed the server: it
+    is a 400 naming response_format now, streamed or not, as is a chain long enough to pass a
+    stack of any size; a wide schema and a chain within the bound are answered; after each,
+    /health answers."""
+    param = "response_format.json_schema.schema"
+    for stream in (False, True):
+        for levels in (1000, 20000):
+            response = post(
+                server, route, {"response_format": json_schema_format("deep", fuzz.ref_chain(levels)), "stream": stream}
+            )
+            assert_refused(response, param, "nests deeper than 512 levels")
+            assert health(server)["status"] == "ok"
+    for schema in (fuzz.wide_schema(400), fuzz.wide_schema(300, refs=True), fuzz.ref_chain(150, "array")):
+        response = post(server, route, {"response_format": json_schema_format("wide", schema), "temperature": 0})
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        text = choice["message"]["content"] if route.startswith("chat") else choice["text"]
+        assert text.startswith("{" if "properties" in schema else "["), text
+        assert health(server)["status"] == "ok"
+    # wider than the engine's parser takes (it gives up on the opening brace), and past its
+    # size limit: its refusals, one line each, before anything runs
+    for properties in (2000, 40000):  # llguidance 1.9: a parser row of 8,007 items (2,000 at most); too large
+        for stream in (False, True):
+            body = {"response_format": json_schema_format("huge", fuzz.wide_schema(properties)), "stream": stream}
+            assert_refused(post(server, route, body), "response_format", "is not one the grammar engine accepts")
+            assert health(server)["status"] == "ok"
+
+
+ENGINE_GIVES_UP = {
+    "a recursive $ref that must be entered": {
+        "type": "object",
+        "properties": {"a": {"$ref": "#"}},
+        "required": ["a"],
+    },
+    "a pattern too large to build": {"type": "string", "pattern": "^a{1000000}$"},
+}
+
+
+@pytest.mark.parametrize("name", list(ENGINE_GIVES_UP))
+def test_a_grammar_the_engine_gives_up_on_at_its_start_is_a_400_before_anything_runs(server, client, pair, name):  # noqa: F811
+    """These passed the compile and ended "the grammar engine gave up after 0 ids" with no
+    param, streamed as a 200 then an error event: a 400 naming response_format now."""
+    for route in ("chat/completions", "completions"):
+        for stream in (False, True):
+            body = {"response_format": json_schema_format("x", ENGINE_GIVES_UP[name]), "stream": stream}
+            assert_refused(post(server, route, body), "response_format", "gives up at the start of a reply")
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=8)
+    assert (
+        reply.choices[0].message.content == mlxspec.generate(pair, chat_ids(pair, MESSAGES), gamma=0, max_tokens=8).text
+    )
+
+
+def test_text_completions_hold_the_text_to_response_format(client, pair):  # noqa: F811
+    """/v1/completions took response_format and ignored it (a 200 with text that was not JSON)."""
+    prompt = "def merge_sort(items):"
+    schema = SCHEMAS["enum"]
+    reference = mlxspec.generate(
+        pair, prompt, gamma=0, temp=0, max_tokens=MAX_TOKENS, raw=True, grammar=GrammarSpec.json_schema(schema)
+    )
+    for temperature in (0, 1):
+        for gamma in (0, "auto"):
+            reply = client.completions.create(
+                model="m",
+                prompt=prompt,
+                temperature=temperature,
+                seed=5,
+                max_tokens=MAX_TOKENS,
+                extra_body={"gamma": gamma, "response_format": json_schema_format("enum", schema)},
+            )
+            jsonschema.validate(json.loads(reply.choices[0].text), schema)
+            if temperature == 0:
+                assert reply.choices[0].text == reference.text, gamma

@@ -19,6 +19,7 @@ from mlxspec.generation import encode_messages
 from mlxspec.server.schema import ChatBody, template_messages
 from mlxspec.synthetic import IM_END
 from mlxspec.tool_calls import split_tool_calls, tool_format
+from tests import fuzz_targets as fuzz
 
 from .test_server import ROOT, TIMEOUT, running_server
 from .tool_models import (
@@ -232,6 +233,177 @@ def test_bad_tools_and_bad_history_are_400s_naming_the_field(served):
     for body, param in cases:
         answer = httpx.post(url, json={"model": "m", **body}, timeout=TIMEOUT)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
+# --- tool parameters as clients write them (issue 28) ------------------------------------
+def weather_tool(parameters: dict) -> list[dict]:
+    return [{"type": "function", "function": {**TOOLS[0]["function"], "parameters": parameters}}]
+
+
+# What Pydantic writes for a model (extra="forbid") with a constrained field: the arguments'
+# schema refers to $defs
+PYDANTIC_PARAMETERS = {
+    "$defs": {"City": {"type": "string", "maxLength": 12, "title": "City"}},
+    "additionalProperties": False,
+    "properties": {"city": {"$ref": "#/$defs/City"}},
+    "required": ["city"],
+    "title": "WeatherArgs",
+    "type": "object",
+}
+# a $ref to its own root: a place near the city, itself such an object
+NEAR_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "near": {"$ref": "#"}},
+    "required": ["city"],
+}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_calls_resolve_parameters_against_their_own_schema(client, choice):
+    """Pydantic's $defs were refused ("Pointer '/$defs/City' does not exist"): the parameters
+    sat inside a wrapper schema, against which '#' resolved."""
+    import jsonschema
+
+    for messages in (PARIS, ROME):
+        reply = ask(client, messages, tools=weather_tool(PYDANTIC_PARAMETERS), tool_choice=choice)
+        assert reply.choices[0].finish_reason == "tool_calls", reply.choices[0].message
+        [call] = reply.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), PYDANTIC_PARAMETERS)
+
+
+def test_a_ref_to_the_parameters_root_is_the_parameters(qwen3):
+    """'#' in a tool's parameters named the wrapper (name and arguments), so a nested place had
+    to be a call: now it is the parameters."""
+    from mlxspec.grammar import matcher_for
+    from mlxspec.server.tools import ToolUse
+
+    _, pair = qwen3
+    forced = ToolUse(tools=weather_tool(NEAR_PARAMETERS), choice="required", format=tool_format(pair.tokenizer))
+    matcher = matcher_for(
+        forced.forced_call(pair.tokenizer), pair.tokenizer, width=pair.target.width, eos_ids=pair.eos_ids
+    )
+    arguments = {"city": "Paris", "near": {"city": "Rome", "near": {"city": "Oslo"}}}
+    call = json.dumps({"name": "get_weather", "arguments": arguments})
+    ids = pair.tokenizer.encode(f"<tool_call>\n{call}\n</tool_call>", add_special_tokens=False)
+    assert matcher.walk(ids) == len(ids) and matcher.accepting
+
+
+HOSTILE_PARAMETERS = {
+    "a chain of 1,000 $defs": (fuzz.ref_chain(1000), "nests deeper than 512 levels"),
+    "a chain past any stack": (fuzz.ref_chain(20000, "array"), "nests deeper than 512 levels"),
+    "a type the engine rejects": ({"type": "object", "properties": {"a": {"type": "strng"}}}, "not one the grammar"),
+    "a text, not an object": ({"type": "string"}, "must describe an object"),
+    "too wide for the engine": (fuzz.wide_schema(2000), "gives up at the start of a reply"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_PARAMETERS))
+def test_hostile_tool_parameters_are_400s_naming_them_and_the_server_serves(served, client, case):
+    """The chain killed the server; a rejected type was a 400 naming response_format; a text
+    was "called" with the markup returned as content. Each is a 400 naming the tool's
+    parameters now (the second tool's, beside a good one), and /health answers after."""
+    parameters, words = HOSTILE_PARAMETERS[case]
+    url = f"{served[0]}/v1/chat/completions"
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        body = {"messages": PARIS, "tools": [other, *weather_tool(parameters)], "tool_choice": choice}
+        for stream in (False, True):
+            answer = httpx.post(url, json={"model": "m", "max_tokens": 8, "stream": stream, **body}, timeout=TIMEOUT)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["param"] == "tools[1].function.parameters" and words in error["message"], error
+            assert "\n" not in error["message"]
+            assert httpx.get(f"{served[0]}/health", timeout=TIMEOUT).json()["status"] == "ok"
+    the_call(ask(client, PARIS, tool_choice="required").choices[0].message.tool_calls[0], "Paris")
+
+
+# --- compact calls: a random model cannot spend its tokens on white space (issue 29) ------
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "units": {"enum": ["C", "F"]},
+    },
+    "required": ["city", "days", "units"],
+    "additionalProperties": False,
+}
+BOUNDED_TOOLS = [{"type": "function", "function": {"name": "forecast", "parameters": BOUNDED}}]
+COMPACT_MAX_TOKENS = 160  # the call's fixed text and its bounded values fit with room to spare
+
+
+@pytest.fixture(scope="module")
+def random_hermes(factory, tmp_path_factory):
+    """An untaught qwen3 with Qwen3's (Hermes) template and markers, and a noisy copy as its
+    draft, served: a model as weak as they come."""
+    from mlxspec import synthetic
+
+    target = build_tool_model(
+        factory.tokenizer_dir,
+        factory.root / "hermes-random",
+        template=QWEN3_TEMPLATE,
+        markers=QWEN3_MARKERS,
+        eos_ids=factory.eos,
+    )
+    draft = factory.root / "hermes-random-draft"
+    tokenizer_dir = target.parent / f"{target.name}-tokenizer"
+    synthetic.build_model(
+        "qwen3", draft, tokenizer_dir=tokenizer_dir, seed=4, like=target, noise=0.1, eos_token_ids=factory.eos
+    )
+    log = tmp_path_factory.mktemp("hermes-random") / "serve.log"
+    with running_server("--target", str(target), "--draft", str(draft), log=log) as (url, _):
+        yield url, target
+
+
+def test_a_forced_call_from_a_random_model_comes_back_parsed_on_both_routes(random_hermes):
+    """With white space free between JSON tokens, this model wrote `<tool_call>\n{\n\n   \n…`
+    until max tokens and no call came back. Compact, it can spend its tokens only on the
+    values: greedy and sampled, without a draft and with one, on /v1/chat/completions and
+    /v1/messages, the call parses, valid, inside max tokens; greedy speculative calls are
+    standard decoding's."""
+    import anthropic
+    import jsonschema
+
+    url, _ = random_hermes
+    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    messages = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+    named = {"type": "function", "function": {"name": "forecast"}}
+    anthropic_tools = [{"name": "forecast", "input_schema": BOUNDED}]
+    greedy = {}
+    for temperature, seeds in ((0, [0]), (1, [0, 1, 2])):
+        for gamma in (0, 3):
+            for seed in seeds:
+                sampling = {"temperature": temperature, "seed": seed, "gamma": gamma}
+                reply = chat.chat.completions.create(
+                    model="m",
+                    messages=PARIS,
+                    tools=BOUNDED_TOOLS,
+                    tool_choice=named,
+                    max_tokens=COMPACT_MAX_TOKENS,
+                    temperature=temperature,
+                    seed=seed,
+                    extra_body={"gamma": gamma},
+                )
+                choice = reply.choices[0]
+                assert choice.finish_reason == "tool_calls", (sampling, choice.message.content)
+                [call] = choice.message.tool_calls
+                arguments = json.loads(call.function.arguments)
+                jsonschema.validate(arguments, BOUNDED)
+                message = messages.messages.create(
+                    model="m",
+                    messages=PARIS,
+                    tools=anthropic_tools,
+                    tool_choice={"type": "tool", "name": "forecast"},
+                    max_tokens=COMPACT_MAX_TOKENS,
+                    extra_body=sampling,
+                )
+                assert message.stop_reason == "tool_use", (sampling, message.content)
+                [block] = message.content
+                jsonschema.validate(block.input, BOUNDED)
+                if temperature == 0:
+                    greedy[gamma] = (arguments, block.input)
+    assert greedy[0] == greedy[3]
 
 
 # --- a template without tools -----------------------------------------------------------

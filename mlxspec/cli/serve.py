@@ -3,6 +3,7 @@ with speculative decoding, for agents and apps."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -88,6 +89,12 @@ def serve(
         idle_timeout=idle_timeout,
         max_connections=max_connections,
     )
+    if not host:
+        raise InvalidOption("--host is empty: give an address (127.0.0.1 for this machine alone, 0.0.0.0 for all)")
+    if api_key is not None and not api_key.strip():
+        raise InvalidOption("--api-key is empty, which would turn authentication off: give a key, or leave it out")
+    if api_key is None and os.environ.get("MLXSPEC_API_KEY") == "":  # click reads an empty variable as unset
+        raise InvalidOption("MLXSPEC_API_KEY is set but empty, which would turn authentication off: give a key")
     if cache_sessions < 0:
         raise InvalidOption(f"--cache-sessions must be >= 0, got {cache_sessions}")
     if not 0 <= port < 65536:

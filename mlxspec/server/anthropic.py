@@ -119,7 +119,9 @@ def _message(message: AnthropicMessage, param: str) -> list[dict]:
     for j, block in enumerate(message.content):
         where = f"{param}.content[{j}]"
         kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
+        if kind == "text":
+            if not isinstance(block.get("text"), str):
+                raise RequestError(f"{where}: a text block needs its text ('text': a string)", param=f"{where}.text")
             texts.append(block["text"])
         elif kind == "tool_use" and message.role == "assistant":
             calls.append(_call(block, where))

@@ -126,13 +126,13 @@ class Api:
             body = schema.parse(schema.ChatBody, await read_body(request, self.limits))
             options = schema.request_options(body, self.defaults)
             if (grammar := response_grammar(body)) is not None:
-                await self.offload.run(self._check_grammar, grammar)
+                await self.offload.run(self.check_grammar, grammar, param="response_format")
                 options = options.replace(grammar=grammar)
             tools = tool_use(body, self.tool_format)
             if (forced := tools.forced_call(self.pair.tokenizer)) is not None:
                 if options.grammar is not None:
                     raise RequestError("give tool_choice or response_format, not both", param="tool_choice")
-                await self.offload.run(self._check_grammar, forced)
+                await self.offload.run(self.check_forced_call, forced, tools)
                 options = options.replace(grammar=forced)
             messages = schema.template_messages(body)
             ids = await self.offload.run(
@@ -147,6 +147,9 @@ class Api:
         try:
             body = schema.parse(schema.CompletionBody, await read_body(request, self.limits))
             options = schema.request_options(body, self.defaults)
+            if (grammar := response_grammar(body)) is not None:
+                await self.offload.run(self.check_grammar, grammar, param="response_format")
+                options = options.replace(grammar=grammar)
             prompt = schema.completion_prompt(body)
             ids = await self.offload.run(encode.completion_ids, self.pair, prompt, per_token=self.per_token)
             self._check(ids, options, "prompt")
@@ -154,13 +157,22 @@ class Api:
         except (RequestError, MlxspecError) as e:
             return _error_response(e)
 
-    def _check_grammar(self, grammar) -> None:
-        """A 400 naming the schema when the grammar engine rejects it (the first call builds
-        the tokenizer's bridge, about a second, off the event loop)."""
+    def check_grammar(self, grammar, *, param: str) -> None:
+        """A 400 naming `param` when the grammar engine rejects the grammar or gives up at
+        its start (the first call builds the tokenizer's bridge, about a second): on the
+        offload thread, before the request queues."""
         try:
             check_spec(grammar, self.pair.tokenizer, width=self.pair.target.width, eos_ids=self.pair.eos_ids)
         except InvalidOption as e:
-            raise RequestError(str(e), param="response_format") from None
+            raise RequestError(str(e), param=param) from None
+
+    def check_forced_call(self, grammar, tools: ToolUse) -> None:
+        """As check_grammar for a tool_choice's grammar: each tool's arguments alone first, so
+        that a refusal names the tool whose parameters the engine refuses (and the start of
+        its arguments is walked), then the whole call (naming tool_choice)."""
+        for param, arguments in tools.parameter_specs():
+            self.check_grammar(arguments, param=param)
+        self.check_grammar(grammar, param="tool_choice")
 
     def _check(self, ids: list[int], options: Options, param: str) -> None:
         if not ids:

@@ -1,5 +1,6 @@
-"""A chat request's `response_format`, as OpenAI shapes it, turned into the grammar the reply
-is held to (../grammar.py). Plain Python (no MLX).
+"""A request's `response_format` (chat, and text completions as vLLM takes it there), as
+OpenAI shapes it, turned into the grammar the reply is held to (../grammar.py). Plain Python
+(no MLX).
 
 - `{"type": "text"}` (or none): no grammar.
 - `{"type": "json_object"}`: any JSON object.
@@ -14,12 +15,12 @@ from __future__ import annotations
 
 from ..errors import InvalidOption
 from ..grammar import GrammarSpec
-from .schema import ChatBody, RequestError
+from .schema import ChatBody, CompletionBody, RequestError
 
 PARAM = "response_format"
 
 
-def response_grammar(body: ChatBody) -> GrammarSpec | None:
+def response_grammar(body: ChatBody | CompletionBody) -> GrammarSpec | None:
     fmt = body.response_format
     if fmt is None:
         return None

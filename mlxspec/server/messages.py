@@ -54,7 +54,7 @@ class Messages:
             tools = tool_use(chat, api.tool_format)
             # any / tool: the reply held to one call by a grammar in the model's markup
             if (forced := tools.forced_call(api.pair.tokenizer)) is not None:
-                await api.offload.run(api._check_grammar, forced)
+                await api.offload.run(api.check_forced_call, forced, tools)
                 options = options.replace(grammar=forced)
         except RequestError as e:
             raise anthropic.reworded_choice(e, body) from None

@@ -101,6 +101,7 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: Any  # a text, a list of token ids, or a list of one text
+    response_format: Any = None  # as the chat route's (formats.py), as vLLM takes it here
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -180,8 +181,10 @@ def _stops(stop) -> tuple[str, ...]:
 
 
 def _refuse_unsupported(body: _Body) -> None:
-    if body.n not in (None, 1):
+    if body.n is not None and body.n > 1:
         raise RequestError("n > 1 is not supported: one choice per request", param="n")
+    if body.n is not None and body.n < 1:
+        raise RequestError(f"n must be 1 (one choice per request), got {body.n}", param="n")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             raise RequestError(

@@ -20,11 +20,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ..errors import InvalidOption
+from ..grammar import check_schema_depth
 from ..tool_calls import ToolFormat
 from .schema import ChatBody, RequestError
 
 AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "function"
 JSON_CALL_FORMATS = ("json_tools",)  # mlx-lm parsers whose call is one JSON object between markers
+# a forced call's JSON as chat templates write calls (tojson: json.dumps' ", " and ": "), and
+# no other white space: left free, a small model fills a call with newlines until max tokens
+# (8 of 8 forced calls of a random Hermes-template model did); llguidance's JSON options
+CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,11 @@ class ToolUse:
         return self.choice not in (AUTO, NONE)
 
     def forced_call(self, tokenizer):
-        """The grammar holding the reply to one call (tool_choice required or named), or None."""
+        """The grammar holding the reply to one call (tool_choice required or named), or None:
+        the model's markers around `{"name": NAME, "arguments": ARGUMENTS}`, written as the
+        chat template writes calls (`, ` and `: `, json.dumps' separators, and no other white
+        space: left free, a weak model fills the call with newlines until max tokens), each
+        tool's arguments a JSON schema of their own (its `$ref`s resolve against it)."""
         if not self.forced:
             return None
         if self.format is None or self.format.name not in JSON_CALL_FORMATS:
@@ -57,23 +67,31 @@ class ToolUse:
             )
         from ..grammar import GrammarSpec
 
-        tools = self.tools if self.choice == REQUIRED else [t for t in self.tools if _name(t) == self.function]
-        calls = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": _name(tool)},
-                    "arguments": tool["function"].get("parameters") or {"type": "object"},
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for tool in tools
-        ]
-        schema = json.dumps({"anyOf": calls} if len(calls) > 1 else calls[0])
+        rules = []
+        for i, tool in self.candidates():
+            head = '{"name": ' + json.dumps(_name(tool), ensure_ascii=False) + ', "arguments": '
+            rules.append(f'call_{i}: {json.dumps(head)} arguments_{i} "}}"')
+            rules.append(f"arguments_{i}: %json {json.dumps(arguments_schema(tool, i))}")
         start, end = _marker(tokenizer, self.format.start), _marker(tokenizer, self.format.end)
-        lark = f'start: {start} "\\n" call "\\n" {end}\ncall: %json {schema}\n'
-        return GrammarSpec("lark", lark, "tool_choice")
+        calls = " | ".join(f"call_{i}" for i, _ in self.candidates())
+        lark = f'start: {start} "\\n" call "\\n" {end}\ncall: {calls}\n' + "".join(rule + "\n" for rule in rules)
+        try:
+            return GrammarSpec("lark", lark, "tool_choice's grammar (the tools' parameters)")
+        except InvalidOption as e:
+            raise RequestError(str(e), param="tools") from None
+
+    def candidates(self) -> list[tuple[int, dict]]:
+        """(index in tools, tool) for the tools a forced call may call."""
+        return [(i, t) for i, t in enumerate(self.tools) if self.choice == REQUIRED or _name(t) == self.function]
+
+    def parameter_specs(self):
+        """(param, the arguments' grammar alone) for each tool a forced call may call: to name
+        the one whose parameters the grammar engine refuses."""
+        from ..grammar import GrammarSpec
+
+        for i, tool in self.candidates():
+            label = f"the parameters of tool {_name(tool)!r}"
+            yield f"tools[{i}].function.parameters", GrammarSpec.json_schema(arguments_schema(tool, i), label=label)
 
     def note(self) -> str | None:
         """For the console line, while tools are in force."""
@@ -82,6 +100,29 @@ class ToolUse:
 
 def _name(tool: dict) -> str:
     return tool["function"]["name"]
+
+
+def arguments_schema(tool: dict, index: int) -> dict:
+    """The JSON schema a forced call's arguments are held to: the tool's parameters as an
+    object (what a call's arguments are; OpenAI refuses parameters of another type, and so
+    does this), written compactly (the template's separators, CALL_JSON)."""
+    param = f"tools[{index}].function.parameters"
+    parameters = tool["function"].get("parameters") or {}
+    declared = parameters.get("type")
+    if declared is not None and "object" not in (declared if isinstance(declared, list) else [declared]):
+        raise RequestError(
+            f"{param} must describe an object (a call's arguments are one), not type {declared!r}", param=param
+        )
+    try:
+        check_schema_depth(parameters, param)
+    except InvalidOption as e:
+        raise RequestError(str(e), param=param) from None
+    options = parameters.get("x-guidance")
+    return {
+        **parameters,
+        "type": "object",
+        "x-guidance": {**CALL_JSON, **(options if isinstance(options, dict) else {})},
+    }
 
 
 def _marker(tokenizer, text: str) -> str:
