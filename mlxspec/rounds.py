@@ -29,7 +29,7 @@ from .drafting.tree_budget import best_size
 from .grammar import Matcher
 from .sampling import SamplingParams, constrain, warp
 from .tree import TokenTree
-from .verify import greedy_sample, speculative_sample, target_choices
+from .verify import greedy_sample, speculative_sample, tree_choices
 
 __all__ = ["pick", "run_round", "verify"]
 
@@ -169,12 +169,19 @@ def run_tree_round(
     exception both sides are left as before the round."""
     caught_up = drafter.catch_up_if_behind()
     start = time.perf_counter()
+    draft_key, key = mx.random.split(key)
     target_mark, target_pending = target.cache.mark(reads=len(target.pending) + plan.tree), list(target.pending)
     grammar_mark = grammar.depth if grammar is not None else 0
     draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft)  # pending, then every row it may read
     try:
         drafts = drafter.propose_tree(
-            depth=plan.draft, budget=plan.tree, width=plan.width, params=params, state=draft_state, grammar=grammar
+            depth=plan.draft,
+            budget=plan.tree,
+            width=plan.width,
+            params=params,
+            key=draft_key,
+            state=draft_state,
+            grammar=grammar,
         )
         drafted_at = time.perf_counter()
         if drafts is not None and plan.tree_costs:
@@ -192,7 +199,7 @@ def run_tree_round(
         if grammar is not None:  # each node's row masked by the grammar's state after its path
             mx.async_eval(logits)
             logits = constrain(logits, grammar.tree_masks(tree))
-        path, next_id = tree.follow(target_choices(logits, params, key).tolist())
+        path, next_id = follow(tree, drafts, logits, params, key)
         done_at = time.perf_counter()
         path_ids = tree.path_ids(path)
         target.keep_tree_path(tree, path, path_ids, pending=target_pending)
@@ -227,6 +234,24 @@ def run_tree_round(
         branches=_branches(tree, path),
         reach_predicted=tuple(drafts.reach()) if drafts is not None else (),
     )
+
+
+def follow(tree: TokenTree, drafts, logits: mx.array, params: SamplingParams, key: mx.array) -> tuple[list[int], int]:
+    """The rule over a tree (verify.py): the target's decisions at every node in one graph,
+    read back once, and the walk down the path they take."""
+    spine = list(drafts.spine) if drafts is not None and not params.greedy else []
+    parents = [tree.parents[node - 1] for node in spine]
+    accepted, choices = tree_choices(
+        logits,
+        params,
+        key,
+        spine_ids=mx.array(tree.path_ids(spine), dtype=mx.int32) if spine else None,
+        spine_parents=parents,
+        spine_rows=drafts.spine_rows if spine else None,
+    )
+    values = mx.concatenate([accepted.astype(mx.int32), choices.astype(mx.int32)]).tolist()
+    drawn = {parent: (node, bool(ok)) for parent, node, ok in zip(parents, spine, values[: len(spine)])}
+    return tree.follow(values[len(spine) :], drawn)
 
 
 def _branches(tree: TokenTree, path: list[int]) -> tuple[tuple[int, ...], ...]:

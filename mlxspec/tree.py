@@ -101,13 +101,20 @@ class TokenTree(Tree):
     def path_ids(self, path: list[int]) -> list[int]:
         return [self.ids[node - 1] for node in path]
 
-    def follow(self, choices: list[int]) -> tuple[list[int], int]:
+    def follow(self, choices: list[int], drawn: dict[int, tuple[int, bool]] | None = None) -> tuple[list[int], int]:
         """From the root, follow the child whose id is the target's choice at its parent,
         while there is one (verify.py says why this is exact at every temperature).
-        `choices[k]`: the target's id after node k (its argmax, or a draw from its p).
-        Returns the accepted nodes and the target's next id after the last of them."""
+        `choices[k]`: the target's id after node k (its argmax, or a draw from its p);
+        `drawn[k]`: node k's child drawn from q, and whether the rule accepted it (tried
+        first; on a rejection `choices[k]` is the recovered id). Returns the accepted nodes
+        and the target's next id after the last of them."""
         path, node = [], ROOT
+        drawn = drawn or {}
         while True:
+            if node in drawn and drawn[node][1]:
+                node = drawn[node][0]
+                path.append(node)
+                continue
             wanted = choices[node]
             child = next((c for c in self.children[node] if self.ids[c - 1] == wanted), None)
             if child is None:

@@ -12,19 +12,21 @@ emitted id then has exactly the target's distribution.
 Both outcomes are one formula here: the draft rows are padded with a zero row, so the row
 after the last accepted draft is max(0, p - q) at a rejection and p itself for the bonus.
 
-Trees (tree.py). A tree's candidates are point masses, chosen by the drafter however it
-likes (its most probable ids, a shape grown from its confidences). With q_i one-hot,
-recursive rejection over a node's children (Jeon et al., arXiv 2402.14160; SpecInfer's
-multi-step speculative sampling, Miao et al., arXiv 2305.09781: accept child x_i with
-probability p_i(x_i), else remove x_i from p and renormalise, then try the next) emits x_i
-with probability p(x_i) and any other id y with p(y): it is the same as drawing y from p
-and following the child that is y, or emitting y where no child is. So the target chooses
-once at every node of the tree (`target_choices`: its argmax, or a draw from its warped p),
-all in one pass, and the walk (TokenTree.follow) keeps the path of its choices: every id
-emitted is the target's own choice given the ids before it, whatever the tree, and no q is
-needed. (EAGLE's tree verification under sampling treats its candidates so too.) A chain
-keeps the rule above, which accepts x with min(1, p(x)/q(x)) >= p(x): better for one
-candidate per position, drawn from q.
+Trees (tree.py). At a node, children are tried in turn, each one step of recursive
+rejection sampling (Jeon et al., arXiv 2402.14160; SpecInfer's multi-step speculative
+sampling, Miao et al., arXiv 2305.09781). Under sampling a node may have one child *drawn*
+from the drafter's q (the tree's spine: drafters/tree_growth.py): it is tried first, with
+the rule above, and on a rejection p becomes norm(max(0, p - q)). Its other children are
+*point masses*, the drafter's most probable ids, chosen however it likes: with q_i one-hot,
+a try accepts x_i with probability p_i(x_i) and otherwise removes x_i from p, so trying
+them all in turn is the same as drawing y from what is left of p and following the child
+that is y, or emitting y where none is. So the target decides every node of the tree in
+one pass (`tree_choices`: the drawn child's coin and a draw from the rest, or its argmax),
+and the walk (TokenTree.follow) keeps the path of its choices: every id emitted has the
+target's law given the ids before it, whatever the tree's shape, as long as a drawn child's
+place in the tree did not depend on what was drawn. (EAGLE's tree verification treats its
+candidates as point masses; a chain drawn from q is the tree whose every node is drawn, and
+the walk is then the rule above.)
 """
 
 from __future__ import annotations
@@ -82,9 +84,30 @@ def greedy_sample(
     return num_accepted, target_ids[num_accepted]
 
 
-def target_choices(logits: mx.array, params: SamplingParams, key: mx.array) -> mx.array:
-    """The target's id at every row of a tree's verify (rows, vocab) -> (rows,): its argmax,
-    or an independent sample of its warped distribution at each row."""
+def tree_choices(
+    logits: mx.array,  # (n + 1, vocab): the target after the root and after each node
+    params: SamplingParams,
+    key: mx.array,
+    *,
+    spine_ids: mx.array | None = None,  # (m,) the drawn children, root side first
+    spine_parents: list[int] = (),  # (m,) the row of each one's parent: 0, then the spine before it
+    spine_rows: mx.array | None = None,  # (m, vocab) q each was drawn from
+) -> tuple[mx.array, mx.array]:
+    """What the walk (TokenTree.follow) needs from the target's rows, in one lazy graph:
+    (whether each drawn child is accepted, (m,); the target's id at every row, (n + 1,)).
+
+    Greedy: the argmax at every row, and no drawn children. Sampling: a drawn child x of a
+    row is accepted with min(1, p(x)/q(x)), and that row's id is then drawn from
+    norm(max(0, p - q)), Leviathan et al.'s recovery; every other row's id is drawn from p."""
     if params.greedy:
-        return mx.argmax(logits, axis=-1)
-    return sample(warp(logits, params), key)  # one key, independent draws per row
+        return mx.zeros((0,), dtype=mx.bool_), mx.argmax(logits, axis=-1)
+    accept_key, draw_key = mx.random.split(key)
+    target_probs = warp(logits, params)
+    accepted = mx.zeros((0,), dtype=mx.bool_)
+    if spine_ids is not None and len(spine_parents):
+        parents = mx.array(list(spine_parents))
+        p, x = target_probs[parents], spine_ids[:, None]
+        ratio = acceptance_probability(mx.take_along_axis(p, x, -1)[:, 0], mx.take_along_axis(spine_rows, x, -1)[:, 0])
+        accepted = mx.random.uniform(shape=ratio.shape, key=accept_key) < ratio
+        target_probs = target_probs.at[parents].add(residual(p, spine_rows) - p)
+    return accepted, sample(target_probs, draw_key)  # one key, independent draws per row

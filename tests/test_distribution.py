@@ -230,11 +230,13 @@ def test_harness_rejects_a_walk_that_shares_its_draws_across_nodes(small_pair, m
     uniform for every row ties them, and the law moves."""
     from mlxspec import rounds
 
-    def shared(logits, params, key):
+    def shared(logits, params, key, **spine):
         u = mx.random.uniform(shape=(1, 1), key=key)
-        return (mx.cumsum(warp(logits, params), axis=-1) < u).sum(axis=-1)
+        return mx.zeros((len(spine.get("spine_parents", ())),), dtype=mx.bool_), (
+            mx.cumsum(warp(logits, params), axis=-1) < u
+        ).sum(axis=-1)
 
-    monkeypatch.setattr(rounds, "target_choices", shared)
+    monkeypatch.setattr(rounds, "tree_choices", shared)
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_joint(small_pair, params, 3, RUNS // 2, seed=3000, **TREES["width3"]), law)

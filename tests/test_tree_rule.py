@@ -14,7 +14,7 @@ import pytest
 
 from mlxspec.sampling import SamplingParams
 from mlxspec.tree import TokenTree
-from mlxspec.verify import acceptance_probability, residual, target_choices
+from mlxspec.verify import acceptance_probability, residual, tree_choices
 from tests.chisquare import critical_value, goodness_of_fit
 
 
@@ -80,7 +80,7 @@ TREE = TokenTree.of((2, 1, 3, 0, 4), (0, 0, 1, 1, 2))
 
 
 def walk(tree, target_rows, params=SamplingParams(temp=1.0), seed=0):
-    choices = target_choices(mx.log(mx.array(target_rows)), params, mx.random.key(seed))
+    _, choices = tree_choices(mx.log(mx.array(target_rows)), params, mx.random.key(seed))
     return tree.follow(choices.tolist())
 
 
@@ -102,7 +102,8 @@ def test_greedy_follows_the_argmax():
     target_ids = [2, 0, 4, 1, 2, 1]
     assert TREE.follow(target_ids) == ([1, 4], 2)
     logits = mx.array([[5.0 if i == t else 0.0 for i in range(5)] for t in target_ids])
-    assert TREE.follow(target_choices(logits, SamplingParams(), mx.random.key(0)).tolist()) == ([1, 4], 2)
+    _, choices = tree_choices(logits, SamplingParams(), mx.random.key(0))
+    assert TREE.follow(choices.tolist()) == ([1, 4], 2)
 
 
 def test_a_chain_is_the_tree_whose_parents_count_up():
@@ -117,42 +118,63 @@ def test_a_node_must_come_after_its_parent():
 
 
 # The joint law of the first two emitted ids over trees of random shape and ids (any shape
-# the drafter likes is exact), against p1(a) p2(b | a).
+# the drafter likes is exact), against p1(a) p2(b | a). With a spine, the root's first child
+# is drawn from q1 and its own first child from q2(. | it): both tried by min(1, p/q).
 VOCAB = 5
 RNG = np.random.default_rng(7)
 P1 = RNG.dirichlet(np.full(VOCAB, 0.6))
 P2 = RNG.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)
+Q1 = RNG.dirichlet(np.full(VOCAB, 0.6))
+Q2 = RNG.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)
 TRIALS = 4000
 
 
-def random_tree(rng) -> tuple[TokenTree, np.ndarray]:
-    """Root children: 1-3 distinct ids; under each, 0-2 distinct ids. Rows: the target's p after
-    every node (after a leaf's child: anything, it is never reached within two ids)."""
-    ids, parents = [], []
+def random_tree(rng, *, spine: bool, biased: bool = False) -> tuple[TokenTree, np.ndarray, list[int], np.ndarray]:
+    """Root children: (a drawn one, then) 1-3 distinct point masses; under each, 0-2 more (and
+    under the drawn one its own drawn child first). `biased`: the drawn child is kept only
+    when the draft was sure of it, a place that depends on the draw. Returns the tree, the
+    target's rows after every node, the spine's nodes and their q rows."""
+    ids, parents, spine_nodes, spine_rows = [], [], [], []
+    first = int(rng.choice(VOCAB, p=Q1)) if spine else None
+    if first is not None and not (biased and Q1[first] < Q1.max()):
+        ids.append(first), parents.append(0), spine_nodes.append(1), spine_rows.append(Q1)
     for x in rng.permutation(VOCAB)[: int(rng.integers(1, 4))]:
-        ids.append(int(x))
-        parents.append(0)
+        if int(x) != first:
+            ids.append(int(x)), parents.append(0)
     for node in range(1, len(ids) + 1):
+        if spine_nodes and node == 1:
+            y = int(rng.choice(VOCAB, p=Q2[ids[0]]))
+            ids.append(y), parents.append(1), spine_nodes.append(len(ids)), spine_rows.append(Q2[ids[0]])
         for y in rng.permutation(VOCAB)[: int(rng.integers(0, 3))]:
-            ids.append(int(y))
-            parents.append(node)
+            if not any(parents[k] == node and ids[k] == int(y) for k in range(len(ids))):
+                ids.append(int(y)), parents.append(node)
     tree = TokenTree.of(ids, parents)
     rows = [P1] + [P2[ids[k - 1]] if tree.depths[k] == 1 else np.full(VOCAB, 1 / VOCAB) for k in range(1, len(ids) + 1)]
-    return tree, np.array(rows, dtype=np.float32)
+    return tree, np.array(rows, dtype=np.float32), spine_nodes, np.array(spine_rows, dtype=np.float32)
 
 
-def joint_law_statistic(*, shared_draws: bool) -> float:
+def joint_law_statistic(*, spine: bool = False, shared_draws: bool = False, biased: bool = False) -> float:
     rng = np.random.default_rng(11)
     counts = Counter()
     for trial in range(TRIALS):
-        tree, rows = random_tree(rng)
+        tree, rows, spine_nodes, spine_rows = random_tree(rng, spine=spine, biased=biased)
         key = mx.random.key(trial)
+        drawn = {}
         if shared_draws:  # one uniform for every row: draws at a node and its child are tied
             u = mx.random.uniform(shape=(1, 1), key=key)
             choices = (mx.cumsum(mx.array(rows), axis=-1) < u).sum(axis=-1)
         else:
-            choices = target_choices(mx.log(mx.array(rows)), SamplingParams(temp=1.0), key)
-        path, token = tree.follow(choices.tolist())
+            parents = [tree.parents[n - 1] for n in spine_nodes]
+            accepted, choices = tree_choices(
+                mx.log(mx.array(rows)),
+                SamplingParams(temp=1.0),
+                key,
+                spine_ids=mx.array(tree.path_ids(spine_nodes)) if spine_nodes else None,
+                spine_parents=parents,
+                spine_rows=mx.array(spine_rows) if spine_nodes else None,
+            )
+            drawn = {p: (n, bool(a)) for p, n, a in zip(parents, spine_nodes, accepted.tolist())}
+        path, token = tree.follow(choices.tolist(), drawn)
         emitted = tree.path_ids(path) + [token]
         if len(emitted) == 1:  # the next round draws the second id from p2(. | first)
             emitted.append(int(rng.choice(VOCAB, p=P2[token])))
@@ -163,10 +185,27 @@ def joint_law_statistic(*, shared_draws: bool) -> float:
 
 
 @pytest.mark.slow
-def test_walks_over_trees_of_any_shape_keep_the_targets_joint_law():
-    assert joint_law_statistic(shared_draws=False) < 1
+@pytest.mark.parametrize("spine", [False, True], ids=["point-masses", "spine"])
+def test_walks_over_trees_of_any_shape_keep_the_targets_joint_law(spine):
+    assert joint_law_statistic(spine=spine) < 1
 
 
 @pytest.mark.slow
 def test_the_harness_catches_draws_shared_across_nodes():
     assert joint_law_statistic(shared_draws=True) > 1
+
+
+@pytest.mark.slow
+def test_the_harness_catches_a_drawn_child_kept_for_what_was_drawn():
+    """A drawn child whose place depends on its draw (kept only when the draft was sure of
+    it) is no sample of q: the rule's min(1, p/q) then favours it, and the law moves."""
+    assert joint_law_statistic(spine=True, biased=True) > 1
+
+
+def test_a_spine_child_accepted_is_taken_and_a_rejected_one_recovers():
+    """Hand-made: a drawn child that the rule accepts is taken even where the target's draw
+    at that row names another; a rejected one leaves the recovered id (never itself)."""
+    tree = TokenTree.of((2, 1), (0, 0))  # node 1 (id 2) drawn, node 2 (id 1) a point mass
+    assert tree.follow([1, 4, 4], {0: (1, True)}) == ([1], 4)
+    assert tree.follow([1, 4, 4], {0: (1, False)}) == ([2], 4)
+    assert tree.follow([3, 4, 4], {0: (1, False)}) == ([], 3)

@@ -38,9 +38,14 @@ class TreeDrafts:
     values: tuple[float, ...] = ()  # the drafter's probability of each node's path (its confidence)
     fed: tuple[int, ...] = ()  # each node's row in the drafter's own tree block (-1: not read)
     ranked: tuple[int, ...] = ()  # the nodes, surest first: any prefix is a tree
+    # under sampling, the nodes drawn from q (a chain from the root, ranked first) and the
+    # rows (len(spine), target vocab) each was drawn from at its parent
+    spine: tuple[int, ...] = ()
+    spine_rows: mx.array | None = None
 
     def best(self, count: int) -> TreeDrafts:
         """The tree of the `count` surest nodes, renumbered in order."""
+        count = max(count, len(self.spine))  # a drawn node's place never depends on its draw
         if count >= len(self.tree):
             return self
         kept = sorted(self.ranked[:count])
@@ -50,6 +55,8 @@ class TreeDrafts:
             values=tuple(self.values[n - 1] for n in kept),
             fed=tuple(self.fed[n - 1] for n in kept),
             ranked=tuple(number[n] for n in self.ranked[:count]),
+            spine=tuple(number[n] for n in self.spine),
+            spine_rows=self.spine_rows,
         )
 
     def depths_ranked(self) -> list[int]:

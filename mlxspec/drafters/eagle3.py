@@ -151,7 +151,15 @@ class Eagle3Drafter:
         return None
 
     def propose_tree(
-        self, *, depth: int, budget: int, width: int, params: SamplingParams, state=None, grammar=None
+        self,
+        *,
+        depth: int,
+        budget: int,
+        width: int,
+        params: SamplingParams,
+        key: mx.array,
+        state=None,
+        grammar=None,
     ) -> TreeDrafts | None:
         """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
         (tree_growth.py): the first level from the rows for the target's newest positions,
@@ -194,7 +202,9 @@ class Eagle3Drafter:
             width=width,
             budget=budget,
             params=params,
+            key=key,
             to_target=to_target,
+            to_row=self._target_row,
             grammar=grammar,
         )
 

@@ -79,7 +79,15 @@ class ModelDrafter(Cursor):
         return self.cache.mark(reads=len(self.pending) + nodes), list(self.pending)
 
     def propose_tree(
-        self, *, depth: int, budget: int, width: int, params: SamplingParams, state, grammar=None
+        self,
+        *,
+        depth: int,
+        budget: int,
+        width: int,
+        params: SamplingParams,
+        key: mx.array,
+        state,
+        grammar=None,
     ) -> TreeDrafts | None:
         """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
         each level's frontier read in one forward, every node at its depth's position seeing
@@ -117,7 +125,9 @@ class ModelDrafter(Cursor):
                 logits = self.forward(mx.array(pending + ids, dtype=TOKEN))
             return logits[-len(frontier) :]
 
-        return grow_tree(first, expand, depth=depth, width=width, budget=budget, params=params, grammar=grammar)
+        return grow_tree(
+            first, expand, depth=depth, width=width, budget=budget, params=params, key=key, grammar=grammar
+        )
 
     def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:
         """Keep the pending ids it read and the levels of the accepted path it read; the rest

@@ -3,11 +3,16 @@
 product of its probabilities along the path), then keep the best nodes of everything
 grown, up to a budget.
 
-A node's children are the drafter's most probable ids there (under its warped q when
-sampling), proposed as point masses: the rule (verify.py) then follows the target's own
-choice at every node, so any shape, however it was chosen, keeps the output exact. A node
-kept needs its parent, which a score along the path ensures (a child is never surer than
-its parent); siblings are kept most probable first.
+At temperature 0 a node's children are the drafter's most probable ids there, and the rule
+(verify.py) follows the target's argmax: any shape, however chosen, is exact. Under sampling
+the tree has a *spine*: from the root down, one child of each spine node drawn from the
+drafter's warped q there (a chain, as a chain drafter draws it), which the rule accepts with
+min(1, p/q); every other child is one of the drafter's most probable ids, a point mass the
+rule follows where the target's draw from what is left names it. A drawn child's place in
+the tree must not depend on what was drawn (or the rule would see a biased sample), so the
+spine is grown first and kept whole, and only point masses compete for the rest of the
+budget. A node kept needs its parent, which a score along the path ensures (a child is
+never surer than its parent); siblings are kept most probable first.
 
 Host bookkeeping on plain values; the drafter's forward and the draws stay with the caller
 (one host wait per depth, for the ids chosen).
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from ..sampling import SamplingParams, constrain, warp
+from ..sampling import SamplingParams, constrain, sample, warp
 from ..tree import TokenTree
 from .base import TreeDrafts
 
@@ -33,8 +38,9 @@ class Candidate:
     choice: int  # the drafter's own id (its vocabulary may be a subset of the target's)
     depth: int
     score: float  # log of the drafter's probability of the path, capped (see module)
-    rank: int  # among its siblings, most probable first
+    rank: int  # among its siblings, most probable first (a drawn child first)
     fed: int = -1  # its row in the drafter's tree block, once the drafter has read it
+    drawn: bool = False  # on the spine: drawn from q, whose row at its parent is kept
 
 
 @dataclass
@@ -42,13 +48,26 @@ class Growth:
     """Every candidate grown this round."""
 
     candidates: list[Candidate] = field(default_factory=list)
+    spine: list[int] = field(default_factory=list)  # the drawn candidates, root side first
+    spine_rows: list[mx.array] = field(default_factory=list)  # q each was drawn from, (drafter vocab,)
     fed_order: list[int] = field(default_factory=list)  # candidates in the order the drafter read them
 
-    def add_children(self, parent: int, choices: list[int], logps: list[float], to_target) -> None:
-        """Children of `parent`, most probable first, with the drafter's log q of each."""
+    def add_children(
+        self, parent: int, choices: list[int], logps: list[float], to_target, *, drawn: tuple | None = None
+    ) -> None:
+        """Children of `parent`, most probable first, with the drafter's log q of each;
+        `drawn` (id, log q, q row): a child drawn from q, first, and the others without it."""
         base = 0.0 if parent < 0 else self.candidates[parent].score
         depth = 1 if parent < 0 else self.candidates[parent].depth + 1
-        for rank, (choice, logp) in enumerate(zip(choices, logps)):
+        if drawn is not None:
+            choice, logp, row = drawn
+            token = choice if to_target is None else int(to_target[choice])
+            self.spine.append(len(self.candidates))
+            self.spine_rows.append(row)
+            self.candidates.append(Candidate(parent, token, choice, depth, base + logp, 0, drawn=True))
+            others = [(c, lp) for c, lp in zip(choices, logps) if c != choice][: len(choices) - 1]
+            choices, logps = [c for c, _ in others], [lp for _, lp in others]
+        for rank, (choice, logp) in enumerate(zip(choices, logps), start=int(drawn is not None)):
             if not math.isfinite(logp):
                 break  # nothing more it would say (a warped row narrower than the width asked)
             token = choice if to_target is None else int(to_target[choice])
@@ -66,8 +85,9 @@ class Growth:
         return [i for i, c in enumerate(self.candidates) if c.depth == depth]
 
     def frontier(self, depth: int, count: int) -> list[int]:
-        """The `count` candidates at `depth` the drafter is surest of, to expand next."""
-        best = sorted(self.at_depth(depth), key=lambda i: (-self.candidates[i].score, i))
+        """The `count` candidates at `depth` to expand next: the spine's, then those the
+        drafter is surest of."""
+        best = sorted(self.at_depth(depth), key=lambda i: (not self.candidates[i].drawn, -self.candidates[i].score, i))
         return sorted(best[:count])
 
     def feed(self, nodes: list[int]) -> None:
@@ -84,9 +104,11 @@ class Growth:
         ]
 
     def ranked(self) -> list[int]:
-        """Every candidate, surest first: any prefix holds each node's parent (a child is
-        never surer than its parent, and comes after it)."""
-        return sorted(range(len(self.candidates)), key=lambda i: (-self.candidates[i].score, i))
+        """Every candidate, the spine first, then surest first: any prefix holds each node's
+        parent (a child is never surer than its parent, and comes after it)."""
+        return sorted(
+            range(len(self.candidates)), key=lambda i: (not self.candidates[i].drawn, -self.candidates[i].score, i)
+        )
 
     def tree(self, kept: list[int]) -> tuple[TokenTree, list[float]]:
         """The tree of the kept candidates (numbered as kept: parents first) and each node's
@@ -105,22 +127,38 @@ def grow_tree(
     width: int,
     budget: int,
     params: SamplingParams,
+    key: mx.array,
     to_target=None,
+    to_row=lambda row: row,
     grammar=None,
 ) -> TreeDrafts | None:
     """Grow a tree from `first` (vocab,), the drafter's logits after the root; `expand(growth,
     frontier)` reads the frontier candidates (marked fed, in order) and returns their logits
     (len(frontier), vocab). `to_target`: the target id of each drafter id (host), None when
-    they are the same. `grammar` (grammar.Matcher): each node's children are ids it allows
-    after the node's path (a path it refuses grows nothing)."""
+    they are the same; `to_row` places a q row on the target's ids. `grammar`
+    (grammar.Matcher): each node's children are ids it allows after the node's path (a path
+    it refuses grows nothing)."""
     growth, frontier, rows = Growth(), [-1], first[None]
+    keys = None if params.greedy else mx.random.split(key, depth)
     for level in range(depth):
         if grammar is not None:
             rows = constrain(rows, _masks(growth, frontier, grammar, to_target))
         choices, logps = top_children(rows, params, width)
-        mx.eval(choices, logps)
+        on_spine = next((i for i, c in enumerate(frontier) if c < 0 or growth.candidates[c].drawn), None)
+        draw = None
+        if keys is not None and on_spine is not None:  # the spine's next id, drawn from q
+            q = warp(rows[on_spine], params)
+            token = sample(q, keys[level])
+            mx.eval(choices, logps, token)
+            value = token.item()
+            draw = (value, math.log(max(q[value].item(), 1e-30)), q)
+            if not q[value].item() > 0:  # a row the grammar closed: nothing to draw
+                draw = None
+        else:
+            mx.eval(choices, logps)
         for i, parent in enumerate(frontier):
-            growth.add_children(parent, choices[i].tolist(), logps[i].tolist(), to_target)
+            drawn = draw if i == on_spine else None
+            growth.add_children(parent, choices[i].tolist(), logps[i].tolist(), to_target, drawn=drawn)
         if level + 1 == depth:
             break
         frontier = growth.frontier(level + 1, width)
@@ -134,11 +172,15 @@ def grow_tree(
     kept = sorted(ranked)
     tree, values = growth.tree(kept)
     number = {c: k for k, c in enumerate(kept, start=1)}
+    spine = [c for c in growth.spine if c in number]
+    rows = [to_row(growth.spine_rows[growth.spine.index(c)]) for c in spine] if spine else []
     return TreeDrafts(
         tree=tree,
         values=tuple(values),
         fed=tuple(growth.candidates[c].fed for c in kept),
         ranked=tuple(number[c] for c in ranked),
+        spine=tuple(number[c] for c in spine),
+        spine_rows=mx.stack(rows) if rows else None,
     )
 
 
