@@ -39,6 +39,10 @@ class _Bar:
     def note(self, message: str) -> None:
         err.print(message, style="dim")
 
+    def status(self, message: str) -> None:
+        if err.is_terminal:
+            err.print(f"{message}…", style="dim")
+
     def data(self, source: str, record: dict, tokens: int, fraction: float) -> None:
         task = self._task("target's answers" if source == "answers" else "fixed text")
         done = record["prompts_done"] if source == "answers" else record["text_done"]

@@ -356,28 +356,32 @@ class DataPlan:
 TEXT_GROUP = 32  # text chunks read a shard
 
 
-def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report, until: float = math.inf) -> dict:
+def build_data(
+    model, tokenizer, taps, folder: Path, plan: DataPlan, *, report, until: float = math.inf
+) -> tuple[dict, list[Example]]:
     """Fill `folder` with shards: answers to the prompts, then fixed text, each source for
     its own time and neither past `until` (perf_counter seconds: the run's deadline). Shards
     already there are kept; the record DIR/data/progress.json says how far each source got
-    and the time it took, so a resumed run goes on where it stopped. Returns the record."""
+    and the time it took, so a resumed run goes on where it stopped. Returns the record and
+    the examples written now."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TrainingError(f"cannot create {folder}: {e.strerror or e}") from None
-    record = read_progress(folder)
+    record, made = read_progress(folder), []
 
     def write(examples: list[Example], **moved) -> None:
         """The examples as the next shard (none: no shard), and what they moved on."""
         if examples:
             save_shard(folder / f"shard-{record['shards']:04d}.npz", examples)
             record["shards"] += 1
+            made.extend(examples)
         record.update({k: record[k] + v for k, v in moved.items()})
         _write_json(folder / PROGRESS_FILE, record)
 
     _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until)
     _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until)
-    return record
+    return record, made
 
 
 def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float) -> None:

@@ -34,6 +34,7 @@ from .trainer import (
     INITIAL_LOGIT_STD,
     State,
     calibrate_output,
+    check_checkpoint,
     checkpoint_folder,
     evaluate,
     feature_scale,
@@ -141,6 +142,7 @@ class Progress:
     def trained(self, state: State, fraction: float) -> None: ...
     def evaluated(self, figures: dict) -> None: ...
     def note(self, message: str) -> None: ...
+    def status(self, message: str) -> None: ...  # a step begins: for people watching, not scripts
 
 
 def check_folder(out: Path, *, resume: bool) -> None:
@@ -231,87 +233,102 @@ def load_target(name: str):
     return loading.load(str(find_target(name)))
 
 
+@dataclass(frozen=True)
+class TargetShape:
+    """What the run's files must fit: the target's vocabulary, the tapped layers and the
+    width of the features they give."""
+
+    vocab_size: int
+    aux: tuple[int, ...]
+    feature_width: int
+
+    @classmethod
+    def of(cls, config: dict, layers: int) -> TargetShape:
+        from ..capture import default_aux_layers
+
+        text = config.get("text_config") or config
+        aux = tuple(default_aux_layers(layers))
+        return cls(int(text["vocab_size"]), aux, int(text["hidden_size"]) * len(aux))
+
+
+@dataclass
+class Kept:
+    """What earlier sessions of the run left, read back and checked before any new work."""
+
+    examples: list
+    vocabulary: np.ndarray | None
+    scale: np.ndarray | None
+    checkpoint: Path | None
+
+
+def read_back(out: Path, settings: Settings, shape: TargetShape) -> Kept:
+    data = out / "data"
+    size = min(settings.draft_vocab, shape.vocab_size)
+    checkpoint = checkpoint_folder(out / "checkpoint")
+    if checkpoint:
+        check_checkpoint(checkpoint)
+    return Kept(
+        examples=load_shards(data, vocab_size=shape.vocab_size, feature_width=shape.feature_width),
+        vocabulary=read_kept(
+            data / VOCABULARY, lambda v: vocabulary_problem(v, vocab_size=shape.vocab_size, size=size)
+        ),
+        scale=read_kept(data / SCALE, lambda v: scale_problem(v, width=shape.feature_width)),
+        checkpoint=checkpoint,
+    )
+
+
+VOCABULARY, SCALE = "vocabulary.npy", "feature_scale.npy"
+
+
 def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     """Everything after the folder check: returns the final figures. The session ends by its
     deadline: --minutes from now, less what earlier sessions of the run spent on work they
     kept (spent_seconds)."""
     import mlx.core as mx
 
-    from ..capture import default_aux_layers, install, num_layers
-    from .corpus import build_prompts
+    from ..capture import install, num_layers
 
     began = time.perf_counter()
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
     check_inputs(settings)
-    progress.note(f"loading {settings.target}")
+    progress.status(f"loading {settings.target}")
     target = load_target(settings.target)
-    model, tokenizer, target_config = target.model, target.tokenizer, target.config
-    text_config = target_config.get("text_config") or target_config
-    vocab_size = int(text_config["vocab_size"])
-    aux = default_aux_layers(num_layers(model))
-    taps = install(model, aux)
-    if settings.prompts_file:
-        prompts = read_prompt_file(Path(settings.prompts_file))
-    else:
-        prompts = [p["prompt"] for p in build_prompts(BUNDLED_PROMPTS, seed=settings.seed)]
-    plan = DataPlan(
-        prompts=prompts,
-        text_files=[Path(f) for f in settings.text_files],
-        answer_seconds=settings.answer_minutes * 60,
-        text_seconds=settings.text_minutes * 60,
-        max_tokens=settings.max_tokens,
-        batch=settings.batch,
-        seed=settings.seed,
-        raw=settings.raw,
-        vocab_size=vocab_size,
-    )
-    data = out / "data"
-    record = build_data(model, tokenizer, taps, data, plan, report=progress.data, until=until)
-    width = int(text_config["hidden_size"]) * len(aux)
-    examples = load_shards(data, vocab_size=vocab_size, feature_width=width)
+    model, tokenizer = target.model, target.tokenizer
+    shape = TargetShape.of(target.config, num_layers(model))
+    kept = read_back(out, settings, shape)
+    taps = install(model, shape.aux)
+    plan = data_plan(settings, vocab_size=shape.vocab_size)
+    record, made = build_data(model, tokenizer, taps, out / "data", plan, report=progress.data, until=until)
+    examples = kept.examples + made
     if not examples:
         raise TrainingError("the target wrote no usable data (give more --minutes, prompts or --text)")
+    data = out / "data"
     eos = sorted(set(tokenizer.eos_token_ids))
-    size = min(settings.draft_vocab, vocab_size)
-    vocabulary = kept(
-        data / "vocabulary.npy",
-        lambda: choose_vocabulary(examples, eos=eos, vocab_size=vocab_size, size=settings.draft_vocab),
-        problem=lambda v: vocabulary_problem(v, vocab_size=vocab_size, size=size),
-    )
-    bound = (data / "vocabulary.npy",)
-    draft_index = np.full(vocab_size, -1, np.int64)
+    vocabulary = kept.vocabulary
+    if vocabulary is None:  # decided once: a resumed run reads it back
+        chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+        vocabulary = keep(data / VOCABULARY, chosen)
+    bound = (data / VOCABULARY,)
+    draft_index = np.full(shape.vocab_size, -1, np.int64)
     draft_index[vocabulary] = np.arange(len(vocabulary))
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
-    # fixed once, so that a resumed run trains on the same standardised features
-    if settings.standardize:
-        scale = kept(
-            data / "feature_scale.npy",
-            lambda: feature_scale(train_set, seed=settings.seed),
-            problem=lambda v: scale_problem(v, width=width),
+    if settings.standardize:  # fixed once, so that a resumed run trains on the same standardised features
+        scale = (
+            kept.scale if kept.scale is not None else keep(data / SCALE, feature_scale(train_set, seed=settings.seed))
         )
         standardize(examples, scale)
-        bound += (data / "feature_scale.npy",)
+        bound += (data / SCALE,)
 
     head = new_head(
         model,
-        target_config,
+        target.config,
         vocabulary=vocabulary,
-        aux_layer_ids=aux,
+        aux_layer_ids=shape.aux,
         seed=settings.seed,
         norm_before_residual=settings.norm_before_residual,
     )
-    saved = checkpoint_folder(out / "checkpoint")
-    if saved:
-        state = load_checkpoint(saved, head)
-        progress.note(f"resuming training at step {state.step}")
-    else:
-        state = State()
-        factor = calibrate_output(head, train_set, draft_index)
-        if factor < 1.0:
-            progress.note(
-                f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}"
-            )
+    state = start_state(head, kept.checkpoint, train_set, draft_index, progress)
     state = train(
         head=head,
         train_set=train_set,
@@ -332,13 +349,12 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     )
     figures = evaluate(head, held_out, [label(e, draft_index) for e in held_out], settings.steps) if held_out else {}
     progress.evaluated(figures) if figures else None
-    data_seconds = record["answer_seconds"] + record["text_seconds"]
     facts = {
         "answers": sum(1 for e in examples if e.train_from > 0),
         "answer_tokens": int(sum(len(e.ids) - e.train_from - 1 for e in examples if e.train_from > 0)),
         "text_tokens": int(sum(len(e.ids) for e in examples if e.train_from == 0)),
         "held_out_examples": len(held_out),
-        "data_seconds": data_seconds,
+        "data_seconds": record["answer_seconds"] + record["text_seconds"],
         "train_seconds": state.seconds,
         "trained_positions": state.tokens,
         "steps_taken": state.step,
@@ -351,26 +367,61 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     }
     if settings.standardize:
         fold_feature_scale(head, scale)  # the published head reads the target's raw features
-    write_finished(head, out, model_card(settings, facts, figures, state, aux, len(vocabulary)))
+    write_finished(head, out, model_card(settings, facts, figures, state, shape.aux, len(vocabulary)))
     mx.clear_cache()
     return facts | {"held_out": figures}
 
 
-def kept(path: Path, compute, *, problem) -> np.ndarray:
-    """An array the run decides once: read back when a resumed run finds it (refused in one
-    line when it does not read, or `problem(array)` names what is wrong with it), else
-    computed and saved."""
-    if path.is_file():
-        try:
-            value = np.load(path, allow_pickle=False)
-        except Exception as e:  # EOFError, ValueError, ...: cut short or not an array file
-            raise TrainingError(
-                f"{path}: not a readable array (damaged or cut short: {type(e).__name__}); {_KEPT_FIX}"
-            ) from None
-        if reason := problem(value):
-            raise TrainingError(f"{path}: {reason}; {_KEPT_FIX}")
-        return value
-    value = compute()
+def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
+    from .corpus import build_prompts
+
+    if settings.prompts_file:
+        prompts = read_prompt_file(Path(settings.prompts_file))
+    else:
+        prompts = [p["prompt"] for p in build_prompts(BUNDLED_PROMPTS, seed=settings.seed)]
+    return DataPlan(
+        prompts=prompts,
+        text_files=[Path(f) for f in settings.text_files],
+        answer_seconds=settings.answer_minutes * 60,
+        text_seconds=settings.text_minutes * 60,
+        max_tokens=settings.max_tokens,
+        batch=settings.batch,
+        seed=settings.seed,
+        raw=settings.raw,
+        vocab_size=vocab_size,
+    )
+
+
+def start_state(head, checkpoint: Path | None, train_set: list, draft_index: np.ndarray, progress: Progress) -> State:
+    """The checkpoint's state (its head's weights loaded), or a fresh one with the head's
+    output calibrated."""
+    if checkpoint:
+        state = load_checkpoint(checkpoint, head)
+        progress.note(f"resuming training at step {state.step}")
+        return state
+    factor = calibrate_output(head, train_set, draft_index)
+    if factor < 1.0:
+        progress.note(f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}")
+    return State()
+
+
+def read_kept(path: Path, problem) -> np.ndarray | None:
+    """An array the run decided once and a resumed run reads back (None: not decided yet);
+    refused in one line when it does not read, or `problem(array)` names what is wrong."""
+    if not path.is_file():
+        return None
+    try:
+        value = np.load(path, allow_pickle=False)
+    except Exception as e:  # EOFError, ValueError, ...: cut short or not an array file
+        raise TrainingError(
+            f"{path}: not a readable array (damaged or cut short: {type(e).__name__}); {_KEPT_FIX}"
+        ) from None
+    if reason := problem(value):
+        raise TrainingError(f"{path}: {reason}; {_KEPT_FIX}")
+    return value
+
+
+def keep(path: Path, value: np.ndarray) -> np.ndarray:
     try:
         np.save(path, value)
     except OSError as e:

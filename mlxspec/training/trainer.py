@@ -564,10 +564,10 @@ def checkpoint_folder(folder: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
-    """The State of the checkpoint in `folder`, its head's weights loaded into `head`; a
-    checkpoint whose files are not the ones it recorded (cut short, bytes changed), whose
-    state is out of range or whose weights are not finite is refused in one line."""
+def check_checkpoint(folder: Path) -> State:
+    """The State of the checkpoint in `folder`, its files checked against the sha256 it
+    recorded (its own and the run's arrays it was trained with): a file cut short, with bytes
+    changed or replaced, is refused in one line."""
     state, files = read_state(folder)
     for name, digest in files.items():
         path = folder / name if name in CHECKPOINT_FILES else folder.parent / name
@@ -575,6 +575,14 @@ def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
             raise TrainingError(f"{folder}: the checkpoint lacks {path.name}; {_CHECKPOINT_FIX}")
         if sha256(path) != digest:
             raise TrainingError(f"{path} is not the file this checkpoint wrote (its sha256 differs); {_CHECKPOINT_FIX}")
+    return state
+
+
+def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
+    """The State of the checkpoint in `folder`, its head's weights loaded into `head`; a
+    checkpoint whose files are not the ones it recorded (cut short, bytes changed), whose
+    state is out of range or whose weights are not finite is refused in one line."""
+    state = check_checkpoint(folder)
     try:
         weights = mx.load(str(folder / "head.safetensors"))
         head.load_weights(list(weights.items()))
