@@ -192,7 +192,7 @@ def _new_settings(*, target: str, prompts, text: list[Path], minutes, tokens, an
         target=target,
         prompts_file=str(prompts) if prompts else None,
         text_files=[str(f) for f in text],
-        minutes=minutes if minutes is not None or tokens is None else None,
+        minutes=minutes if minutes is not None or tokens is not None else total,  # 30 when neither is given
         tokens=tokens,
         answer_minutes=answer_minutes if answer_minutes is not None else min(15.0, total / 4),
         text_minutes=(text_minutes if text_minutes is not None else min(10.0, total / 6)) if text else 0.0,
