@@ -205,8 +205,12 @@ def _check_rope(file: Path, config: HeadConfig) -> None:
         mx.eval(rope(mx.zeros((1, 1, 2, config.head_dim))))
     except Exception as e:  # mlx-lm raises ValueError, KeyError, TypeError... for what it cannot read
         raise ModelLoadError(
-            f"{file}: rope_scaling {scaling} is not one mlx-lm can build ({type(e).__name__}: {e})"
+            f"{file}: rope_scaling {scaling} is not one mlx-lm can build ({type(e).__name__}: {_first_line(e)})"
         ) from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def config_dict(config: HeadConfig) -> dict:

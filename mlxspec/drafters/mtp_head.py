@@ -255,7 +255,7 @@ def weight_map(index: Path) -> dict[str, str]:
         raise IncompatibleHead(f"{index}: its weight_map is not an object of tensor names and file names")
     for name, file in mapping.items():
         if not inside_folder(file):
-            raise IncompatibleHead(f"{index} names {file!r} for {name}: a weight file must lie in the model's folder")
+            raise IncompatibleHead(f"{index} names {file!r} for {name!r}: a weight file must lie in the model's folder")
     return mapping
 
 

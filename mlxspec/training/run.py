@@ -189,7 +189,7 @@ def read_settings(out: Path) -> Settings:
     if not isinstance(raw, dict):
         raise TrainingError(f"{file}: not a training run's settings (a JSON object of them)")
     if unknown := sorted(set(raw) - {f.name for f in fields(Settings)}):
-        raise TrainingError(f"{file}: {unknown[0]} is not a setting of train-draft")
+        raise TrainingError(f"{file}: {unknown[0]!r} is not a setting of train-draft")
     if missing := [f.name for f in fields(Settings) if f.name not in raw and f.default is MISSING]:
         raise TrainingError(f"{file}: it lacks {missing[0]}, which every run records")
     settings = Settings(**raw)

@@ -626,7 +626,7 @@ def read_state(folder: Path) -> tuple[State, dict]:
 def _state_problem(raw: dict, files) -> str | None:
     known = {f.name for f in fields(State)}
     if unknown := sorted(set(raw) - known):
-        return f"{unknown[0]} is not a field of a checkpoint's state"
+        return f"{unknown[0]!r} is not a field of a checkpoint's state"
     for key in _STATE_COUNTS:
         if not _whole(raw.get(key)) or raw[key] < 0:
             return f"{key} is {raw.get(key)!r}, not a whole number >= 0"
