@@ -34,7 +34,8 @@ HELD_OUT_EVERY = 16  # example k is held out when k % 16 == 0
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
 FLOAT16_LIMIT = 6e4
-PREFILL_TOKENS = 4096  # positions a prefill batch reads at most
+STEP_SECONDS = 1.0  # the work between two looks at the clock (and chances for Ctrl-C), about
+PREFILL_BATCH = 4  # prompts a step of answer generation reads at once
 
 
 class TrainingError(MlxspecError):
@@ -52,17 +53,32 @@ class Example:
     greedy: bool  # an answer the target wrote greedily (held-out agreement is read on these)
 
 
-def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int, until: float = math.inf) -> list:
+class Pace:
+    """How many positions a forward may read to take about STEP_SECONDS here, measured as the
+    target reads: a fast machine reads in large batches, and a slow one (a CPU) still looks
+    at the clock, and hears Ctrl-C, every second or so."""
+
+    def __init__(self, positions: int = 256, *, least: int = 32):
+        self.positions, self.least = positions, least
+
+    def observe(self, positions: int, seconds: float) -> None:
+        self.positions = max(self.least, int(positions / max(seconds, 1e-3) * STEP_SECONDS))
+
+
+def prefill(
+    model, taps, sequences: list[list[int]], *, vocab_size: int, until: float = math.inf, pace: Pace | None = None
+) -> list:
     """Teacher-forced prefill: per sequence (features (L, F) float16, top ids (L, K),
     top probs (L, K) float16), or None for those left when the clock passed `until`
     (perf_counter seconds). Sequences of similar length are right-padded together (about
-    half a GB of float32 logits at once, and at most PREFILL_TOKENS positions, so the clock
-    is read often); the causal mask keeps padding out of every real position."""
-    batch_tokens = min(PREFILL_TOKENS, max(256, 2**27 // vocab_size))
+    half a GB of float32 logits at once, and no more positions than `pace` allows); the
+    causal mask keeps padding out of every real position."""
+    pace = pace or Pace()
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: list = [None] * len(sequences)
     start = 0
-    while start < len(order) and time.perf_counter() < until:
+    while start < len(order) and (began := time.perf_counter()) < until:
+        batch_tokens = min(pace.positions, max(256, 2**27 // vocab_size))
         width = len(sequences[order[start]])
         group = [order[start]]
         while start + len(group) < len(order):
@@ -80,6 +96,7 @@ def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int, until: 
         probs = mx.exp(mx.take_along_axis(logits, top, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True))
         mx.eval(features, top, probs)
         features, top, probs = np.array(features), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16))
+        pace.observe(width * len(group), time.perf_counter() - began)
         if np.abs(features).max() < FLOAT16_LIMIT:  # kept in float32 where they would overflow (Gemma's do)
             features = features.astype(np.float16)
         for row, i in enumerate(group):
@@ -95,12 +112,22 @@ def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int, until: 
 
 
 def generate_answers(
-    model, prompts: list[list[int]], *, max_tokens: int, eos: list[int], seed: int, batch: int, until: float = math.inf
+    model,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int,
+    eos: list[int],
+    seed: int,
+    batch: int,
+    until: float = math.inf,
+    pace: Pace | None = None,
 ):
     """The target's answers to `prompts`, all generated together by mlx-lm's BatchGenerator
     (continuous batching, `batch` sequences at a time), cut where they stand when the clock
-    passes `until` (perf_counter seconds: a token step at a time, so a budget holds however
-    long the answers). Returns (answers, greedy flags)."""
+    passes `until` (perf_counter seconds: a step at a time, each reading no more prompt ids
+    than `pace` allows, so a budget holds however long the answers). Returns (answers,
+    greedy flags)."""
+    pace = pace or Pace()
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
@@ -113,12 +140,18 @@ def generate_answers(
         max_tokens=max_tokens,
         stop_tokens=[[t] for t in eos],
         completion_batch_size=batch,
-        prefill_batch_size=min(batch, 16),
+        # a step reads about pace.positions prompt ids beside its decoding: the clock (and
+        # Ctrl-C) is heard every second or so even on a CPU
+        prefill_batch_size=min(batch, PREFILL_BATCH),
+        prefill_step_size=max(16, pace.positions // min(batch, PREFILL_BATCH)),
     )
     try:
         uids = generator.insert(prompts, samplers=[cold if g else hot for g in greedy])
         answers = {uid: [] for uid in uids}
-        while time.perf_counter() < until and (responses := generator.next_generated()):
+        while time.perf_counter() < until:
+            reading, responses = generator.next()  # one step (next_generated runs until a token comes)
+            if not reading and not responses:
+                break
             for r in responses:
                 answers[r.uid].append(int(r.token))  # the eos id too: the head learns to end
     finally:
@@ -379,23 +412,23 @@ def build_data(
         record.update({k: record[k] + v for k, v in moved.items()})
         _write_json(folder / PROGRESS_FILE, record)
 
-    _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until)
-    _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until)
+    pace = Pace()  # shared: the answers' prefill teaches the text's
+    _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace)
+    _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace)
     return record, made
 
 
-def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float) -> None:
+def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> None:
     """The target's answers, a shard of 2 x batch prompts at a time, until the prompts or the
     answers' time run out. Generation stops early enough for the prefill that follows to
     fit the time as well (their ratio measured as shards go)."""
     eos = sorted(set(tokenizer.eos_token_ids))
-    encoded = encode_prompts(tokenizer, plan.prompts, raw=plan.raw)
     chunk = plan.batch * 2  # prompts a shard
     phase_end = min(until, time.perf_counter() + plan.answer_seconds - record["answer_seconds"])
-    prefill_share = 0.25  # seconds of prefill per second of generation
-    while record["prompts_done"] < len(encoded) and (started := time.perf_counter()) < phase_end:
+    prefill_share = 1.0  # seconds of prefill per second of generation (it reads the prompts again)
+    while record["prompts_done"] < len(plan.prompts) and (started := time.perf_counter()) < phase_end:
         first = record["prompts_done"]
-        group = encoded[first : first + chunk]
+        group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw)  # as they are needed
         keep = [i for i, p in enumerate(group) if len(p) <= MAX_PROMPT]
         answers, greedy = generate_answers(
             model,
@@ -405,21 +438,23 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
             seed=plan.seed + first,
             batch=plan.batch,
             until=started + (phase_end - started) / (1 + prefill_share),
+            pace=pace,
         )
         generated = time.perf_counter()
-        sequences = [group[i] + a for i, a in zip(keep, answers)]
-        made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end)
+        answered = [(i, a, g) for i, a, g in zip(keep, answers, greedy) if len(a) >= 2]  # enough to learn from
+        sequences = [group[i] + a for i, a, _ in answered]
+        made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         prefill_share = min(4.0, max(0.05, (time.perf_counter() - generated) / max(generated - started, 1e-3)))
         examples = [
             Example(np.array(s, dtype=np.int32), *m, len(group[i]) - 1, (first + i) % HELD_OUT_EVERY == 0, g)
-            for s, m, i, g in zip(sequences, made, keep, greedy)
-            if m is not None and len(s) - len(group[i]) >= 2
+            for s, m, (i, _, g) in zip(sequences, made, answered)
+            if m is not None
         ]
         write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started)
         report("answers", record, sum(len(a) for a in answers), record["answer_seconds"] / plan.answer_seconds)
 
 
-def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float) -> None:
+def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> None:
     """Fixed text read by the target, TEXT_GROUP chunks a shard, until it or its time runs out."""
     phase_end = min(until, time.perf_counter() + plan.text_seconds - record["text_seconds"])
     if not plan.text_files or time.perf_counter() >= phase_end:
@@ -428,7 +463,7 @@ def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report
     while record["text_done"] < len(texts) and (started := time.perf_counter()) < phase_end:
         first = record["text_done"]
         group = texts[first : first + TEXT_GROUP]
-        made = prefill(model, taps, group, vocab_size=plan.vocab_size, until=phase_end)
+        made = prefill(model, taps, group, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         examples = [
             Example(np.array(s, dtype=np.int32), *m, 0, (first + i) % HELD_OUT_EVERY == 0, False)
             for i, (s, m) in enumerate(zip(group, made))
