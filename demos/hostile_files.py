@@ -33,7 +33,7 @@ from tests import mtp_models  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
 from tests.test_eagle3 import HOSTILE_CONFIGS  # noqa: E402
 from tests.test_train_draft import _prompts  # noqa: E402
-from tests.test_train_draft_inputs import DAMAGE, OUT_OF_RANGE  # noqa: E402
+from tests.test_train_draft_inputs import DAMAGE, OUT_OF_RANGE, SLOW_TARGET  # noqa: E402
 
 ENV = os.environ | {"HF_HUB_OFFLINE": "1", "MLXSPEC_DEBUG": ""}
 CTRL_C_SECONDS = 5.0  # a Ctrl-C ends the command within this
@@ -125,6 +125,10 @@ def build(work: Path) -> dict:
     subprocess.run([*command, "--batch", "8", "--draft-vocab", "64"], check=True, capture_output=True, env=ENV)
     for name in ("config.json", "model.safetensors", "README.md"):
         (run / name).unlink()
+    slow = factory.model("llama-slow", arch="llama", seed=3, overrides=SLOW_TARGET)
+    words = [f"{w} {i}" for i, w in enumerate(" ".join(["river clock garden lamp window"] * 10).split())]
+    long_prompts = work / "long.jsonl"
+    long_prompts.write_text("\n".join(json.dumps({"prompt": " ".join(words[i:] + words[:i])}) for i in range(32)))
     hub = mtp_models.write_hub_model(
         "qwen3_5", work / "hub", tokenizer_dir=factory.tokenizer_dir, eos_token_ids=factory.eos
     )
@@ -134,6 +138,8 @@ def build(work: Path) -> dict:
         "target": target,
         "draft": draft,
         "prompts": prompts,
+        "slow": slow,
+        "long_prompts": long_prompts,
         "run": run,
         "head": make_head(target, work / "head"),
         "hub": hub,
@@ -213,6 +219,11 @@ def _budget_cases(m: dict) -> list[Case]:
     for after in (1.5, 3.0, 6.0):  # loading, answers, training
         argv = train("--minutes", 0.3, *long)
         found.append(Case("train-draft Ctrl-C", f"Ctrl-C after {after} s", argv, 30, setup=fresh, interrupt=after))
+    slow = ["train-draft", "--target", m["slow"], "--out", out, "--prompts", m["long_prompts"], "--minutes", 1]
+    for after in (5.0, 9.0, 12.0, 20.0, 40.0):  # a target this CPU reads at a few hundred ids a second
+        argv = [*slow, "--answer-minutes", 0.5, "--draft-vocab", 64]
+        found.append(Case("train-draft Ctrl-C", f"a 25M target, Ctrl-C after {after} s", argv, 60, setup=fresh,
+                          interrupt=after))  # fmt: skip
     return found
 
 
