@@ -244,15 +244,15 @@ def save_shard(path: Path, examples: list[Example]) -> None:
 
 
 SHARD_PATTERN = "shard-[0-9][0-9][0-9][0-9].npz"
-_SHARD_KINDS = {  # key: (dimensions, what its values must be)
-    "ids": (1, "integer"),
-    "lengths": (1, "integer"),
-    "features": (2, "floating"),
-    "top_ids": (2, "integer"),
-    "top_probs": (2, "floating"),
-    "train_from": (1, "integer"),
-    "held_out": (1, "bool"),
-    "greedy": (1, "bool"),
+_SHARD_KINDS = {  # key: (dimensions, the kind of its values)
+    "ids": (1, np.integer),
+    "lengths": (1, np.integer),
+    "features": (2, np.floating),
+    "top_ids": (2, np.integer),
+    "top_probs": (2, np.floating),
+    "train_from": (1, np.integer),
+    "held_out": (1, np.bool_),
+    "greedy": (1, np.bool_),
 }
 
 
@@ -304,8 +304,8 @@ def shard_problem(data: dict, *, vocab_size: int | None, feature_width: int | No
         array = data.get(key)
         if array is None:
             return f"no {key}"
-        if array.ndim != ndim or not np.issubdtype(array.dtype, getattr(np, kind) if kind != "bool" else np.bool_):
-            return f"{key} is not a {ndim}-D array of {kind} values"
+        if array.ndim != ndim or not np.issubdtype(array.dtype, kind):
+            return f"{key} is not a {ndim}-D array of {kind.__name__.rstrip('_')} values"
     lengths, rows = data["lengths"], len(data["ids"])
     if not all(len(data[key]) == len(lengths) for key in ("train_from", "held_out", "greedy")):
         return "its per-example arrays differ in length"
@@ -351,10 +351,10 @@ def read_progress(folder: Path) -> dict:
             raise TrainingError(f"{file}: not a progress record (a JSON object of counts and seconds)")
         record |= {key: saved[key] for key in record if key in saved}
     for key in _PROGRESS_COUNTS:
-        if not _whole(record[key]) or record[key] < 0:
+        if not is_whole(record[key]) or record[key] < 0:
             raise TrainingError(f"{file}: {key} is {record[key]!r}, not a whole number >= 0")
     for key in _PROGRESS_SECONDS:
-        if not _number(record[key]) or not math.isfinite(record[key]) or record[key] < 0:
+        if not is_number(record[key]) or not math.isfinite(record[key]) or record[key] < 0:
             raise TrainingError(f"{file}: {key} is {record[key]!r}, not a number of seconds >= 0")
     written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
     if written and record["shards"] <= max(written):
@@ -365,11 +365,11 @@ def read_progress(folder: Path) -> dict:
     return record
 
 
-def _whole(value) -> bool:
+def is_whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -20,12 +20,12 @@ import numpy as np
 from .data import (
     DataPlan,
     TrainingError,
-    _number,
-    _whole,
     _write_json,
     build_data,
     check_text_files,
     choose_vocabulary,
+    is_number,
+    is_whole,
     load_shards,
     read_progress,
     read_prompt_file,
@@ -51,7 +51,7 @@ from .trainer import (
 RUN_FILE = "run.json"
 BUNDLED_PROMPTS = 6000
 MAX_STEPS = 32  # training-time-test steps unrolled at most (each a forward of the head per batch)
-SEED_LIMIT = 2**32
+SEED_LIMIT = 2**32  # a run's seed plus its prompt and epoch counts stay well inside MLX's 64-bit seeds
 
 
 @dataclass
@@ -83,11 +83,11 @@ class Settings:
 
 
 def _finite_above(value, low: float, *, inclusive: bool = False) -> bool:
-    return _number(value) and math.isfinite(value) and (value >= low if inclusive else value > low)
+    return is_number(value) and math.isfinite(value) and (value >= low if inclusive else value > low)
 
 
 def _whole_from(value, low: int, high: int | None = None) -> bool:
-    return _whole(value) and value >= low and (high is None or value < high)
+    return is_whole(value) and value >= low and (high is None or value < high)
 
 
 def settings_problem(settings: Settings) -> tuple[str, str] | None:
@@ -262,6 +262,8 @@ class Kept:
 
 
 def read_back(out: Path, settings: Settings, shape: TargetShape) -> Kept:
+    """The shards, the decided arrays and the checkpoint earlier sessions wrote, each
+    checked (one line naming a damaged file) before the run does anything new."""
     data = out / "data"
     size = min(settings.draft_vocab, shape.vocab_size)
     checkpoint = checkpoint_folder(out / "checkpoint")

@@ -33,7 +33,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..drafters.eagle3_head import Eagle3Head, config_from_target, load_head, save_head, target_embedding
 from ..gguf_import.record import sha256
-from .data import Example, TrainingError, _number, _whole, _write_json
+from .data import Example, TrainingError, _write_json, is_number, is_whole
 
 CONTEXT = 64  # prompt rows kept before an answer's first target
 MAX_WINDOW = 448
@@ -628,11 +628,11 @@ def _state_problem(raw: dict, files) -> str | None:
     if unknown := sorted(set(raw) - known):
         return f"{unknown[0]!r} is not a field of a checkpoint's state"
     for key in _STATE_COUNTS:
-        if not _whole(raw.get(key)) or raw[key] < 0:
+        if not is_whole(raw.get(key)) or raw[key] < 0:
             return f"{key} is {raw.get(key)!r}, not a whole number >= 0"
-    if not _number(raw.get("seconds")) or not 0 <= raw["seconds"] < math.inf:
+    if not is_number(raw.get("seconds")) or not 0 <= raw["seconds"] < math.inf:
         return f"seconds is {raw.get('seconds')!r}, not a number of seconds >= 0"
-    if not _number(raw.get("loss")):
+    if not is_number(raw.get("loss")):
         return f"loss is {raw.get('loss')!r}, not a number"
     if not isinstance(raw.get("history"), list) or not all(_figures(h) for h in raw["history"]):
         return "its held-out record (history) is not a list of figures"
@@ -650,10 +650,10 @@ def _figures(entry) -> bool:
     """One held-out record: step, tokens, α per position, Σ min(p, q), positions."""
     return (
         isinstance(entry, dict)
-        and all(_whole(entry.get(k)) and entry[k] >= 0 for k in ("step", "tokens", "positions"))
+        and all(is_whole(entry.get(k)) and entry[k] >= 0 for k in ("step", "tokens", "positions"))
         and isinstance(entry.get("alpha"), list)
-        and all(_number(a) and 0 <= a <= 1 for a in entry["alpha"])
-        and _number(entry.get("expected_acceptance"))
+        and all(is_number(a) and 0 <= a <= 1 for a in entry["alpha"])
+        and is_number(entry.get("expected_acceptance"))
         and math.isfinite(entry["expected_acceptance"])
     )
 
