@@ -1,13 +1,15 @@
-"""Damaged GGUF headers and prompt-cache metadata, and JSON schemas for the grammar engine
-(deep, wide, self-referring), many more than the CI run of tests/test_fuzz.py (needs the
-test extra: pip install -e ".[test]").
+"""Damaged GGUF headers, prompt-cache metadata and train-draft's run files (shards,
+progress.json, state.json, run.json, vocabulary.npy, feature_scale.npy, the checkpoint's
+head.safetensors), and JSON schemas for the grammar engine (deep, wide, self-referring),
+many more than the CI run of tests/test_fuzz.py (needs the test extra: pip install -e
+".[test]").
 
-    python demos/fuzz_inputs.py [--examples 20000] [--fixed] [--only gguf|cache|grammar ...]
+    python demos/fuzz_inputs.py [--examples 20000] [--fixed] [--only gguf|cache|grammar|run ...]
 
-Each input must be imported, read or compiled, or refused with one of mlxspec's errors in
-one line without a library's own text (numpy's, gguf-py's); a schema that crashed the grammar
-engine would end the run. Prints how many inputs each target ran and how each ended. Random
-seeds each run (`--fixed`: the CI test's).
+Each input must be imported, read or compiled (and what is read sound), or refused with one
+of mlxspec's errors in one line without a library's own text (numpy's, gguf-py's), each
+within seconds; a schema that crashed the grammar engine would end the run. Prints how many
+inputs each target ran and how each ended. Random seeds each run (`--fixed`: the CI test's).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from tests import fuzz_targets as fuzz  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
 
-TARGETS = ("gguf", "cache", "grammar")
+TARGETS = ("gguf", "cache", "grammar", "run")  # run: train-draft's run files
 
 
 def counted(seen: Counter, target_of):
@@ -37,6 +39,20 @@ def counted(seen: Counter, target_of):
         seen[target_of(case)] += 1
 
     return run
+
+
+def train_run(target: Path, work: Path) -> tuple[Path, dict]:
+    """A finished tiny train-draft run (a few seconds), as tests/test_fuzz.py makes one."""
+    import subprocess
+
+    from tests.test_train_draft import _prompts
+
+    out = work / "run"
+    command = [sys.executable, "-m", "mlxspec", "train-draft", "--target", str(target), "--out", str(out)]
+    command += ["--prompts", str(_prompts(work / "p.jsonl", 16)), "--tokens", "2000", "--answer-minutes", "0.02"]
+    command += ["--max-tokens", "16", "--batch", "8", "--draft-vocab", "64"]
+    subprocess.run(command, check=True, capture_output=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    return out, fuzz.run_shape(out, target)
 
 
 def main() -> None:
@@ -79,8 +95,17 @@ def main() -> None:
             "cache": ("prompt-cache metadata", fuzz.meta_edits(), lambda case: fuzz.read_damaged(cache, pair, *case)),
             "grammar": ("grammar schemas", fuzz.grammar_schemas(), lambda schema: fuzz.start_schema(bundled, schema)),
         }
+        if not args.only or "run" in args.only:
+            run, shape = train_run(target, work)
+            for kind, name in fuzz.RUN_FILES.items():
+                strategy = fuzz.run_file_edits(kind, (run / name).stat().st_size)
+                runs[f"run-{kind}"] = (
+                    f"train-draft's {kind}",
+                    strategy,
+                    lambda edit, kind=kind: fuzz.read_run_file(run, kind, edit, shape),
+                )
         for key, (name, strategy, target_of) in runs.items():
-            if args.only and key not in args.only:
+            if args.only and key.split("-")[0] not in args.only:
                 continue
             seen, start = Counter(), time.perf_counter()
             options(given(strategy)(counted(seen, target_of)))()

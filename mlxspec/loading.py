@@ -328,7 +328,9 @@ def _checked_folder(name: str, offline: bool | None) -> tuple[Path, dict]:
         and not (path / "tokenizer.model").exists()
         and not list(path.glob("*.tiktoken"))
     ):
-        raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+        from .drafters.eagle3_head import unnamed_head
+
+        raise ModelLoadError(f"{path} {unnamed_head(config) or 'has no tokenizer (tokenizer.json or tokenizer.model)'}")
     return path, config
 
 

@@ -109,7 +109,11 @@ def _check_family(config: Path, *, family: str, source: str) -> None:
     family's head would be refused later for its names or shapes, or said to be missing."""
     if not config.exists():
         return
-    theirs = str(json.loads(config.read_text()).get("model_type", ""))
+    try:
+        raw = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelNotFound(f"{config}: not a readable config ({type(e).__name__})") from None
+    theirs = str(raw.get("model_type", "")) if isinstance(raw, dict) else ""
     if theirs and theirs != family:
         raise IncompatibleHead(f"{source} is {theirs}, the model is {family}: give the model's own original checkpoint")
 
@@ -120,7 +124,7 @@ def _fetch_head_shards(
     """Only the original's config, index and the shard(s) its index says hold the head."""
     from huggingface_hub import hf_hub_download
 
-    from .drafters.mtp_head import head_tensor_name
+    from .drafters.mtp_head import head_tensor_name, weight_map
 
     def fetch(filename: str) -> Path:
         try:
@@ -132,8 +136,7 @@ def _fetch_head_shards(
 
     _check_family(fetch("config.json"), family=family, source=repo)
     index = fetch(INDEX)
-    weight_map = json.loads(index.read_text()).get("weight_map", {})
-    shards = sorted({file for tensor, file in weight_map.items() if head_tensor_name(tensor, nextn) is not None})
+    shards = sorted({file for tensor, file in weight_map(index).items() if head_tensor_name(tensor, nextn) is not None})
     if not shards:
         what = f"model.layers.{nextn}.*" if nextn is not None else "mtp.*"
         raise IncompatibleHead(f"{repo} has no MTP head either (its index names no {what} tensors)")

@@ -109,20 +109,29 @@ def _refuse_heads(session) -> None:
         )
 
 
-def save(path: str | Path, session, text: str, *, system: str | None = None, raw: bool = False) -> PromptCache:
+def save(
+    path: str | Path, session, text: str, *, system: str | None = None, raw: bool = False, progress=None
+) -> PromptCache:
     """Read the start of a prompt beginning with `text` into the session's caches (both
-    models') and write them to `path`. Returns what the file says about itself."""
+    models') and write them to `path`. Returns what the file says about itself. The text is
+    measured against the target's context before anything is read, and read a chunk at a
+    time (`progress(done, total)` after each; Ctrl-C is taken between chunks)."""
     from mlx_lm.models.cache import save_prompt_cache
 
-    from .engine import prefill
+    from .generation import fit_context
 
     _refuse_heads(session)
     pair = session.pair
     start, ids = rendering(pair, text, system=system, raw=raw)
     if len(ids) < 2:
-        raise InvalidOption("nothing to cache: give the text a prompt starts with (or a --system prompt)")
+        raise InvalidOption(
+            f"nothing to cache: the text is {len(ids)} token{'s' * (len(ids) != 1)}, and a cache holds the ids "
+            "before a prompt's last "
+            "(read with what follows): give a longer text, or a --system prompt"
+        )
+    fit_context(pair, len(ids), 1)  # as generate: a prompt that fills the context is refused, here before reading
     cursors = {"target": session.target} | ({"draft": session.draft} if session.draft else {})
-    prefill(session.target, session.draft, ids)
+    _read(session, ids, progress or (lambda done, total: None))
     models = {role: fingerprint(getattr(pair, role)) | {"layers": len(c.cache.layers)} for role, c in cursors.items()}
     info = PromptCache(
         path=Path(path),
@@ -142,6 +151,19 @@ def save(path: str | Path, session, text: str, *, system: str | None = None, raw
     except OSError as e:
         raise InvalidOption(f"cannot write {path}: {e.strerror}") from None
     return info
+
+
+READ_STEP = 512  # ids read between progress reports (and chances for Ctrl-C)
+
+
+def _read(session, ids: list[int], progress) -> None:
+    """Prefill both models with `ids` (all but the last), READ_STEP ids at a time."""
+    from .engine import prefill
+
+    total = len(ids) - 1
+    for end in [*range(READ_STEP, total, READ_STEP), total]:
+        prefill(session.target, session.draft, ids[: end + 1])
+        progress(end, total)
 
 
 def _seal(path: str | Path, meta: dict) -> None:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InvalidOption
+from .errors import InvalidOption, MlxspecError
 
 _ARTICLE = (
     "The city council voted on Tuesday to convert the old railway depot into a public library "
@@ -84,13 +84,28 @@ def suite(quick: bool = False) -> list[BenchPrompt]:
     return out
 
 
+def read_text_file(path: str | Path, what: str, error: type[MlxspecError] = InvalidOption) -> str:
+    """A text file a user names (`what`: the option or role), as UTF-8; one line naming it
+    when it is missing, a folder, unreadable or not text (a binary file)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a folder: give a file") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+    except OSError as e:
+        raise error(f"{what} {path} cannot be read ({e.strerror or e})") from None
+
+
 def load_jsonl(path: str | Path) -> list[BenchPrompt]:
     """One JSON object per line: {"prompt": "...", "category": "..." (optional), "name": ... (optional)}."""
     path = Path(path)
     if not path.exists():
         raise InvalidOption(f"no prompts file at {path}")
     prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text_file(path, "--prompts").splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -7,6 +7,7 @@ message with numpy's text in it, a crash of the process) fails."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -213,3 +214,224 @@ def start_schema(pair, schema) -> str:
         check_spec(spec, pair.tokenizer, width=pair.target.width, eos_ids=pair.eos_ids)
 
     return outcome(check)
+
+
+# --- train-draft's run folder (issue 28) ----------------------------------------------------------
+# A finished tiny run (`run_folder`) is copied, one of its files damaged, and read back by the
+# function a resumed run reads it with: refused in one line, or read sound (checked here
+# without the library's own checks), never an internal error, never slow.
+RUN_FILES = {
+    "shard": "data/shard-0000.npz",
+    "progress.json": "data/progress.json",
+    "state.json": "checkpoint/state.json",
+    "run.json": "run.json",
+    "vocabulary.npy": "data/vocabulary.npy",
+    "feature_scale.npy": "data/feature_scale.npy",
+    "head.safetensors": "checkpoint/head.safetensors",
+}
+SLOW = 10.0  # seconds any one read may take at most
+_CHECKPOINT = ("checkpoint/state.json", "checkpoint/head.safetensors", "checkpoint/optimizer.safetensors")
+_BOUND = ("data/vocabulary.npy", "data/feature_scale.npy")  # the arrays a checkpoint records the sha256 of
+READS_WITH = {  # the other files a read of each needs
+    "shard": (),
+    "progress.json": ("data/shard-0000.npz",),
+    "state.json": _CHECKPOINT + _BOUND,
+    "run.json": (),
+    "vocabulary.npy": _CHECKPOINT + _BOUND,
+    "feature_scale.npy": _CHECKPOINT + _BOUND,
+    "head.safetensors": _CHECKPOINT + _BOUND,
+}
+
+
+def byte_edits(size: int):
+    """Up to four overwrites anywhere in a file of `size` bytes and an optional cut."""
+    edit = st.tuples(st.integers(0, max(size - 1, 0)), st.binary(min_size=1, max_size=8))
+    return st.tuples(st.lists(edit, min_size=1, max_size=4), st.one_of(st.none(), st.integers(0, size)))
+
+
+def json_edits():
+    """A JSON file's fields replaced or dropped (a few at a time), or the file replaced by any
+    JSON value or by text that is not JSON."""
+    field = st.tuples(st.text(max_size=16) | st.sampled_from(JSON_FIELDS), st.one_of(st.just("<drop>"), JSON))
+    whole = st.one_of(JSON.map(lambda v: ("<whole>", v)), st.text(max_size=20).map(lambda t: ("<text>", t)))
+    return st.one_of(st.lists(field, min_size=1, max_size=3), whole.map(lambda w: [w]))
+
+
+JSON_FIELDS = [
+    *("prompts_done", "text_done", "answer_seconds", "text_seconds", "shards"),  # progress.json
+    *("step", "epoch", "batch", "seconds", "tokens", "loss", "history", "files"),  # state.json
+    *("target", "minutes", "tokens", "draft_vocab", "steps", "answer_minutes", "text_minutes", "max_tokens"),
+    *("batch", "seed", "lr", "warmup", "batch_rows", "single_step_share", "raw", "standardize", "text_files"),
+]
+
+
+def array_edits():
+    """An array (a shard's, or a kept .npy) changed as a bug or a hand might: another dtype,
+    cut, flattened, a value set to NaN, infinity, a negative or a huge number."""
+    change = st.sampled_from(["float16", "float32", "int32", "int64", "bool", "cut", "flat", "2d", "empty"])
+    poke = st.tuples(st.just("poke"), st.sampled_from([float("nan"), float("inf"), -1, -(2**31), 2**31 - 1, 1e30]))
+    return st.lists(st.one_of(change, poke), min_size=1, max_size=2)
+
+
+SHARD_KEYS = ["ids", "lengths", "features", "top_ids", "top_probs", "train_from", "held_out", "greedy"]
+
+
+def apply_array_edits(array, edits):
+    import numpy as np
+
+    for edit in edits:
+        if isinstance(edit, tuple):
+            if array.size:
+                array = array.astype(np.float64 if isinstance(edit[1], float) else array.dtype, copy=True)
+                with np.errstate(all="ignore"):
+                    array.flat[array.size // 2] = edit[1]
+        elif edit == "cut":
+            array = array[: max(len(array) // 2, 0)] if array.ndim else array
+        elif edit == "flat":
+            array = array.reshape(-1)
+        elif edit == "2d":
+            array = array.reshape(1, -1)
+        elif edit == "empty":
+            array = array[:0]
+        else:
+            with np.errstate(all="ignore"):
+                array = array.astype(edit)
+    return array
+
+
+def run_file_edits(kind: str, size: int):
+    """How a file of `kind` (RUN_FILES) of `size` bytes is damaged."""
+    raw = byte_edits(size).map(lambda e: ("bytes", e))
+    if kind.endswith(".json"):
+        return st.one_of(raw, json_edits().map(lambda e: ("json", e)))
+    if kind == "shard":
+        arrays = st.tuples(st.sampled_from(SHARD_KEYS + ["<drop>"]), array_edits()).map(lambda e: ("arrays", e))
+        return st.one_of(raw, arrays)
+    if kind.endswith(".npy"):
+        return st.one_of(raw, array_edits().map(lambda e: ("array", e)))
+    # head.safetensors: bytes changed, and (resealed) the same with its digest rewritten, so
+    # that the reading past the digest is reached too
+    return st.tuples(st.sampled_from(["bytes", "resealed"]), byte_edits(size))
+
+
+def damage_run_file(path: Path, edit) -> None:
+    import numpy as np
+
+    how, what = edit
+    if how in ("bytes", "resealed"):
+        path.write_bytes(damaged_header(path.read_bytes(), *what))
+        if how == "resealed":
+            _reseal(path)
+    elif how == "json":
+        path.write_text(_edited_json(path.read_text(), what))
+    elif how == "array":
+        np.save(path, apply_array_edits(np.load(path), what), allow_pickle=False)
+    elif how == "arrays":
+        key, edits = what
+        with np.load(path) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        if key == "<drop>":
+            arrays.pop(SHARD_KEYS[len(edits) % len(SHARD_KEYS)], None)
+        else:
+            arrays[key] = apply_array_edits(arrays[key], edits)
+        with open(path, "wb") as f:  # np.savez would add .npz to a name without it
+            np.savez(f, **arrays)
+
+
+def _edited_json(text: str, edits) -> str:
+    if edits[0][0] == "<text>":
+        return edits[0][1]
+    if edits[0][0] == "<whole>":
+        return json.dumps(edits[0][1])
+    data = json.loads(text)
+    for key, value in edits:
+        data.pop(key, None) if value == "<drop>" else data.__setitem__(key, value)
+    return json.dumps(data)
+
+
+def _reseal(path: Path) -> None:
+    """The checkpoint's record of this file's sha256 made to match it again."""
+    from mlxspec.gguf_import.record import sha256
+
+    state = path.parent / "state.json"
+    data = json.loads(state.read_text())
+    data["files"][path.name] = sha256(path)
+    state.write_text(json.dumps(data))
+
+
+def read_run_file(run: Path, kind: str, edit, shape: dict) -> str:
+    """Damage one file of a copy of `run` and read it back as --resume reads it."""
+    import time
+
+    with tempfile.TemporaryDirectory() as work:
+        copy = Path(work) / "run"
+        for name in {RUN_FILES[kind], *READS_WITH[kind]}:  # linked, not copied: only the damaged file is
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            if name == RUN_FILES[kind]:
+                shutil.copy(run / name, copy / name)
+            else:
+                os.link(run / name, copy / name)
+        damage_run_file(copy / RUN_FILES[kind], edit)
+        started = time.perf_counter()
+        ended = outcome(lambda: _read_back(copy, kind, shape))
+        assert time.perf_counter() - started < SLOW, (kind, edit)
+        return ended
+
+
+def _read_back(run: Path, kind: str, shape: dict) -> None:
+    """What --resume does with the file, and checks that what it read is sound."""
+    import math
+
+    import numpy as np
+
+    from mlxspec.training import data, trainer
+    from mlxspec.training import run as runs
+
+    if kind == "shard":
+        for e in data.load_shards(run / "data", vocab_size=shape["vocab_size"], feature_width=shape["width"]):
+            n = len(e.ids)
+            assert n == len(e.features) == len(e.top_ids) == len(e.top_probs) and 0 <= e.train_from < n
+            assert np.isfinite(e.features).all() and 0 <= e.ids.min() and e.ids.max() < shape["vocab_size"]
+    elif kind == "progress.json":
+        record = data.read_progress(run / "data")
+        assert all(type(record[k]) is int and record[k] >= 0 for k in ("prompts_done", "text_done", "shards"))
+        assert all(math.isfinite(record[k]) and record[k] >= 0 for k in ("answer_seconds", "text_seconds"))
+    elif kind == "run.json":
+        settings = runs.read_settings(run)
+        assert math.isfinite(settings.lr) and settings.lr > 0 and settings.batch >= 1 and settings.max_tokens >= 2
+        assert settings.minutes is None or (math.isfinite(settings.minutes) and settings.minutes > 0)
+    elif kind.endswith(".npy"):
+        problem = {
+            "vocabulary.npy": lambda v: runs.vocabulary_problem(v, vocab_size=shape["vocab_size"], size=shape["draft"]),
+            "feature_scale.npy": lambda v: runs.scale_problem(v, width=shape["width"]),
+        }[kind]
+        value = runs.read_kept(run / RUN_FILES[kind], problem)
+        assert value is not None and np.isfinite(value).all()
+        trainer.check_checkpoint(run / "checkpoint")  # the checkpoint was trained with the file as it was
+    else:  # state.json, head.safetensors
+        head = _head(shape)
+        state = trainer.load_checkpoint(run / "checkpoint", head)
+        assert min(state.step, state.epoch, state.batch, state.tokens) >= 0 and math.isfinite(state.seconds)
+        from mlx.utils import tree_flatten
+
+        assert trainer.non_finite(dict(tree_flatten(head.parameters()))) is None
+
+
+def _head(shape: dict):
+    from mlxspec.drafters.eagle3_head import Eagle3Head
+
+    return Eagle3Head(shape["config"])
+
+
+def run_shape(run: Path, target: Path) -> dict:
+    """What a run's files must fit, from its finished head and its target's config."""
+    from mlxspec.drafters.eagle3_head import read_config
+
+    config = read_config(run)
+    target_config = json.loads((Path(target) / "config.json").read_text())
+    return {
+        "vocab_size": int(target_config["vocab_size"]),
+        "width": config.feature_width,
+        "draft": config.draft_vocab_size,
+        "config": config,
+    }

@@ -134,6 +134,11 @@ def test_csv_and_plot_are_written(quick_report):
         (["--gamma", "two"], "comma-separated list"),
         (["--temp", "-1"], "temperature must be >= 0"),
         (["--prompts", "/no/such.jsonl"], "no prompts file"),
+        (["--prompts", "/bin/sh"], "not UTF-8 text"),  # binary: an internal error once (issue 28)
+        (["--prompts", "/"], "is a folder"),
+        (["--max-tokens", "0"], "--max-tokens"),  # 0 once meant "the default"
+        (["--repeats", "0"], "--repeats"),
+        (["--temp", "nan"], "temperature must be >= 0"),
     ],
 )
 def test_bench_bad_input(capsys, factory, args, message):

@@ -360,3 +360,48 @@ def test_a_head_in_speculators_layout_loads_the_same(heads, tmp_path):
     a = mlxspec.generate(published, PROMPT, max_tokens=24, gamma=3)
     b = mlxspec.generate(speculators, PROMPT, max_tokens=24, gamma=3)
     assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted > 0
+
+
+def _rewrite_config(head_dir, tmp_path, change):
+    """A copy of the head whose config.json is what `change(config)` returns."""
+    import shutil
+
+    out = tmp_path / "hostile"
+    shutil.copytree(head_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(change(config)))
+    return out
+
+
+def _set(**values):
+    return lambda config: config | values
+
+
+def _aux(ids):
+    return lambda config: config | {"eagle_config": config["eagle_config"] | {"eagle_aux_hidden_state_layer_ids": ids}}
+
+
+HOSTILE_CONFIGS = {
+    # issue 28: internal errors, nonsense accepted silently, and a line that named the wrong thing
+    "a JSON array": (lambda config: [config], "JSON list"),
+    "no attention heads": (_set(num_attention_heads=0), "num_attention_heads"),
+    "a trillion wide": (_set(hidden_size=1e12), "hidden_size"),
+    "a negative width": (_set(hidden_size=-256), "hidden_size"),
+    "a rope factor that is text": (_set(rope_scaling={"rope_type": "linear", "factor": "x"}), "rope_scaling"),
+    "a dynamic rope factor that is text": (_set(rope_scaling={"type": "dynamic", "factor": "x"}), "rope_scaling"),
+    "zero layers": (_set(num_hidden_layers=0), "num_hidden_layers"),
+    "no aux layers": (_aux([]), "eagle_aux_hidden_state_layer_ids"),
+    "fractional aux layers": (_aux([0.5, 1.0, 1.5]), "eagle_aux_hidden_state_layer_ids"),
+    "code of its own": (_set(auto_map={"AutoModel": "modeling_head.Head"}), "auto_map"),
+    "no architectures": (lambda config: {k: v for k, v in config.items() if k != "architectures"}, "architectures"),
+    "another architecture": (_set(architectures=["LlamaForCausalLM"]), "architectures"),
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE_CONFIGS))
+def test_a_hostile_head_config_is_refused_in_one_line(heads, tmp_path, hostile):
+    change, field = HOSTILE_CONFIGS[hostile]
+    edited = _rewrite_config(heads.head("llama", fit=0), tmp_path, change)
+    target = str(heads.target("llama"))
+    line = _one_line_refusal("generate", "hello", "--target", target, "--draft", str(edited), "-m", "4")
+    assert field in line and "internal error" not in line and "has no tokenizer" not in line, line

@@ -80,3 +80,39 @@ def test_fuzzed_grammar_schemas_compile_or_are_refused_in_one_line():
 
     run()
     assert sum(seen.values()) >= SCHEMA_EXAMPLES and seen["ok"] and seen["InvalidOption"], seen
+
+
+# --- train-draft's run folder (issue 28) ----------------------------------------------------------
+RUN_EXAMPLES = 300  # each file: some 10-40 s here
+RUN_SETTINGS = settings(
+    max_examples=RUN_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
+)
+
+
+@pytest.fixture(scope="module")
+def run_folder(factory, tmp_path_factory):
+    """A finished tiny train-draft run (a few seconds of training) and what its files fit."""
+    from tests.test_train_draft import _prompts, _train
+
+    target = factory.pair("llama")[0]
+    work = tmp_path_factory.mktemp("fuzz-run")
+    done = _train(
+        "--target", target, "--out", work / "run", "--prompts", _prompts(work / "p.jsonl", 16), "--tokens", 2000,
+        "--answer-minutes", 0.02, "--max-tokens", 16, "--batch", 8, "--draft-vocab", 64,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return work / "run", fuzz.run_shape(work / "run", target)
+
+
+@pytest.mark.parametrize("kind", list(fuzz.RUN_FILES))
+def test_fuzzed_run_files_are_read_sound_or_refused_in_one_line(run_folder, kind):
+    run, shape = run_folder
+    seen = Counter()
+
+    @RUN_SETTINGS
+    @given(fuzz.run_file_edits(kind, (run / fuzz.RUN_FILES[kind]).stat().st_size))
+    def check(edit):
+        seen[fuzz.read_run_file(run, kind, edit, shape)] += 1
+
+    check()
+    assert sum(seen.values()) >= RUN_EXAMPLES and "TrainingError" in seen, seen

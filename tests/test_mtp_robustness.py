@@ -256,3 +256,59 @@ def test_the_server_keeps_conversations_exact_with_the_head(hub, pair, tmp_path)
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="x", prompt="def", temperature=0, max_tokens=-3)
         assert completion(client, prompts[0]) == expected(prompts[0])
+
+
+# -- metadata that points elsewhere or is not what it says (issue 28)
+
+
+def _point_head_at(folder, name):
+    """The index says the head's tensors are in `name` (relative to the folder)."""
+    index_file = folder / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    index["weight_map"] = {k: (name if v == mtp_models.HUB_HEAD_SHARD else v) for k, v in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("where", ["../outside/head.safetensors", "ABSOLUTE"])
+def test_an_index_never_opens_a_file_outside_the_model_folder(capsys, hub, factory, tmp_path, where):
+    """A real copy of the head lies outside the folder, where the index points: it was read
+    (add-mtp and --draft mtp both succeeded from it). No path from a model's metadata leaves
+    its folder."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(hub / mtp_models.HUB_HEAD_SHARD, outside / "head.safetensors")
+    original = copy(hub, tmp_path, "original")
+    (original / mtp_models.HUB_HEAD_SHARD).unlink()
+    _point_head_at(original, str(outside / "head.safetensors") if where == "ABSOLUTE" else where)
+    model = copy(factory.quantized(hub, 4), tmp_path, "conversion")
+    for args in (
+        ("models", "add-mtp", str(model), "--from", str(original)),
+        ("generate", "def", "-t", str(original), "--draft", "mtp", "-m", "4"),
+    ):
+        code, _, err = run(capsys, *args)
+        lines = err.strip().splitlines()
+        assert code != 0 and len(lines) == 1 and "must lie in the model's folder" in lines[0], (args, err)
+    assert not (model / "mtp.safetensors").exists()
+
+
+def test_a_weight_map_that_is_not_an_object_is_one_line(capsys, hub, tmp_path):
+    folder = copy(hub, tmp_path, "listed")
+    index_file = folder / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    index["weight_map"] = sorted(index["weight_map"])
+    index_file.write_text(json.dumps(index))
+    code, _, err = run(capsys, "generate", "def", "-t", str(folder), "--draft", "mtp", "-m", "4")
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "weight_map is not an object" in lines[0], err
+
+
+def test_a_quantization_record_that_is_not_json_is_one_line(capsys, hub, factory, tmp_path):
+    model = copy(factory.quantized(hub, 4), tmp_path, "conversion")
+    assert run(capsys, "models", "add-mtp", str(model), "--from", str(hub))[0] == 0
+    stored = model / "mtp.safetensors"
+    tensors, metadata = mx.load(str(stored), return_metadata=True)
+    mx.save_safetensors(str(stored), tensors, metadata=metadata | {"mlxspec.quantized": "{not json"})
+    capsys.readouterr()
+    code, _, err = run(capsys, "generate", "def", "-t", str(model), "--draft", "mtp", "-m", "4")
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "mlxspec.quantized" in lines[0] and "internal error" not in err, err

@@ -111,3 +111,51 @@ def test_a_chat_starts_from_a_prompt_cache(load_pair, tmp_path):
     conversation.reset()
     exact_reply(conversation, "Once more.")
     assert conversation.turns[0].reused_tokens == len(cached.ids) - 1
+
+
+# -- cache-prompt against hostile input (issue 28): refusals before reading, and why
+
+
+def test_a_text_past_the_context_is_refused_before_it_is_read(capsys, factory, tmp_path):
+    """The tiny target reads 1024 tokens: a text of thousands was read whole and saved, and
+    generate then refused the file. Now one line before anything is read, no file."""
+    target, draft = (str(p) for p in factory.pair("llama"))
+    path = tmp_path / "long.safetensors"
+    code, _, err = run(capsys, "cache-prompt", TEXT * 60, "--raw", "-o", str(path), "-t", target, "-d", draft)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "reads at most 1024" in lines[0], err
+    assert not path.exists()
+
+
+def test_an_out_name_without_the_suffix_is_refused_before_loading(capsys, factory, tmp_path):
+    """MLX appends .safetensors to a name without it: the command then failed to read back
+    the file it named, and left FILE.safetensors behind."""
+    target = str(factory.pair("llama")[0])
+    code, _, err = run(capsys, "cache-prompt", TEXT, "--raw", "-o", str(tmp_path / "cache"), "-t", target)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and ".safetensors" in lines[0] and "internal error" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_text_too_short_to_cache_says_why(capsys, factory, tmp_path):
+    target = str(factory.pair("llama")[0])
+    out = str(tmp_path / "a.safetensors")
+    code, _, err = run(capsys, "cache-prompt", "a", "--raw", "-o", out, "-t", target, "--no-draft")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "the text is 1 token" in lines[0], err
+
+
+def test_a_long_text_is_read_a_chunk_at_a_time_with_progress(load_pair, tmp_path):
+    """Reported as it is read (a bar on a terminal), and read in chunks between which Ctrl-C
+    is taken; the file is the one a single read makes."""
+    pair = load_pair("llama")
+    text = TEXT * 12  # some 700 tokens: two chunks
+    seen = []
+    saved = prompt_cache.save(
+        tmp_path / "c.safetensors", Session(pair), text, raw=True, progress=lambda *d: seen.append(d)
+    )
+    total = len(saved.ids) - 1
+    assert len(seen) >= 2 and seen[-1] == (total, total) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+    session = Session(pair)
+    prompt_cache.restore(prompt_cache.read(tmp_path / "c.safetensors"), session)
+    assert follow(pair, session, list(saved.ids) + [5, 6], 3)[1] == fresh_standard(pair, list(saved.ids) + [5, 6], 20)

@@ -395,6 +395,8 @@ def test_bad_limits_are_one_line_before_anything_loads(capsys):
     for args, message in (
         (["--max-body-mb", "0"], "--max-body-mb must be > 0"),
         (["--header-timeout", "nan"], "--header-timeout must be > 0"),
+        (["--max-body-mb", "inf"], "--max-body-mb must be > 0 and finite"),  # an internal error once (issue 28)
+        (["--idle-timeout", "inf"], "--idle-timeout must be > 0 and finite"),  # no limit at all, silently
         (["--max-connections", "0"], "--max-connections must be from 1 to"),
         (["--max-connections", str(10**9)], "--max-connections must be from 1 to"),
     ):

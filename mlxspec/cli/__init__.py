@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     except MlxspecError as e:
         _report(str(e), every_rank=not e.alike_on_every_rank)
         sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt) as e:
+        if isinstance(e.__cause__, EOFError):  # click turns any EOFError into its abort: a bug, not a Ctrl-C
+            _report(f"EOFError: {e.__cause__} (MLXSPEC_DEBUG=1 shows the traceback)", "internal error")
+            sys.exit(1)
         sys.exit(130)
     except Exception as e:
         if _is_usage_error(e):

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..errors import InvalidOption
 from ..options import Options
-from .common import err, load, writable
+from .common import ConsoleReporter, err, load, writable
 from .options import DECODING_OPTIONS, Models, decoding_options, model_options
 
 _KEPT = ("raw", "system")
@@ -31,7 +31,9 @@ def cache_prompt(
     *,
     models: Models,
     options: Options,
-    out: Annotated[str, typer.Option("--out", "-o", metavar="FILE", help="Where to write the cache (.safetensors).")],
+    out: Annotated[
+        str, typer.Option("--out", "-o", metavar="FILE.safetensors", help="Where to write the cache (.safetensors).")
+    ],
 ):
     """Read the start of a prompt (a system prompt, a document) into both models' caches and
     save them: generate and chat with --prompt-cache FILE then read only what follows.
@@ -40,6 +42,8 @@ def cache_prompt(
     """
     from .. import generation, prompt_cache
 
+    if not out.endswith(".safetensors"):  # MLX would write OUT.safetensors beside the name given
+        raise InvalidOption(f"--out {out}: a prompt cache is a .safetensors file: give a name ending in .safetensors")
     if text == "-":
         text = sys.stdin.read()
     text = text or ""
@@ -48,7 +52,15 @@ def cache_prompt(
     path = writable(out, "the prompt cache")
     pair = load(models)
     session = generation.Session(pair, cache_options=models.cache_options())
-    saved = prompt_cache.save(path, session, text, system=options.system, raw=options.raw)
+    reporter = ConsoleReporter()
+    saved = prompt_cache.save(
+        path,
+        session,
+        text,
+        system=options.system,
+        raw=options.raw,
+        progress=lambda done, total: reporter.progress("Reading the text", done, total),
+    )
     size = path.stat().st_size / 2**20
     err.print(
         Text(f"cached {saved.describe()} in {path} ({size:.1f} MiB): --prompt-cache {path}", style="dim"),

@@ -9,7 +9,6 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
@@ -345,14 +344,9 @@ def _build_grammar(values: dict):
 
 
 def _read_text(path: str, option: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidOption(f"{option} {path}: no such file") from None
-    except IsADirectoryError:
-        raise InvalidOption(f"{option} {path} is a folder: give a file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidOption(f"{option} {path} cannot be read ({e})") from None
+    from ..prompts import read_text_file
+
+    return read_text_file(path, option)
 
 
 def _build_options(values: dict) -> Options:

@@ -3,6 +3,7 @@ with speculative decoding, for agents and apps."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Annotated, Optional
 
@@ -126,8 +127,8 @@ def server_limits(*, max_body_mb: float, header_timeout: float, idle_timeout: fl
         ("--header-timeout", header_timeout),
         ("--idle-timeout", idle_timeout),
     ):
-        if not value > 0:  # NaN included
-            raise InvalidOption(f"{name} must be > 0, got {value}")
+        if not 0 < value < math.inf:  # NaN refused too; infinity would be no limit at all
+            raise InvalidOption(f"{name} must be > 0 and finite, got {value}")
     raise_open_file_limit()
     most = most_connections_allowed()
     if max_connections is not None and not 1 <= max_connections <= most:

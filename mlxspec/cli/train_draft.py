@@ -39,6 +39,10 @@ class _Bar:
     def note(self, message: str) -> None:
         err.print(message, style="dim")
 
+    def status(self, message: str) -> None:
+        if err.is_terminal:
+            err.print(f"{message}…", style="dim")
+
     def data(self, source: str, record: dict, tokens: int, fraction: float) -> None:
         task = self._task("target's answers" if source == "answers" else "fixed text")
         done = record["prompts_done"] if source == "answers" else record["text_done"]
@@ -132,29 +136,22 @@ def train_draft(
     Example: mlxspec train-draft --target mlx-community/SmolLM2-135M-Instruct --out head --minutes 55
     """
     from ..errors import MlxspecError
-    from ..training.run import Settings, abandon, check_folder, read_settings, run, start
+    from ..training.run import abandon, check_folder, check_inputs, find_target, read_settings, run, start
 
-    if minutes is not None and minutes <= 0 or tokens is not None and tokens <= 0:
-        raise InvalidOption("--minutes and --tokens must be positive")
-    if steps < 1 or draft_vocab < 2 or batch_rows < 1:
-        raise InvalidOption("--steps and --batch-rows must be at least 1 and --draft-vocab at least 2")
-    if not 0.0 <= single_step_share < 1.0:
-        raise InvalidOption("--single-step-share must be at least 0 and below 1")
-    check_folder(out, resume=resume)
     if resume:
+        check_folder(out, resume=True)
         settings = read_settings(out)
     else:
-        total = minutes if minutes is not None else 30.0
-        settings = Settings(
+        settings = _new_settings(
             target=target,
-            prompts_file=str(prompts) if prompts else None,
-            text_files=[str(f) for f in text or []],
-            minutes=minutes if minutes is not None or tokens is None else None,
+            prompts=prompts,
+            text=text or [],
+            minutes=minutes,
             tokens=tokens,
             draft_vocab=draft_vocab,
             steps=steps,
-            answer_minutes=answer_minutes if answer_minutes is not None else min(15.0, total / 4),
-            text_minutes=(text_minutes if text_minutes is not None else min(10.0, total / 6)) if text else 0.0,
+            answer_minutes=answer_minutes,
+            text_minutes=text_minutes,
             max_tokens=max_tokens,
             batch=batch,
             seed=seed,
@@ -165,8 +162,10 @@ def train_draft(
             batch_rows=batch_rows,
             single_step_share=single_step_share,
             standardize=standardize,
-            command="mlxspec " + shlex.join(sys.argv[1:]),
         )
+        check_folder(out, resume=False)
+        check_inputs(settings)  # refusals before work: the prompts and --text read or checked,
+        find_target(settings.target)  # the target found (fetched when it must be)
         start(settings, out)
     bar = _Bar()
     try:
@@ -181,3 +180,26 @@ def train_draft(
         f"head written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
         f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
     )
+
+
+def _new_settings(*, target: str, prompts, text: list[Path], minutes, tokens, answer_minutes, text_minutes, **options):
+    """A new run's settings from its options, each checked as the run will use it (one line
+    naming the option, exit 2), with the budget's defaults filled in."""
+    from ..training.run import Settings, settings_problem
+
+    total = minutes if minutes is not None else 30.0
+    settings = Settings(
+        target=target,
+        prompts_file=str(prompts) if prompts else None,
+        text_files=[str(f) for f in text],
+        minutes=minutes if minutes is not None or tokens is not None else total,  # 30 when neither is given
+        tokens=tokens,
+        answer_minutes=answer_minutes if answer_minutes is not None else min(15.0, total / 4),
+        text_minutes=(text_minutes if text_minutes is not None else min(10.0, total / 6)) if text else 0.0,
+        command="mlxspec " + shlex.join(sys.argv[1:]),
+        **options,
+    )
+    if problem := settings_problem(settings):
+        name, what = problem
+        raise InvalidOption(f"--{name.replace('_', '-')} must be {what}, got {getattr(settings, name)!r}")
+    return settings

@@ -59,48 +59,158 @@ class HeadConfig:
         return self.target_hidden_size * len(self.aux_layer_ids or (0, 0, 0))  # three by default
 
 
+# fields only a draft head's config has: a folder with them and no head architecture named is
+# a head that does not say what it is, not a model without a tokenizer
+HEAD_FIELDS = ("draft_vocab_size", "eagle_config", "eagle_aux_hidden_state_layer_ids", "transformer_layer_config")
+
+
+def unnamed_head(config: dict) -> str | None:
+    """For a config with a head's fields but no head architecture: what to say; else None."""
+    fields = [key for key in HEAD_FIELDS if key in config]
+    if not fields:
+        return None
+    named = config.get("architectures")
+    return (
+        f"has a draft head's {fields[0]}, but its architectures ({named!r}) name neither "
+        f"{' nor '.join(ARCHITECTURES)}: an EAGLE-3 head's config.json says which it is"
+    )
+
+
 def is_head_folder(path: Path) -> bool:
     config = Path(path) / "config.json"
     if not config.is_file():
         return False
     try:
-        return any(a in ARCHITECTURES for a in json.loads(config.read_text()).get("architectures") or ())
-    except (ValueError, OSError):
+        named = json.loads(config.read_text()).get("architectures") or ()
+        return isinstance(named, list) and any(a in ARCHITECTURES for a in named if isinstance(a, str))
+    except (ValueError, OSError, AttributeError):  # not JSON, or not an object
         return False
 
 
+# Bounds past every published model's, so that a config's numbers cannot ask for more than a
+# machine holds (a head's widths are its target's: 16384 is Llama 3.1 405B's)
+MAX_WIDTH = 1 << 16
+MAX_VOCAB = 1 << 22
+MAX_HEADS = 1024
+MAX_POSITIONS = 1 << 24
+
+
 def read_config(path: Path) -> HeadConfig:
+    """A head's config.json, every field checked before a module is built from it: one line
+    naming the field that is missing or out of range (a config asking to run code of its own
+    is refused too: mlxspec never runs it)."""
+    from ..folder_code import refuse_custom_code
+
     file = Path(path) / "config.json"
     try:
         raw = json.loads(file.read_text())
     except (ValueError, OSError) as e:
         raise ModelLoadError(f"{file}: not a readable EAGLE-3 config ({e})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file}: not an EAGLE-3 config (a JSON object of settings)")
+    refuse_custom_code(Path(path))
     layer = raw.get("transformer_layer_config") or raw  # speculators nests the layer's config
     eagle = raw.get("eagle_config") or {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(layer, dict) or not isinstance(eagle, dict):
+        raise ModelLoadError(f"{file}: transformer_layer_config and eagle_config must be objects")
+    field = _Fields(file, raw, layer)
+    layers = layer.get("num_hidden_layers", raw.get("num_hidden_layers", 1))
+    if layers != 1:
+        raise ModelLoadError(f"{file}: num_hidden_layers is {layers!r}: an EAGLE-3 head is one decoder layer")
+    hidden = field.size("hidden_size", most=MAX_WIDTH)
+    heads = field.size("num_attention_heads", most=min(MAX_HEADS, hidden))
+    kv_heads = field.size("num_key_value_heads", most=heads, default=heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{file}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+    vocab = field.size("vocab_size", most=MAX_VOCAB)
+    config = HeadConfig(
+        hidden_size=hidden,
+        intermediate_size=field.size("intermediate_size", most=8 * MAX_WIDTH),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=field.size("head_dim", most=MAX_WIDTH, default=hidden // heads),
+        vocab_size=vocab,
+        draft_vocab_size=field.size("draft_vocab_size", most=vocab, default=vocab),
+        aux_layer_ids=_aux_layer_ids(file, eagle, raw),
+        target_hidden_size=field.size("target_hidden_size", most=MAX_WIDTH, default=hidden),
+        rms_norm_eps=field.positive("rms_norm_eps", 1e-5),
+        rope_theta=field.positive("rope_theta", 10000.0),
+        rope_scaling=layer.get("rope_scaling"),
+        max_position_embeddings=field.size("max_position_embeddings", most=MAX_POSITIONS, default=8192),
+        attention_bias=field.switch("attention_bias"),
+        norm_before_residual=field.switch("norm_before_residual", top=True),
+        extra={k: v for k, v in raw.items() if k in ("mlxspec", "torch_dtype")},
+    )
+    _check_rope(file, config)
+    return config
+
+
+class _Fields:
+    """A config's fields read as the head needs them: the layer's own first, then the top
+    level's (speculators keeps the vocabularies there), one line for a wrong one."""
+
+    def __init__(self, file: Path, raw: dict, layer: dict):
+        self.file, self.raw, self.layer = file, raw, layer
+
+    def _get(self, key: str, *, top: bool = False):
+        scopes = (self.raw,) if top else (self.layer, self.raw)
+        return next((scope[key] for scope in scopes if scope.get(key) is not None), None)
+
+    def size(self, key: str, *, most: int, default: int | None = None) -> int:
+        value = self._get(key)
+        value = default if value is None else value
+        if value is None:
+            raise ModelLoadError(f"{self.file}: an EAGLE-3 config needs {key}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ModelLoadError(f"{self.file}: {key} is {value!r}, not a whole number from 1 to {most}")
+        return value
+
+    def positive(self, key: str, default: float) -> float:
+        value = self._get(key)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ModelLoadError(f"{self.file}: {key} is {value!r}, not a positive number")
+        return float(value)
+
+    def switch(self, key: str, *, top: bool = False) -> bool:
+        value = self._get(key, top=top)
+        if value is not None and not isinstance(value, bool):
+            raise ModelLoadError(f"{self.file}: {key} is {value!r}, not true or false")
+        return bool(value)
+
+
+def _aux_layer_ids(file: Path, eagle: dict, raw: dict) -> tuple[int, ...] | None:
+    """The target layers the head reads (None: EAGLE-3's default for the target's depth)."""
+    key = "eagle_aux_hidden_state_layer_ids"
+    ids = eagle.get(key, raw.get(key))
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ModelLoadError(f"{file}: {key} is {ids!r}, not a list of layer numbers")
+    if any(i < 0 for i in ids):
+        raise ModelLoadError(f"{file}: {key} {ids} holds a negative layer number")
+    return tuple(ids)
+
+
+def _check_rope(file: Path, config: HeadConfig) -> None:
+    """The rope mlx-lm builds from the config, built and run once here: a rope_scaling it
+    cannot read (a factor that is no number) is one line naming it, not a failure mid-draft."""
+    from mlx_lm.models.rope_utils import initialize_rope
+
+    scaling = config.rope_scaling
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ModelLoadError(f"{file}: rope_scaling is {scaling!r}, not an object")
     try:
-        hidden = int(layer["hidden_size"])
-        heads = int(layer["num_attention_heads"])
-        return HeadConfig(
-            hidden_size=hidden,
-            intermediate_size=int(layer["intermediate_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
-            head_dim=int(layer.get("head_dim") or hidden // heads),
-            vocab_size=int(layer.get("vocab_size") or raw["vocab_size"]),
-            draft_vocab_size=int(raw.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]),
-            aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
-            target_hidden_size=int(raw.get("target_hidden_size") or layer.get("target_hidden_size") or hidden),
-            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(layer.get("rope_theta", 10000.0)),
-            rope_scaling=layer.get("rope_scaling"),
-            max_position_embeddings=int(layer.get("max_position_embeddings") or 8192),
-            attention_bias=bool(layer.get("attention_bias", False)),
-            norm_before_residual=bool(raw.get("norm_before_residual", False)),
-            extra={k: v for k, v in raw.items() if k in ("mlxspec", "torch_dtype")},
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelLoadError(f"{file}: an EAGLE-3 config needs {e} (hidden_size, heads, vocabularies)") from None
+        rope = initialize_rope(config.head_dim, config.rope_theta, False, scaling, config.max_position_embeddings)
+        mx.eval(rope(mx.zeros((1, 1, 2, config.head_dim))))
+    except Exception as e:  # mlx-lm raises ValueError, KeyError, TypeError... for what it cannot read
+        raise ModelLoadError(
+            f"{file}: rope_scaling {scaling} is not one mlx-lm can build ({type(e).__name__}: {_first_line(e)})"
+        ) from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def config_dict(config: HeadConfig) -> dict:

@@ -231,10 +231,18 @@ def build_head(body: Body, *, nextn_vocab: int | None = None) -> MtpHead | Nextn
 
 # -- reading the checkpoint
 def safetensors_header(path: Path) -> dict:
-    """name -> {"dtype", "shape", ...} from a safetensors file's header, without its data."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+    """name -> {"dtype", "shape", ...} from a safetensors file's header, without its data;
+    one line when the file has no such header (cut short, not safetensors)."""
+    try:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            if size > Path(path).stat().st_size - 8:
+                raise ValueError("a header longer than the file")
+            header = json.loads(f.read(size))
+        if not isinstance(header, dict) or not all(isinstance(v, dict) for k, v in header.items() if k[:2] != "__"):
+            raise ValueError("a header that is not an object of tensors")
+    except (OSError, ValueError, struct.error) as e:
+        raise IncompatibleHead(f"{path}: not a readable safetensors file ({e})") from None
     header.pop("__metadata__", None)
     return header
 
@@ -251,13 +259,39 @@ def written_by_mlxspec(path: Path) -> bool:
     return QUANTIZED_KEY in metadata
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def weight_map(index: Path) -> dict[str, str]:
+    """A safetensors index's tensor -> file map, checked: an object of names, each file a
+    plain name inside the index's folder (a path that climbs out of it, or starts from the
+    root, is refused: a model's metadata never opens a file elsewhere)."""
+    try:
+        raw = json.loads(index.read_text())
+    except (OSError, ValueError) as e:
+        raise IncompatibleHead(f"{index}: not a readable safetensors index ({type(e).__name__})") from None
+    mapping = raw.get("weight_map", {}) if isinstance(raw, dict) else None
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        raise IncompatibleHead(f"{index}: its weight_map is not an object of tensor names and file names")
+    for name, file in mapping.items():
+        if not inside_folder(file):
+            raise IncompatibleHead(f"{index} names {file!r} for {name!r}: a weight file must lie in the model's folder")
+    return mapping
+
+
+def inside_folder(name: str) -> bool:
+    """A file name from a model's metadata that stays in its folder: relative, no `..`, no
+    drive or backslash tricks, not empty."""
+    path = Path(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts and "\\" not in name and "\0" not in name
+
+
 def tensor_files(folder: Path) -> dict[str, Path]:
     """Every tensor name in a model folder -> the file holding it (the index when there is
     one, else the headers of its safetensors files)."""
-    index = folder / "model.safetensors.index.json"
+    index = folder / INDEX
     if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        return {name: folder / file for name, file in weight_map.items()}
+        return {name: folder / file for name, file in weight_map(index).items()}
     names = {}
     for file in sorted(folder.glob("model*.safetensors")):
         names.update({name: file for name in safetensors_header(file)})
@@ -289,7 +323,7 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
                 f"{converted} was not written by `mlxspec models add-mtp` (its layout is unknown): move it "
                 "away and run add-mtp"
             )
-        return dict(tensors), json.loads(metadata[QUANTIZED_KEY])
+        return dict(tensors), quantized_record(metadata[QUANTIZED_KEY], converted)
     files = tensor_files(folder)
     wanted = {name: head_tensor_name(name, nextn) for name in files}
     wanted = {name: short for name, short in wanted.items() if short is not None}
@@ -303,6 +337,30 @@ def read_head_tensors(folder: Path, *, nextn: int | None = None) -> tuple[dict[s
         loaded = _load(file)
         tensors.update({wanted[name]: loaded[name] for name in loaded if name in wanted})
     return tensors, None
+
+
+def quantized_record(text: str, path: Path) -> dict:
+    """add-mtp's record of the head's quantization (module path -> false, or its
+    group_size, bits and mode), checked before nn.quantize reads it."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not all(_quantization(v) for v in record.values()):
+        raise IncompatibleHead(
+            f"{path}: its {QUANTIZED_KEY} metadata is not add-mtp's record of the head's quantization: "
+            "run `mlxspec models add-mtp` again"
+        )
+    return record
+
+
+def _quantization(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    whole = [value.get(k) for k in ("group_size", "bits")] if isinstance(value, dict) else [None]
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in whole) and isinstance(
+        value.get("mode", "affine"), str
+    )
 
 
 def _load(file: Path, **kwargs):
@@ -326,7 +384,9 @@ def body_in_hub_layout(folder: Path, family: str) -> bool:
         return False
     if not files[conv[0]].exists():  # an original fetched for its head alone: the hub's layout
         return True
-    shape = safetensors_header(files[conv[0]])[conv[0]]["shape"]
+    shape = safetensors_header(files[conv[0]]).get(conv[0], {}).get("shape")
+    if not isinstance(shape, list) or not shape:
+        raise IncompatibleHead(f"{files[conv[0]]}: its header gives {conv[0]} no shape")
     return shape[-1] != 1
 
 

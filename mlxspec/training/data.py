@@ -18,6 +18,7 @@ them instead of asking the target again.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ HELD_OUT_EVERY = 16  # example k is held out when k % 16 == 0
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
 FLOAT16_LIMIT = 6e4
+STEP_SECONDS = 1.0  # the work between two looks at the clock (and chances for Ctrl-C), about
+PREFILL_BATCH = 4  # prompts a step of answer generation reads at once
 
 
 class TrainingError(MlxspecError):
@@ -50,16 +53,32 @@ class Example:
     greedy: bool  # an answer the target wrote greedily (held-out agreement is read on these)
 
 
-def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int) -> list[tuple]:
+class Pace:
+    """How many positions a forward may read to take about STEP_SECONDS here, measured as the
+    target reads: a fast machine reads in large batches, and a slow one (a CPU) still looks
+    at the clock, and hears Ctrl-C, every second or so."""
+
+    def __init__(self, positions: int = 256, *, least: int = 32):
+        self.positions, self.least = positions, least
+
+    def observe(self, positions: int, seconds: float) -> None:
+        self.positions = max(self.least, int(positions / max(seconds, 1e-3) * STEP_SECONDS))
+
+
+def prefill(
+    model, taps, sequences: list[list[int]], *, vocab_size: int, until: float = math.inf, pace: Pace | None = None
+) -> list:
     """Teacher-forced prefill: per sequence (features (L, F) float16, top ids (L, K),
-    top probs (L, K) float16). Sequences of similar length are right-padded together (about
-    half a GB of float32 logits at once); the causal mask keeps padding out of every real
-    position."""
-    batch_tokens = max(256, 2**27 // vocab_size)
+    top probs (L, K) float16), or None for those left when the clock passed `until`
+    (perf_counter seconds). Sequences of similar length are right-padded together (about
+    half a GB of float32 logits at once, and no more positions than `pace` allows); the
+    causal mask keeps padding out of every real position."""
+    pace = pace or Pace()
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: list = [None] * len(sequences)
     start = 0
-    while start < len(order):
+    while start < len(order) and (began := time.perf_counter()) < until:
+        batch_tokens = min(pace.positions, max(256, 2**27 // vocab_size))
         width = len(sequences[order[start]])
         group = [order[start]]
         while start + len(group) < len(order):
@@ -77,6 +96,7 @@ def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int) -> list
         probs = mx.exp(mx.take_along_axis(logits, top, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True))
         mx.eval(features, top, probs)
         features, top, probs = np.array(features), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16))
+        pace.observe(width * len(group), time.perf_counter() - began)
         if np.abs(features).max() < FLOAT16_LIMIT:  # kept in float32 where they would overflow (Gemma's do)
             features = features.astype(np.float16)
         for row, i in enumerate(group):
@@ -91,9 +111,23 @@ def prefill(model, taps, sequences: list[list[int]], *, vocab_size: int) -> list
     return out
 
 
-def generate_answers(model, prompts: list[list[int]], *, max_tokens: int, eos: list[int], seed: int, batch: int):
+def generate_answers(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int,
+    eos: list[int],
+    seed: int,
+    batch: int,
+    until: float = math.inf,
+    pace: Pace | None = None,
+):
     """The target's answers to `prompts`, all generated together by mlx-lm's BatchGenerator
-    (continuous batching, `batch` sequences at a time). Returns (answers, greedy flags)."""
+    (continuous batching, `batch` sequences at a time), cut where they stand when the clock
+    passes `until` (perf_counter seconds: a step at a time, each reading no more prompt ids
+    than `pace` allows, so a budget holds however long the answers). Returns (answers,
+    greedy flags)."""
+    pace = pace or Pace()
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
@@ -106,17 +140,38 @@ def generate_answers(model, prompts: list[list[int]], *, max_tokens: int, eos: l
         max_tokens=max_tokens,
         stop_tokens=[[t] for t in eos],
         completion_batch_size=batch,
-        prefill_batch_size=min(batch, 16),
+        # a step reads about pace.positions prompt ids beside its decoding: the clock (and
+        # Ctrl-C) is heard every second or so even on a CPU
+        prefill_batch_size=min(batch, PREFILL_BATCH),
+        prefill_step_size=max(16, pace.positions // min(batch, PREFILL_BATCH)),
     )
     try:
         uids = generator.insert(prompts, samplers=[cold if g else hot for g in greedy])
         answers = {uid: [] for uid in uids}
-        while responses := generator.next_generated():
+        while time.perf_counter() < until:
+            reading, responses = generator.next()  # one step (next_generated runs until a token comes)
+            if not reading and not responses:
+                break
             for r in responses:
                 answers[r.uid].append(int(r.token))  # the eos id too: the head learns to end
     finally:
         generator.close()
     return [answers[uid] for uid in uids], greedy
+
+
+def check_text_files(files: list[Path]) -> None:
+    """Each --text a file that can be read (before the target is even loaded)."""
+    for file in files:
+        path = Path(file)
+        if not path.exists():
+            raise TrainingError(f"--text {file}: no such file")
+        if not path.is_file():
+            raise TrainingError(f"--text {file} is not a file (a folder?): give text files")
+        try:
+            with open(path, "rb") as handle:
+                handle.read(1)
+        except OSError as e:
+            raise TrainingError(f"cannot read --text {file}: {e.strerror or e}") from None
 
 
 def text_sequences(tokenizer, files: list[Path]) -> list[list[int]]:
@@ -147,11 +202,10 @@ def encode_prompts(tokenizer, prompts: list[str], *, raw: bool = False) -> list[
 
 def read_prompt_file(path: Path) -> list[str]:
     """A JSONL file of prompts: each line {"prompt": "..."} (or a bare JSON string)."""
+    from ..prompts import read_text_file
+
     prompts = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise TrainingError(f"cannot read --prompts {path}: {e.strerror or e}") from None
+    lines = read_text_file(path, "--prompts", TrainingError).splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -189,29 +243,134 @@ def save_shard(path: Path, examples: list[Example]) -> None:
         raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def load_shards(folder: Path) -> list[Example]:
+SHARD_PATTERN = "shard-[0-9][0-9][0-9][0-9].npz"
+_SHARD_KINDS = {  # key: (dimensions, the kind of its values)
+    "ids": (1, np.integer),
+    "lengths": (1, np.integer),
+    "features": (2, np.floating),
+    "top_ids": (2, np.integer),
+    "top_probs": (2, np.floating),
+    "train_from": (1, np.integer),
+    "held_out": (1, np.bool_),
+    "greedy": (1, np.bool_),
+}
+
+
+def load_shards(folder: Path, *, vocab_size: int | None = None, feature_width: int | None = None) -> list[Example]:
+    """Every shard's examples, each shard checked whole first (`vocab_size`: the target's, for
+    the ids; `feature_width`: what the taps give): a damaged shard is refused in one line
+    naming it, never read as examples it does not hold."""
     examples = []
-    for path in sorted(Path(folder).glob("shard-[0-9][0-9][0-9][0-9].npz")):
-        try:
-            with np.load(path) as npz:  # each key read once: indexing an NpzFile reads its array again
-                data = {key: npz[key] for key in npz.files}
-            offsets = np.concatenate([[0], np.cumsum(data["lengths"])])
-            for i in range(len(data["lengths"])):
-                a, b = offsets[i], offsets[i + 1]
-                examples.append(
-                    Example(
-                        data["ids"][a:b],
-                        data["features"][a:b],
-                        data["top_ids"][a:b],
-                        data["top_probs"][a:b],
-                        int(data["train_from"][i]),
-                        bool(data["held_out"][i]),
-                        bool(data["greedy"][i]),
-                    )
+    for path in sorted(Path(folder).glob(SHARD_PATTERN)):
+        data = _read_shard(path)
+        problem = shard_problem(data, vocab_size=vocab_size, feature_width=feature_width)
+        if problem:
+            raise TrainingError(f"{path}: not a data shard of this run ({problem}); {_SHARD_FIX}")
+        offsets = np.concatenate([[0], np.cumsum(data["lengths"])])
+        for i in range(len(data["lengths"])):
+            a, b = offsets[i], offsets[i + 1]
+            examples.append(
+                Example(
+                    data["ids"][a:b],
+                    data["features"][a:b],
+                    data["top_ids"][a:b],
+                    data["top_probs"][a:b],
+                    int(data["train_from"][i]),
+                    bool(data["held_out"][i]),
+                    bool(data["greedy"][i]),
                 )
-        except (OSError, ValueError, KeyError) as e:
-            raise TrainingError(f"{path}: not a readable data shard ({e}); delete it to regenerate") from None
+            )
     return examples
+
+
+_SHARD_FIX = "move it away (its examples are then left out) or start the run again"
+
+
+def _read_shard(path: Path) -> dict:
+    """The shard's arrays; a file that does not read back whole (cut short, bytes changed: the
+    zip's checksums fail) is one line, whatever numpy or zipfile raised."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:  # each key read once: indexing reads it again
+            return {key: npz[key] for key in npz.files}
+    except Exception as e:  # BadZipFile, EOFError, ValueError, ...: the file is damaged
+        raise TrainingError(
+            f"{path}: not a readable data shard (damaged or cut short: {type(e).__name__}); {_SHARD_FIX}"
+        ) from None
+
+
+def shard_problem(data: dict, *, vocab_size: int | None, feature_width: int | None) -> str | None:
+    """What makes a shard's arrays other than save_shard writes them, or None."""
+    for key, (ndim, kind) in _SHARD_KINDS.items():
+        array = data.get(key)
+        if array is None:
+            return f"no {key}"
+        if array.ndim != ndim or not np.issubdtype(array.dtype, kind):
+            return f"{key} is not a {ndim}-D array of {kind.__name__.rstrip('_')} values"
+    lengths, rows = data["lengths"], len(data["ids"])
+    if not all(len(data[key]) == len(lengths) for key in ("train_from", "held_out", "greedy")):
+        return "its per-example arrays differ in length"
+    if (lengths < 1).any() or int(lengths.sum()) != rows:
+        return "its lengths do not add up to its ids"
+    if not all(len(data[key]) == rows for key in ("features", "top_ids", "top_probs")):
+        return "its per-position arrays differ in length"
+    if data["top_ids"].shape[1] != TOP_K or data["top_probs"].shape[1] != TOP_K:
+        return f"its distributions are not the top {TOP_K} ids"
+    if feature_width is not None and data["features"].shape[1] != feature_width:
+        return f"its features are {data['features'].shape[1]} wide, the target's taps give {feature_width}"
+    if ((data["train_from"] < 0) | (data["train_from"] >= lengths)).any():
+        return "a first trained position lies outside its example"
+    top = vocab_size if vocab_size is not None else np.iinfo(np.int64).max
+    for key in ("ids", "top_ids"):
+        if rows and (data[key].min() < 0 or data[key].max() >= top):
+            return f"{key} outside the target's vocabulary"
+    if not np.isfinite(data["features"]).all():
+        return "features that are not finite"
+    probs = data["top_probs"].astype(np.float32)
+    if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1).all()):
+        return "probabilities outside [0, 1]"
+    return None
+
+
+PROGRESS_FILE = "progress.json"
+_PROGRESS_COUNTS = ("prompts_done", "text_done", "shards")
+_PROGRESS_SECONDS = ("answer_seconds", "text_seconds")
+
+
+def read_progress(folder: Path) -> dict:
+    """How far the data got (progress.json: prompts and text chunks done, the seconds each
+    took, shards written), checked: whole counts and finite seconds, at least 0, and as many
+    shards as the folder holds; a fresh record when there is none yet."""
+    record = {"prompts_done": 0, "text_done": 0, "answer_seconds": 0.0, "text_seconds": 0.0, "shards": 0}
+    file = Path(folder) / PROGRESS_FILE
+    if file.is_file():
+        try:
+            saved = json.loads(file.read_text())
+        except (OSError, ValueError) as e:
+            raise TrainingError(f"{file}: not a readable progress record ({type(e).__name__})") from None
+        if not isinstance(saved, dict):
+            raise TrainingError(f"{file}: not a progress record (a JSON object of counts and seconds)")
+        record |= {key: saved[key] for key in record if key in saved}
+    for key in _PROGRESS_COUNTS:
+        if not is_whole(record[key]) or record[key] < 0:
+            raise TrainingError(f"{file}: {key} is {record[key]!r}, not a whole number >= 0")
+    for key in _PROGRESS_SECONDS:
+        if not is_number(record[key]) or not math.isfinite(record[key]) or record[key] < 0:
+            raise TrainingError(f"{file}: {key} is {record[key]!r}, not a number of seconds >= 0")
+    written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
+    if written and record["shards"] <= max(written):
+        raise TrainingError(
+            f"{file} says {record['shards']} shards were written, the folder holds shard-{max(written):04d}: "
+            "the record does not belong to these shards"
+        )
+    return record
+
+
+def is_whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -227,27 +386,49 @@ class DataPlan:
     vocab_size: int = 49152  # the target's logits' width (sizes the prefill's batches)
 
 
-def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report) -> None:
-    """Fill `folder` with shards: answers to the prompts (until their time is spent), then
-    fixed text (likewise). Shards already there are kept; the record DIR/data/progress.json
-    says how far each source got, so a resumed run goes on where it stopped."""
-    folder.mkdir(parents=True, exist_ok=True)
-    record_file = folder / "progress.json"
-    record = json.loads(record_file.read_text()) if record_file.is_file() else {}
-    record = {"prompts_done": 0, "text_done": 0, "answer_seconds": 0.0, "text_seconds": 0.0, "shards": 0} | record
-    eos = sorted(set(tokenizer.eos_token_ids))
-    encoded = encode_prompts(tokenizer, plan.prompts, raw=plan.raw)
-    chunk = max(plan.batch * 2, 2)  # prompts a shard
+TEXT_GROUP = 32  # text chunks read a shard
+
+
+def build_data(
+    model, tokenizer, taps, folder: Path, plan: DataPlan, *, report, until: float = math.inf
+) -> tuple[dict, list[Example]]:
+    """Fill `folder` with shards: answers to the prompts, then fixed text, each source for
+    its own time and neither past `until` (perf_counter seconds: the run's deadline). Shards
+    already there are kept; the record DIR/data/progress.json says how far each source got
+    and the time it took, so a resumed run goes on where it stopped. Returns the record and
+    the examples written now."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainingError(f"cannot create {folder}: {e.strerror or e}") from None
+    record, made = read_progress(folder), []
 
     def write(examples: list[Example], **moved) -> None:
-        save_shard(folder / f"shard-{record['shards']:04d}.npz", examples)
-        record.update(shards=record["shards"] + 1, **{k: record[k] + v for k, v in moved.items()})
-        _write_json(record_file, record)
+        """The examples as the next shard (none: no shard), and what they moved on."""
+        if examples:
+            save_shard(folder / f"shard-{record['shards']:04d}.npz", examples)
+            record["shards"] += 1
+            made.extend(examples)
+        record.update({k: record[k] + v for k, v in moved.items()})
+        _write_json(folder / PROGRESS_FILE, record)
 
-    while record["prompts_done"] < len(encoded) and record["answer_seconds"] < plan.answer_seconds:
-        started = time.perf_counter()
+    pace = Pace()  # shared: the answers' prefill teaches the text's
+    _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace)
+    _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace)
+    return record, made
+
+
+def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> None:
+    """The target's answers, a shard of 2 x batch prompts at a time, until the prompts or the
+    answers' time run out. Generation stops early enough for the prefill that follows to
+    fit the time as well (their ratio measured as shards go)."""
+    eos = sorted(set(tokenizer.eos_token_ids))
+    chunk = plan.batch * 2  # prompts a shard
+    phase_end = min(until, time.perf_counter() + plan.answer_seconds - record["answer_seconds"])
+    prefill_share = 1.0  # seconds of prefill per second of generation (it reads the prompts again)
+    while record["prompts_done"] < len(plan.prompts) and (started := time.perf_counter()) < phase_end:
         first = record["prompts_done"]
-        group = [p for p in encoded[first : first + chunk]]
+        group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw)  # as they are needed
         keep = [i for i, p in enumerate(group) if len(p) <= MAX_PROMPT]
         answers, greedy = generate_answers(
             model,
@@ -256,37 +437,37 @@ def build_data(model, tokenizer, taps, folder: Path, plan: DataPlan, *, report) 
             eos=eos,
             seed=plan.seed + first,
             batch=plan.batch,
+            until=started + (phase_end - started) / (1 + prefill_share),
+            pace=pace,
         )
-        sequences = [group[i] + a for i, a in zip(keep, answers)]
-        made = prefill(model, taps, sequences, vocab_size=plan.vocab_size)
+        generated = time.perf_counter()
+        answered = [(i, a, g) for i, a, g in zip(keep, answers, greedy) if len(a) >= 2]  # enough to learn from
+        sequences = [group[i] + a for i, a, _ in answered]
+        made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
+        prefill_share = min(4.0, max(0.05, (time.perf_counter() - generated) / max(generated - started, 1e-3)))
         examples = [
-            Example(
-                np.array(s, dtype=np.int32),
-                f,
-                t,
-                p,
-                len(group[i]) - 1,
-                (first + i) % HELD_OUT_EVERY == 0,
-                g,
-            )
-            for s, (f, t, p), i, g in zip(sequences, made, keep, greedy)
-            if len(s) - len(group[i]) >= 2
+            Example(np.array(s, dtype=np.int32), *m, len(group[i]) - 1, (first + i) % HELD_OUT_EVERY == 0, g)
+            for s, m, (i, _, g) in zip(sequences, made, answered)
+            if m is not None
         ]
-        if examples:
-            write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started)
-        else:
-            record["prompts_done"] += len(group)
+        write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started)
         report("answers", record, sum(len(a) for a in answers), record["answer_seconds"] / plan.answer_seconds)
 
-    texts = text_sequences(tokenizer, plan.text_files) if plan.text_files else []
-    while record["text_done"] < len(texts) and record["text_seconds"] < plan.text_seconds:
-        started = time.perf_counter()
+
+def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> None:
+    """Fixed text read by the target, TEXT_GROUP chunks a shard, until it or its time runs out."""
+    phase_end = min(until, time.perf_counter() + plan.text_seconds - record["text_seconds"])
+    if not plan.text_files or time.perf_counter() >= phase_end:
+        return
+    texts = text_sequences(tokenizer, plan.text_files)
+    while record["text_done"] < len(texts) and (started := time.perf_counter()) < phase_end:
         first = record["text_done"]
-        group = texts[first : first + 32]
-        made = prefill(model, taps, group, vocab_size=plan.vocab_size)
+        group = texts[first : first + TEXT_GROUP]
+        made = prefill(model, taps, group, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         examples = [
-            Example(np.array(s, dtype=np.int32), f, t, p, 0, (first + i) % HELD_OUT_EVERY == 0, False)
-            for i, (s, (f, t, p)) in enumerate(zip(group, made))
+            Example(np.array(s, dtype=np.int32), *m, 0, (first + i) % HELD_OUT_EVERY == 0, False)
+            for i, (s, m) in enumerate(zip(group, made))
+            if m is not None
         ]
         write(examples, text_done=len(group), text_seconds=time.perf_counter() - started)
         report("text", record, sum(len(s) for s in group), record["text_seconds"] / plan.text_seconds)

