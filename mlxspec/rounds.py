@@ -29,7 +29,7 @@ from .drafting.tree_budget import best_size
 from .grammar import Matcher
 from .sampling import SamplingParams, constrain, warp
 from .tree import TokenTree
-from .verify import greedy_sample, speculative_sample, tree_choices
+from .verify import greedy_sample, speculative_sample, walk_tree
 
 __all__ = ["pick", "run_round", "verify"]
 
@@ -199,7 +199,9 @@ def run_tree_round(
         if grammar is not None:  # each node's row masked by the grammar's state after its path
             mx.async_eval(logits)
             logits = constrain(logits, grammar.tree_masks(tree))
-        path, next_id = follow(tree, drafts, logits, params, key)
+        spine = drafts.spine if drafts is not None else ()
+        drawn = {tree.parents[n - 1]: (n, drafts.spine_rows[i]) for i, n in enumerate(spine)}
+        path, next_id = walk_tree(tree, logits, params, key, drawn=drawn)
         done_at = time.perf_counter()
         path_ids = tree.path_ids(path)
         target.keep_tree_path(tree, path, path_ids, pending=target_pending)
@@ -234,24 +236,6 @@ def run_tree_round(
         branches=_branches(tree, path),
         reach_predicted=tuple(drafts.reach()) if drafts is not None else (),
     )
-
-
-def follow(tree: TokenTree, drafts, logits: mx.array, params: SamplingParams, key: mx.array) -> tuple[list[int], int]:
-    """The rule over a tree (verify.py): the target's decisions at every node in one graph,
-    read back once, and the walk down the path they take."""
-    spine = list(drafts.spine) if drafts is not None and not params.greedy else []
-    parents = [tree.parents[node - 1] for node in spine]
-    accepted, choices = tree_choices(
-        logits,
-        params,
-        key,
-        spine_ids=mx.array(tree.path_ids(spine), dtype=mx.int32) if spine else None,
-        spine_parents=parents,
-        spine_rows=drafts.spine_rows if spine else None,
-    )
-    values = mx.concatenate([accepted.astype(mx.int32), choices.astype(mx.int32)]).tolist()
-    drawn = {parent: (node, bool(ok)) for parent, node, ok in zip(parents, spine, values[: len(spine)])}
-    return tree.follow(values[len(spine) :], drawn)
 
 
 def _branches(tree: TokenTree, path: list[int]) -> tuple[tuple[int, ...], ...]:

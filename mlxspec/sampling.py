@@ -26,9 +26,9 @@ def warp(logits: mx.array, params: SamplingParams) -> mx.array:
     distribution).
     """
     logprobs = logits.astype(mx.float32)
-    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
     keep = None
-    if params.top_p < 1:
+    if params.top_p < 1:  # the one filter that reads probabilities, not their order or ratios
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
         keep = _top_p_mask(logprobs, params.top_p)
     if params.min_p > 0:
         floor = logprobs.max(axis=-1, keepdims=True) + math.log(params.min_p)

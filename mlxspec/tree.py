@@ -101,26 +101,25 @@ class TokenTree(Tree):
     def path_ids(self, path: list[int]) -> list[int]:
         return [self.ids[node - 1] for node in path]
 
+    def step(self, node: int, choice: int, *, drawn: int | None = None, accepted: bool = False) -> int | None:
+        """Where the walk goes from `node`: to its `drawn` child (drawn from q) when the rule
+        accepted it, else to the child whose id is the target's `choice` there (on a
+        rejection, the id recovered from the residual, which is never the drawn one);
+        None where no child is: `choice` is then the round's next id."""
+        if drawn is not None and accepted:
+            return drawn
+        return next((c for c in self.children[node] if c != drawn and self.ids[c - 1] == choice), None)
+
     def follow(self, choices: list[int], drawn: dict[int, tuple[int, bool]] | None = None) -> tuple[list[int], int]:
-        """From the root, follow the child whose id is the target's choice at its parent,
-        while there is one (verify.py says why this is exact at every temperature).
-        `choices[k]`: the target's id after node k (its argmax, or a draw from its p);
-        `drawn[k]`: node k's child drawn from q, and whether the rule accepted it (tried
-        first; on a rejection `choices[k]` is the recovered id). Returns the accepted nodes
-        and the target's next id after the last of them."""
-        path, node = [], ROOT
-        drawn = drawn or {}
-        while True:
-            if node in drawn and drawn[node][1]:
-                node = drawn[node][0]
-                path.append(node)
-                continue
-            wanted = choices[node]
-            child = next((c for c in self.children[node] if self.ids[c - 1] == wanted), None)
-            if child is None:
-                return path, wanted
+        """The walk from the root over the target's decisions at every node, made at once:
+        `choices[k]` its id after node k (its argmax, or a draw), `drawn[k]` node k's drawn
+        child and whether the rule accepted it. Returns the accepted nodes and the target's
+        next id after the last of them (verify.py says why the walk is exact)."""
+        path, node, drawn = [], ROOT, drawn or {}
+        while (child := self.step(node, choices[node], **_drawn_at(drawn, node))) is not None:
             path.append(child)
             node = child
+        return path, choices[node]
 
     def subtree(self, keep: list[int]) -> TokenTree:
         """The tree of the nodes in `keep` (each one's parent kept too), renumbered in order."""
@@ -130,3 +129,7 @@ class TokenTree(Tree):
         if missing:
             raise ValueError(f"nodes {missing} are kept without their parents")
         return TokenTree(tuple(index[self.parents[n - 1]] for n in kept), tuple(self.ids[n - 1] for n in kept))
+
+
+def _drawn_at(drawn: dict[int, tuple[int, bool]], node: int) -> dict:
+    return {"drawn": drawn[node][0], "accepted": drawn[node][1]} if node in drawn else {}

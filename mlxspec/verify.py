@@ -20,9 +20,9 @@ the rule above, and on a rejection p becomes norm(max(0, p - q)). Its other chil
 *point masses*, the drafter's most probable ids, chosen however it likes: with q_i one-hot,
 a try accepts x_i with probability p_i(x_i) and otherwise removes x_i from p, so trying
 them all in turn is the same as drawing y from what is left of p and following the child
-that is y, or emitting y where none is. So the target decides every node of the tree in
-one pass (`tree_choices`: the drawn child's coin and a draw from the rest, or its argmax),
-and the walk (TokenTree.follow) keeps the path of its choices: every id emitted has the
+that is y, or emitting y where none is. So the target reads every node of the tree in one
+pass, and the walk (`walk_tree`) keeps the path of its decisions (`node_choice`: the drawn
+child's coin and a draw from the rest, or its argmax): every id emitted has the
 target's law given the ids before it, whatever the tree's shape, as long as a drawn child's
 place in the tree did not depend on what was drawn. (EAGLE's tree verification treats its
 candidates as point masses; a chain drawn from q is the tree whose every node is drawn, and
@@ -34,6 +34,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .sampling import SamplingParams, sample, warp
+from .tree import TokenTree
 
 
 def acceptance_probability(target_prob: mx.array, draft_prob: mx.array) -> mx.array:
@@ -84,30 +85,53 @@ def greedy_sample(
     return num_accepted, target_ids[num_accepted]
 
 
-def tree_choices(
+def node_choice(
+    logits: mx.array,  # (vocab,) the target's logits after one node of a tree
+    params: SamplingParams,
+    key: mx.array,
+    *,
+    drawn: tuple[int, mx.array] | None = None,  # the node's child drawn from q: (its id, q (vocab,))
+) -> tuple[mx.array, mx.array]:
+    """The target's decision at one node, lazy: (whether the drawn child is accepted, the
+    target's id there). Greedy: its argmax. Sampling: a drawn child x is accepted with
+    min(1, p(x) / q(x)) and the id is then drawn from norm(max(0, p - q)) (Leviathan et al.'s
+    recovery); without a drawn child the id is drawn from p."""
+    if params.greedy:
+        return mx.array(False), mx.argmax(logits, axis=-1)
+    target_probs = warp(logits, params)
+    if drawn is None:
+        return mx.array(False), sample(target_probs, key)
+    token, draft_probs = drawn
+    accept_key, draw_key = mx.random.split(key)
+    accepted = mx.random.uniform(key=accept_key) < acceptance_probability(target_probs[token], draft_probs[token])
+    return accepted, sample(residual(target_probs, draft_probs), draw_key)
+
+
+def walk_tree(
+    tree: TokenTree,
     logits: mx.array,  # (n + 1, vocab): the target after the root and after each node
     params: SamplingParams,
     key: mx.array,
     *,
-    spine_ids: mx.array | None = None,  # (m,) the drawn children, root side first
-    spine_parents: list[int] = (),  # (m,) the row of each one's parent: 0, then the spine before it
-    spine_rows: mx.array | None = None,  # (m, vocab) q each was drawn from
-) -> tuple[mx.array, mx.array]:
-    """What the walk (TokenTree.follow) needs from the target's rows, in one lazy graph:
-    (whether each drawn child is accepted, (m,); the target's id at every row, (n + 1,)).
-
-    Greedy: the argmax at every row, and no drawn children. Sampling: a drawn child x of a
-    row is accepted with min(1, p(x)/q(x)), and that row's id is then drawn from
-    norm(max(0, p - q)), Leviathan et al.'s recovery; every other row's id is drawn from p."""
+    drawn: dict[int, tuple[int, mx.array]] | None = None,  # node -> (its drawn child, q it was drawn from)
+) -> tuple[list[int], int]:
+    """The rule over a tree: (the accepted nodes, the next id). Greedy: the argmax of every
+    row at once, one wait. Sampling: node by node from the root, one wait each, warping and
+    drawing only the rows the walk reaches (a row of a large vocabulary costs milliseconds
+    on a CPU, and a round reaches about tau of them)."""
     if params.greedy:
-        return mx.zeros((0,), dtype=mx.bool_), mx.argmax(logits, axis=-1)
-    accept_key, draw_key = mx.random.split(key)
-    target_probs = warp(logits, params)
-    accepted = mx.zeros((0,), dtype=mx.bool_)
-    if spine_ids is not None and len(spine_parents):
-        parents = mx.array(list(spine_parents))
-        p, x = target_probs[parents], spine_ids[:, None]
-        ratio = acceptance_probability(mx.take_along_axis(p, x, -1)[:, 0], mx.take_along_axis(spine_rows, x, -1)[:, 0])
-        accepted = mx.random.uniform(shape=ratio.shape, key=accept_key) < ratio
-        target_probs = target_probs.at[parents].add(residual(p, spine_rows) - p)
-    return accepted, sample(target_probs, draw_key)  # one key, independent draws per row
+        return tree.follow(mx.argmax(logits, axis=-1).tolist())
+    drawn = drawn or {}
+    path, node = [], 0
+    for step_key in mx.random.split(key, tree.depth + 1):
+        child, q = drawn.get(node, (None, None))
+        accepted, choice = node_choice(
+            logits[node], params, step_key, drawn=None if child is None else (tree.ids[child - 1], q)
+        )
+        accepted, choice = mx.stack([accepted.astype(mx.int32), choice.astype(mx.int32)]).tolist()
+        following = tree.step(node, choice, drawn=child, accepted=bool(accepted))
+        if following is None:
+            return path, choice
+        path.append(following)
+        node = following
+    raise AssertionError("a walk longer than its tree")

@@ -226,17 +226,14 @@ def test_trees_have_the_targets_joint_law(small_pair, name, shape):
 
 @pytest.mark.slow
 def test_harness_rejects_a_walk_that_shares_its_draws_across_nodes(small_pair, monkeypatch):
-    """The target's choices at a node and at its children must be independent draws: one
-    uniform for every row ties them, and the law moves."""
-    from mlxspec import rounds
+    """The target's decisions at a node and at its children must be independent draws: one
+    key for every node ties them, and the law moves."""
+    original = verify.node_choice
 
-    def shared(logits, params, key, **spine):
-        u = mx.random.uniform(shape=(1, 1), key=key)
-        return mx.zeros((len(spine.get("spine_parents", ())),), dtype=mx.bool_), (
-            mx.cumsum(warp(logits, params), axis=-1) < u
-        ).sum(axis=-1)
+    def shared(logits, params, key, **drawn):
+        return original(logits, params, mx.random.key(0), **drawn)
 
-    monkeypatch.setattr(rounds, "tree_choices", shared)
+    monkeypatch.setattr(verify, "node_choice", shared)
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_joint(small_pair, params, 3, RUNS // 2, seed=3000, **TREES["width3"]), law)

@@ -12,9 +12,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxspec import verify
 from mlxspec.sampling import SamplingParams
 from mlxspec.tree import TokenTree
-from mlxspec.verify import acceptance_probability, residual, tree_choices
+from mlxspec.verify import acceptance_probability, residual, walk_tree
 from tests.chisquare import critical_value, goodness_of_fit
 
 
@@ -80,8 +81,7 @@ TREE = TokenTree.of((2, 1, 3, 0, 4), (0, 0, 1, 1, 2))
 
 
 def walk(tree, target_rows, params=SamplingParams(temp=1.0), seed=0):
-    _, choices = tree_choices(mx.log(mx.array(target_rows)), params, mx.random.key(seed))
-    return tree.follow(choices.tolist())
+    return walk_tree(tree, mx.log(mx.array(target_rows)), params, mx.random.key(seed))
 
 
 def test_one_hot_walks_take_the_branch_the_target_takes():
@@ -102,8 +102,7 @@ def test_greedy_follows_the_argmax():
     target_ids = [2, 0, 4, 1, 2, 1]
     assert TREE.follow(target_ids) == ([1, 4], 2)
     logits = mx.array([[5.0 if i == t else 0.0 for i in range(5)] for t in target_ids])
-    _, choices = tree_choices(logits, SamplingParams(), mx.random.key(0))
-    assert TREE.follow(choices.tolist()) == ([1, 4], 2)
+    assert walk_tree(TREE, logits, SamplingParams(), mx.random.key(0)) == ([1, 4], 2)
 
 
 def test_a_chain_is_the_tree_whose_parents_count_up():
@@ -156,25 +155,20 @@ def random_tree(rng, *, spine: bool, biased: bool = False) -> tuple[TokenTree, n
 def joint_law_statistic(*, spine: bool = False, shared_draws: bool = False, biased: bool = False) -> float:
     rng = np.random.default_rng(11)
     counts = Counter()
+    walk_key = verify.node_choice
     for trial in range(TRIALS):
         tree, rows, spine_nodes, spine_rows = random_tree(rng, spine=spine, biased=biased)
-        key = mx.random.key(trial)
-        drawn = {}
-        if shared_draws:  # one uniform for every row: draws at a node and its child are tied
-            u = mx.random.uniform(shape=(1, 1), key=key)
-            choices = (mx.cumsum(mx.array(rows), axis=-1) < u).sum(axis=-1)
-        else:
-            parents = [tree.parents[n - 1] for n in spine_nodes]
-            accepted, choices = tree_choices(
-                mx.log(mx.array(rows)),
-                SamplingParams(temp=1.0),
-                key,
-                spine_ids=mx.array(tree.path_ids(spine_nodes)) if spine_nodes else None,
-                spine_parents=parents,
-                spine_rows=mx.array(spine_rows) if spine_nodes else None,
+        drawn = {tree.parents[n - 1]: (n, mx.array(q)) for n, q in zip(spine_nodes, spine_rows)}
+        if shared_draws:  # one key at every node: the draws at a node and at its child are tied
+            verify.node_choice = lambda logits, params, key, fixed=mx.random.key(trial), **kw: walk_key(
+                logits, params, fixed, **kw
             )
-            drawn = {p: (n, bool(a)) for p, n, a in zip(parents, spine_nodes, accepted.tolist())}
-        path, token = tree.follow(choices.tolist(), drawn)
+        try:
+            path, token = walk_tree(
+                tree, mx.log(mx.array(rows)), SamplingParams(temp=1.0), mx.random.key(trial), drawn=drawn
+            )
+        finally:
+            verify.node_choice = walk_key
         emitted = tree.path_ids(path) + [token]
         if len(emitted) == 1:  # the next round draws the second id from p2(. | first)
             emitted.append(int(rng.choice(VOCAB, p=P2[token])))
