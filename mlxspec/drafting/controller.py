@@ -16,6 +16,13 @@ judged before it is timed: while no draft length is clearly ahead of the verify-
 guess, a short plain stretch times it. While plain decoding wins, `probes` says when to
 draft again; now and then a length one beyond the best is tried, to learn that position.
 
+Exploring has a budget (`budget`): the opening rounds and the probes are charged what they
+cost beyond plain decoding, the draft's catching up included, and a probe (or the opening's
+second size) runs only when the budget covers what the cost model expects it to cost. Where
+a round costs many plain steps (a draft dearer than its target; a backend that is slow on
+multi-token calls) probes become rare, and `--gamma auto` stays within a few percent of
+standard decoding; where rounds are cheap the budget never binds.
+
 Everything here is learnt across a session's generations (chat's turns); a pure function of
 its observations: no clocks, no MLX.
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..theory import expected_tokens_by_position
+from .budget import ProbeBudget
 from .early_stop import StopLearner
 from .plan import Outcome
 from .probes import ProbeSchedule
@@ -32,6 +40,7 @@ from .timing import RoundTimes
 
 PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
 LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
+OPENING_ROUNDS = 2  # the first size and the second, drafted before anything says drafting pays
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class ControllerConfig:
     prior_slope: float = 0.05  # verify cost growth per extra token, until two sizes are seen
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
+    probe_budget: float = 0.05  # of plain decoding's time that probes and the opening may cost
 
 
 @dataclass
@@ -85,25 +95,43 @@ class Controller:
         self.times = RoundTimes(decay=self.config.decay, prior_slope=self.config.prior_slope)
         self.acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
         self.probes = ProbeSchedule()
+        self.budget = ProbeBudget(fraction=self.config.probe_budget)
         self.stop = StopLearner(self.times)
         self.rounds = 0  # drafting rounds observed
+        self.unheard = 0  # ids emitted since the draft model last proposed: it catches up on them
 
     # --- observations ---------------------------------------------------------------
+    def observe_prefill(self) -> None:
+        """A generation's prompt, read by the draft too (a session's next turn)."""
+        self.unheard = 0
+
     def observe_plain(self, seconds: float) -> None:
         """One plain, pipelined decoding step."""
         self.times.observe_plain(seconds)
+        self.budget.earn(1)
+        self.budget.settle(self.times.plain_step)
+        self.unheard += 1
         self.probes.observe_plain(1)
 
     def observe_verify(self, outcome: Outcome) -> None:
-        """A round's verify time. Alone: a round whose proposals did not come from the draft
-        model this controller models (prompt lookup beside it)."""
+        """What any round tells: the verify's time, and its emitted ids (they earn the budget;
+        the draft model catches up on them unless it proposed in this round). Alone: a round
+        whose proposals did not come from the draft model this controller models (prompt
+        lookup beside it)."""
         if outcome.verify_seconds is not None:
             self.times.observe_verify(outcome.verified, outcome.verify_seconds)
+        self.budget.earn(len(outcome.emitted))
+        self.unheard = 0 if outcome.plan.draft else self.unheard + len(outcome.emitted)
 
     def observe_round(self, outcome: Outcome, *, waited: bool = False) -> None:
         """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
         its confidence at every step (a learned threshold was on), so its drafting time is
         kept out of the draft line."""
+        if outcome.plan.draft and outcome.catch_up_seconds > 0:
+            self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
+        opening = self.rounds < OPENING_ROUNDS and self.times.plain_step is None
+        if opening or self.probes.probing:  # exploring: charged to the budget
+            self.budget.charge(seconds=outcome.seconds + outcome.catch_up_seconds, ids=len(outcome.emitted))
         self.observe_verify(outcome)
         if not outcome.drafted:
             self.probes.observe_empty()
@@ -142,6 +170,38 @@ class Controller:
         guess, drafting = self.times.verify_time(1), self.throughput(best)
         return self.times.plain_step is None and None not in (guess, drafting) and drafting < PLAIN_DOUBT / guess
 
+    # --- what exploring costs -----------------------------------------------------------
+    def _plain_step_for_budget(self) -> float | None:
+        """Measured; until then the cheapest a pipelined step may be (the verify-based guess
+        over PLAIN_DOUBT), which makes exploring look as dear as it may be."""
+        guess = self.times.verify_time(1)
+        return self.times.plain_step or (guess / PLAIN_DOUBT if guess else None)
+
+    def probe_cost(self, gamma: int, *, unheard: int | None = None) -> float | None:
+        """Plain steps a round of `gamma` is expected to cost beyond plain decoding of the ids
+        it emits, the draft's catching up on `unheard` ids (default: those now) included;
+        None before anything is timed."""
+        step, round_time = self._plain_step_for_budget(), self.times.round_time(gamma)
+        if step is None or round_time is None:
+            return None
+        catch_up = self.times.catch_up_time(self.unheard if unheard is None else unheard)
+        return (catch_up + round_time) / step - self.expected_tokens(gamma)
+
+    def affords(self, gamma: int) -> bool:
+        """The budget covers an exploring round of `gamma` now (always, before anything is
+        timed: the opening round)."""
+        cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
+        return cost is None or self.budget.affords(cost, plain_step=step)
+
+    def _affordable_in(self, gamma: int) -> int | None:
+        """Plain ids to decode before the budget covers a probe of `gamma`, whose catching up
+        grows with them; None: never foreseeably."""
+        cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
+        if cost is None:
+            return 0
+        growth = self.probe_cost(gamma, unheard=self.unheard + 1) - cost
+        return self.budget.ids_until(cost, growth=growth, plain_step=step)
+
     # --- the decision -----------------------------------------------------------------
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
@@ -152,21 +212,27 @@ class Controller:
             and config.start_gamma > 1
             and self.acceptance.rates
             and self.acceptance.rates[0] > 0.5
+            and self.affords(config.start_gamma // 2)
         ):
             # the first round's leading draft was accepted: a second size, so that both lines
-            # are fitted early (after a rejection, plain decoding is timed first)
+            # are fitted early (after a rejection, or a round that cost too much, plain
+            # decoding is timed first)
             return config.start_gamma // 2
         best = self.best()
         if best > 0 and self._plain_untimed_may_win(best):
             return 0  # a short plain stretch times it
         if best == 0:
-            if self.probes.due():
+            probe = min(config.probe_gamma, config.max_gamma)
+            if self.probes.due() and self.affords(probe):
                 self.probes.start()
-                return min(config.probe_gamma, config.max_gamma)
+                return probe
             return 0
         if best < config.max_gamma and self.rounds % LEARN_NEXT_EVERY == LEARN_NEXT_EVERY - 1:
             return best + 1  # learn the next position's rate
         return best
 
     def plain_stretch(self) -> int:
-        return self.probes.stretch(plain_timed=self.times.plain_step is not None)
+        probe = min(self.config.probe_gamma, self.config.max_gamma)
+        return self.probes.stretch(
+            plain_timed=self.times.plain_step is not None, affordable_in=self._affordable_in(probe)
+        )

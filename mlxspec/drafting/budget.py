@@ -1,0 +1,66 @@
+"""What exploring has cost beyond plain decoding, against what it may cost (`--gamma auto`).
+
+A round is exploring when the controller drafts without having judged drafting the winner
+on measured costs: the opening rounds, run before a plain step is timed, and the probes
+made while plain decoding wins. Each is charged what it cost beyond plain decoding of the
+ids it emitted: its seconds (the draft's catching up on ids it did not propose included)
+less one plain step per emitted id; a round that paid is a credit. Every emitted id, however
+decoded, earns `fraction` of a plain step. A probe runs only when the balance covers what it
+is expected to cost, so over a run exploring costs at most `fraction` of the time plain
+decoding would have taken (plus the misestimate of the last probe, and the opening round,
+run before anything is known), and a probe that costs k plain steps beyond what it emits
+waits about k / fraction plain ids. The balance is in plain steps; rounds charged before a
+plain step was timed wait, in seconds and ids, until one is (judged meanwhile at a guess).
+
+Pure accounting of measured values: what to do with the balance is the schedule's decision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FRACTION = 0.05  # of plain decoding's time that exploring may cost
+SAVED_UP = 1024  # ids whose allowance may be saved up: old savings never pay for a burst of probes
+
+
+@dataclass
+class ProbeBudget:
+    fraction: float = FRACTION
+    saved_up: int = SAVED_UP
+    balance: float = 0.0  # plain steps exploring may still cost (negative: over budget)
+    unsettled_seconds: float = 0.0  # rounds charged before a plain step was timed
+    unsettled_ids: int = 0
+
+    def earn(self, ids: int) -> None:
+        """`ids` emitted, however decoded: each earns `fraction` of a plain step."""
+        self.balance = min(self.balance + self.fraction * ids, self.fraction * self.saved_up)
+
+    def charge(self, *, seconds: float, ids: int) -> None:
+        """An exploring round: its seconds (catching up included) and the ids it emitted."""
+        self.unsettled_seconds += seconds
+        self.unsettled_ids += ids
+
+    def settle(self, plain_step: float) -> None:
+        """Convert the charged rounds into plain steps, now that a plain step is timed."""
+        seconds, ids = self.unsettled_seconds, self.unsettled_ids
+        self.unsettled_seconds, self.unsettled_ids = 0.0, 0
+        self.balance -= seconds / plain_step - ids
+
+    def balance_at(self, plain_step: float) -> float:
+        """The balance, unsettled charges judged at `plain_step` (measured or guessed)."""
+        return self.balance - (self.unsettled_seconds / plain_step - self.unsettled_ids)
+
+    def affords(self, steps: float, *, plain_step: float) -> bool:
+        return self.balance_at(plain_step) >= steps
+
+    def ids_until(self, steps: float, *, growth: float, plain_step: float) -> int | None:
+        """Plain ids to decode before the balance covers a cost of `steps` that grows by
+        `growth` plain steps per id decoded meanwhile (the draft's catching up); None: never,
+        when it grows at least as fast as the allowance."""
+        short = steps - self.balance_at(plain_step)
+        if short <= 0:
+            return 0
+        if growth >= self.fraction:
+            return None
+        return math.ceil(short / (self.fraction - growth))
