@@ -114,25 +114,29 @@ class Controller:
         self.probes.observe_plain(1)
 
     def observe_verify(self, outcome: Outcome) -> None:
-        """What any round tells: the verify's time, and its emitted ids (they earn the budget;
-        the draft model catches up on them unless it proposed in this round). Alone: a round
-        whose proposals did not come from the draft model this controller models (prompt
-        lookup beside it)."""
+        """A round whose proposals did not come from the draft this controller models (prompt
+        lookup beside it): the verify's time, and ids the draft will catch up on."""
+        self._observe_verified(outcome, proposed_by_draft=False)
+
+    def _observe_verified(self, outcome: Outcome, *, proposed_by_draft: bool) -> None:
+        """What every round tells: the verify's time, and the ids it emitted (they earn the
+        budget; the draft catches up on them unless it proposed in this round)."""
         if outcome.verify_seconds is not None:
             self.times.observe_verify(outcome.verified, outcome.verify_seconds)
         self.budget.earn(len(outcome.emitted))
-        self.unheard = 0 if outcome.plan.draft else self.unheard + len(outcome.emitted)
+        self.unheard = 0 if proposed_by_draft else self.unheard + len(outcome.emitted)
 
     def observe_round(self, outcome: Outcome, *, waited: bool = False) -> None:
         """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
         its confidence at every step (a learned threshold was on), so its drafting time is
         kept out of the draft line."""
-        if outcome.plan.draft and outcome.catch_up_seconds > 0:
+        proposing = bool(outcome.plan.draft or outcome.plan.proposal)  # the draft read what it had not seen
+        if proposing and outcome.catch_up_seconds > 0:
             self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
         opening = self.rounds < OPENING_ROUNDS and self.times.plain_step is None
         if opening or self.probes.probing:  # exploring: charged to the budget
             self.budget.charge(seconds=outcome.seconds + outcome.catch_up_seconds, ids=len(outcome.emitted))
-        self.observe_verify(outcome)
+        self._observe_verified(outcome, proposed_by_draft=proposing)
         if not outcome.drafted:
             self.probes.observe_empty()
             return
