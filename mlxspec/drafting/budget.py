@@ -1,16 +1,16 @@
-"""What exploring has cost beyond plain decoding, against what it may cost (`--gamma auto`).
+"""What probing has cost beyond plain decoding, against what it may cost (`--gamma auto`).
 
-A round is exploring when the controller drafts without having judged drafting the winner
-on measured costs: the opening rounds, run before a plain step is timed, and the probes
-made while plain decoding wins. Each is charged what it cost beyond plain decoding of the
-ids it emitted: its seconds (the draft's catching up on ids it did not propose included)
-less one plain step per emitted id; a round that paid is a credit. Every emitted id, however
-decoded, earns `fraction` of a plain step. A probe runs only when the balance covers what it
-is expected to cost, so over a run exploring costs at most `fraction` of the time plain
-decoding would have taken (plus the misestimate of the last probe, and the opening round,
-run before anything is known), and a probe that costs k plain steps beyond what it emits
-waits about k / fraction plain ids. The balance is in plain steps; rounds charged before a
-plain step was timed wait, in seconds and ids, until one is (judged meanwhile at a guess).
+A probe drafts while plain decoding wins, to learn whether drafting pays again. Each is
+charged what it cost beyond plain decoding of the ids it emitted: its seconds (the draft's
+catching up on the ids it did not propose included) less one plain step per emitted id; a
+probe that paid is a credit. Every emitted id, however decoded, earns `fraction` of a plain
+step. A probe runs only when the balance covers what it is expected to cost, so over a run
+probing costs at most `fraction` of the time plain decoding would have taken (plus the
+misestimate of the last probe), and a probe that costs k plain steps beyond what it emits
+waits about k / fraction plain ids. The first round of a session runs before anything is
+known and is not charged: it is paid once, whatever the budget, and what it measured decides
+the rest. The balance is in plain steps; a round charged before a plain step is timed waits,
+in seconds and ids, until one is (judged meanwhile at a guess).
 
 Pure accounting of measured values: what to do with the balance is the schedule's decision.
 """

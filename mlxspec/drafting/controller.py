@@ -8,20 +8,22 @@ against 1 / plain_step for gamma = 0 (plain decoding), with the costs of `timing
 per-position acceptance rates a_i below (recent rounds weighted more).
 
 Early on: each position's rate starts from the prior as one pseudo-observation, so one
-lucky round does not send gamma to the maximum; unless the first round's first proposal was
-rejected, the second round tries another size, so both cost lines are fitted; gamma grows at
-most one position beyond those tried (an untried position borrows the last measured rate).
+lucky round does not send gamma to the maximum. The first round drafts half the preset's
+length: it runs blind, so a draft dearer than expected costs little. Unless its first
+proposal was rejected or the budget does not cover it, the second round drafts the preset's
+length, so both cost lines are fitted; gamma grows at most one position beyond those tried
+(an untried position borrows the last measured rate).
 A pipelined plain step can be much cheaper than a one-token verify, so plain decoding is not
 judged before it is timed: while no draft length is clearly ahead of the verify-based
 guess, a short plain stretch times it. While plain decoding wins, `probes` says when to
 draft again; now and then a length one beyond the best is tried, to learn that position.
 
-Exploring has a budget (`budget`): the opening rounds and the probes are charged what they
-cost beyond plain decoding, the draft's catching up included, and a probe (or the opening's
-second size) runs only when the budget covers what the cost model expects it to cost. Where
-a round costs many plain steps (a draft dearer than its target; a backend that is slow on
-multi-token calls) probes become rare, and `--gamma auto` stays within a few percent of
-standard decoding; where rounds are cheap the budget never binds.
+Exploring has a budget (`budget`): probes are charged what they cost beyond plain decoding,
+the draft's catching up included, and a probe (or the opening's second size) runs only when
+the budget covers what the cost model expects it to cost. Where a round costs many plain
+steps (a draft dearer than its target; a backend that is slow on multi-token calls) probes
+become rare and the first round, run blind, is the only dear one: `--gamma auto` stays within
+a few percent of standard decoding. Where rounds are cheap the budget never binds.
 
 Everything here is learnt across a session's generations (chat's turns); a pure function of
 its observations: no clocks, no MLX.
@@ -40,7 +42,6 @@ from .timing import RoundTimes
 
 PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
 LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
-OPENING_ROUNDS = 2  # the first size and the second, drafted before anything says drafting pays
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class ControllerConfig:
     prior_slope: float = 0.05  # verify cost growth per extra token, until two sizes are seen
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
-    probe_budget: float = 0.05  # of plain decoding's time that probes and the opening may cost
+    probe_budget: float = 0.05  # of plain decoding's time that probes may cost
 
 
 @dataclass
@@ -133,8 +134,7 @@ class Controller:
         proposing = bool(outcome.plan.draft or outcome.plan.proposal)  # the draft read what it had not seen
         if proposing and outcome.catch_up_seconds > 0:
             self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
-        opening = self.rounds < OPENING_ROUNDS and self.times.plain_step is None
-        if opening or self.probes.probing:  # exploring: charged to the budget
+        if self.probes.probing:
             self.budget.charge(seconds=outcome.seconds + outcome.catch_up_seconds, ids=len(outcome.emitted))
         self._observe_verified(outcome, proposed_by_draft=proposing)
         if not outcome.drafted:
@@ -167,7 +167,7 @@ class Controller:
         reach = min(len(self.acceptance.rates) + 1, self.config.max_gamma)
         scores = {g: self.throughput(g) for g in range(reach + 1)}
         if any(v is None for v in scores.values()):
-            return min(self.config.start_gamma, self.config.max_gamma)  # nothing timed yet
+            return self._first_size()  # nothing timed yet
         return max(scores, key=lambda g: (scores[g], -g))
 
     def _plain_untimed_may_win(self, best: int) -> bool:
@@ -192,8 +192,8 @@ class Controller:
         return (catch_up + round_time) / step - self.expected_tokens(gamma)
 
     def affords(self, gamma: int) -> bool:
-        """The budget covers an exploring round of `gamma` now (always, before anything is
-        timed: the opening round)."""
+        """The budget covers an exploring round of `gamma` now (always before anything is
+        timed: the first round runs blind)."""
         cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
         return cost is None or self.budget.affords(cost, plain_step=step)
 
@@ -207,21 +207,25 @@ class Controller:
         return self.budget.ids_until(cost, growth=growth, plain_step=step)
 
     # --- the decision -----------------------------------------------------------------
+    def _first_size(self) -> int:
+        return min(max(self.config.start_gamma // 2, 1), self.config.max_gamma)
+
+    def _second_size(self) -> int | None:
+        """The preset's length, for the second round, so that both cost lines are fitted
+        early; None after a rejected first proposal or a first round that cost too much
+        (plain decoding is then timed first)."""
+        second = min(self.config.start_gamma, self.config.max_gamma)
+        if self.rounds != 1 or self.times.draft_fitted or second == self._first_size():
+            return None
+        accepted = bool(self.acceptance.rates) and self.acceptance.rates[0] > 0.5
+        return second if accepted and self.affords(second) else None
+
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
         config = self.config
-        if (
-            self.rounds == 1
-            and not self.times.draft_fitted
-            and config.start_gamma > 1
-            and self.acceptance.rates
-            and self.acceptance.rates[0] > 0.5
-            and self.affords(config.start_gamma // 2)
-        ):
-            # the first round's leading draft was accepted: a second size, so that both lines
-            # are fitted early (after a rejection, or a round that cost too much, plain
-            # decoding is timed first)
-            return config.start_gamma // 2
+        second = self._second_size()
+        if second is not None:
+            return second
         best = self.best()
         if best > 0 and self._plain_untimed_may_win(best):
             return 0  # a short plain stretch times it

@@ -4,9 +4,9 @@ cost: the wait for the drafts, reading the ids the last round emitted); the targ
 time as a function of the ids it reads, T(k) = a + b k; the rest of a round (bookkeeping,
 rewinds); the seconds of a plain, pipelined decoding step; and the draft's catching up on ids
 emitted without it (plain steps, prompt lookup), C(n) = e + r n, which a probe after a plain
-stretch pays on top of its round (until it is timed, guessed from the draft's step and the
-verify's growth). The lines are fitted by least squares with older rounds
-weighted down, as the rounds vary in length.
+stretch pays on top of its round (until it is timed, guessed from the draft's step). The
+lines are fitted by least squares with older rounds weighted down, as the rounds vary in
+length.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class RoundTimes:
     def __post_init__(self) -> None:
         self._draft = LineFit(self.decay, proportional)
         self._verify = LineFit(self.decay, partial(relative_slope, self.prior_slope))
-        self._catch_up = LineFit(self.decay, proportional)
+        self._catch_up = LineFit(self.decay, partial(relative_slope, self.prior_slope))
 
     def observe_plain(self, seconds: float) -> None:
         self._plains += 1
@@ -122,19 +122,23 @@ class RoundTimes:
     def verify_time(self, tokens: float) -> float | None:
         return self._verify.at(tokens)
 
+    def draft_step(self) -> float | None:
+        """One more proposal's seconds (c): the draft line's slope, or its mean per proposal
+        until two sizes are seen."""
+        one, two = self.draft_time(1), self.draft_time(2)
+        return None if one is None or two is None else (two - one if self.draft_fitted else one)
+
     def catch_up_time(self, ids: float) -> float:
-        """Seconds the draft takes to read `ids` it did not propose. Until a catching up is
-        timed: its one-id forward, grown as the target's verify grows with the ids it reads
-        (0 before either is timed)."""
+        """Seconds the draft takes to read `ids` it did not propose: the measured line (through
+        one size seen, growing by `prior_slope` of itself per id); until one is timed, a draft
+        step grown the same way (0 before the draft is timed)."""
         if ids <= 0:
             return 0.0
         measured = self._catch_up.at(ids)
         if measured is not None:
             return measured
-        one_id, verify_one, verify_all = self.draft_time(1), self.verify_time(1), self.verify_time(ids)
-        if one_id is None or not verify_one or verify_all is None:
-            return 0.0
-        return one_id * verify_all / verify_one
+        step = self.draft_step()
+        return relative_slope(self.prior_slope, 1, step, ids) if step else 0.0
 
     def round_time(self, gamma: int) -> float | None:
         verify, draft = self.verify_time(gamma + 1), self.draft_time(gamma)
