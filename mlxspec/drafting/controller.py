@@ -23,7 +23,7 @@ the draft's catching up included, and a probe (or the opening's second size) run
 the budget covers what the cost model expects it to cost. Where a round costs many plain
 steps (a draft dearer than its target; a backend that is slow on multi-token calls) probes
 become rare and the first round, run blind, is the only dear one: `--gamma auto` stays within
-a few percent of standard decoding. Where rounds are cheap the budget never binds.
+a few percent of standard decoding. Where rounds are cheap the budget seldom binds.
 
 Everything here is learnt across a session's generations (chat's turns); a pure function of
 its observations: no clocks, no MLX.
@@ -174,10 +174,10 @@ class Controller:
         guess, drafting = self.times.verify_time(1), self.throughput(best)
         return self.times.plain_step is None and None not in (guess, drafting) and drafting < PLAIN_DOUBT / guess
 
-    # --- what exploring costs -----------------------------------------------------------
+    # --- what a probe costs ---------------------------------------------------------------
     def _plain_step_for_budget(self) -> float | None:
         """Measured; until then the cheapest a pipelined step may be (the verify-based guess
-        over PLAIN_DOUBT), which makes exploring look as dear as it may be."""
+        over PLAIN_DOUBT), which makes drafting look as dear as it may be."""
         guess = self.times.verify_time(1)
         return self.times.plain_step or (guess / PLAIN_DOUBT if guess else None)
 
@@ -192,7 +192,7 @@ class Controller:
         return (catch_up + round_time) / step - self.expected_tokens(gamma)
 
     def affords(self, gamma: int) -> bool:
-        """The budget covers an exploring round of `gamma` now (always before anything is
+        """The budget covers a probing round of `gamma` now (always before anything is
         timed: the first round runs blind)."""
         cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
         return cost is None or self.budget.affords(cost, plain_step=step)
@@ -207,6 +207,9 @@ class Controller:
         return self.budget.ids_until(cost, growth=growth, plain_step=step)
 
     # --- the decision -----------------------------------------------------------------
+    def _probe_size(self) -> int:
+        return min(self.config.probe_gamma, self.config.max_gamma)
+
     def _first_size(self) -> int:
         return min(max(self.config.start_gamma // 2, 1), self.config.max_gamma)
 
@@ -230,17 +233,15 @@ class Controller:
         if best > 0 and self._plain_untimed_may_win(best):
             return 0  # a short plain stretch times it
         if best == 0:
-            probe = min(config.probe_gamma, config.max_gamma)
-            if self.probes.due() and self.affords(probe):
+            if self.probes.due() and self.affords(self._probe_size()):
                 self.probes.start()
-                return probe
+                return self._probe_size()
             return 0
         if best < config.max_gamma and self.rounds % LEARN_NEXT_EVERY == LEARN_NEXT_EVERY - 1:
             return best + 1  # learn the next position's rate
         return best
 
     def plain_stretch(self) -> int:
-        probe = min(self.config.probe_gamma, self.config.max_gamma)
         return self.probes.stretch(
-            plain_timed=self.times.plain_step is not None, affordable_in=self._affordable_in(probe)
+            plain_timed=self.times.plain_step is not None, affordable_in=self._affordable_in(self._probe_size())
         )
