@@ -4,10 +4,11 @@ A probe drafts while plain decoding wins, to learn whether drafting pays again. 
 charged what it cost beyond plain decoding of the ids it emitted: its seconds (the draft's
 catching up on the ids it did not propose included) less one plain step per emitted id; a
 probe that paid is a credit. Every emitted id, however decoded, earns `fraction` of a plain
-step. A probe runs only when the balance covers what it is expected to cost, so over a run
-probing costs at most `fraction` of the time plain decoding would have taken (plus the
-misestimate of the last probe), and a probe that costs k plain steps beyond what it emits
-waits about k / fraction plain ids. The first round of a session runs before anything is
+step, and a session starts with `head_start` ids' worth. A probe runs only when the balance
+covers what it is expected to cost, so over a run probing costs at most `fraction` of the
+time plain decoding would have taken (plus the head start and the misestimate of the last
+probe), and a probe that costs k plain steps beyond what it emits waits about k / fraction
+plain ids. The first round of a session runs before anything is
 known and is not charged: it is paid once, whatever the budget, and what it measured decides
 the rest. The balance is in plain steps; a round charged before a plain step is timed waits,
 in seconds and ids, until one is (judged meanwhile at a guess).
@@ -18,19 +19,24 @@ Pure accounting of measured values: what to do with the balance is the schedule'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-FRACTION = 0.05  # of plain decoding's time that exploring may cost
+FRACTION = 0.05  # of plain decoding's time that probing may cost
 SAVED_UP = 1024  # ids whose allowance may be saved up: old savings never pay for a burst of probes
+HEAD_START = 32  # ids whose allowance a session starts with: a first probe may follow the first stretch
 
 
 @dataclass
 class ProbeBudget:
     fraction: float = FRACTION
     saved_up: int = SAVED_UP
-    balance: float = 0.0  # plain steps exploring may still cost (negative: over budget)
+    head_start: int = HEAD_START
+    balance: float = field(init=False)  # plain steps probing may still cost (negative: over budget)
     unsettled_seconds: float = 0.0  # rounds charged before a plain step was timed
     unsettled_ids: int = 0
+
+    def __post_init__(self) -> None:
+        self.balance = self.fraction * self.head_start
 
     def earn(self, ids: int) -> None:
         """`ids` emitted, however decoded: each earns `fraction` of a plain step."""

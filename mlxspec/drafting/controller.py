@@ -9,18 +9,19 @@ per-position acceptance rates a_i below (recent rounds weighted more).
 
 Early on: each position's rate starts from the prior as one pseudo-observation, so one
 lucky round does not send gamma to the maximum. The first round drafts half the preset's
-length: it runs blind, so a draft dearer than expected costs little. Unless its first
-proposal was rejected or the budget does not cover it, the second round drafts the preset's
-length, so both cost lines are fitted; gamma grows at most one position beyond those tried
-(an untried position borrows the last measured rate).
+length: it runs blind, so a draft dearer than expected costs little. When its first
+proposal was accepted and what it cost says a round of the preset's length pays even against
+the cheapest plain step plausible, the second round drafts that length, so both cost lines
+are fitted; gamma grows at most one position beyond those tried (an untried position borrows
+the last measured rate).
 A pipelined plain step can be much cheaper than a one-token verify, so plain decoding is not
 judged before it is timed: while no draft length is clearly ahead of the verify-based
 guess, a short plain stretch times it. While plain decoding wins, `probes` says when to
 draft again; now and then a length one beyond the best is tried, to learn that position.
 
-Exploring has a budget (`budget`): probes are charged what they cost beyond plain decoding,
-the draft's catching up included, and a probe (or the opening's second size) runs only when
-the budget covers what the cost model expects it to cost. Where a round costs many plain
+Probing has a budget (`budget`): probes are charged what they cost beyond plain decoding,
+the draft's catching up included, and a probe runs only when the budget covers what the
+cost model expects it to cost. Where a round costs many plain
 steps (a draft dearer than its target; a backend that is slow on multi-token calls) probes
 become rare and the first round, run blind, is the only dear one: `--gamma auto` stays within
 a few percent of standard decoding. Where rounds are cheap the budget seldom binds.
@@ -192,8 +193,7 @@ class Controller:
         return (catch_up + round_time) / step - self.expected_tokens(gamma)
 
     def affords(self, gamma: int) -> bool:
-        """The budget covers a probing round of `gamma` now (always before anything is
-        timed: the first round runs blind)."""
+        """The budget covers a probe of `gamma` now."""
         cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
         return cost is None or self.budget.affords(cost, plain_step=step)
 
@@ -215,13 +215,15 @@ class Controller:
 
     def _second_size(self) -> int | None:
         """The preset's length, for the second round, so that both cost lines are fitted
-        early; None after a rejected first proposal or a first round that cost too much
-        (plain decoding is then timed first)."""
+        early: when the first round's leading draft was accepted and what it cost says such
+        a round pays even against the cheapest plain step plausible; else None (plain
+        decoding is timed first)."""
         second = min(self.config.start_gamma, self.config.max_gamma)
         if self.rounds != 1 or self.times.draft_fitted or second == self._first_size():
             return None
         accepted = bool(self.acceptance.rates) and self.acceptance.rates[0] > 0.5
-        return second if accepted and self.affords(second) else None
+        cost = self.probe_cost(second)
+        return second if accepted and cost is not None and cost <= 0 else None
 
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
