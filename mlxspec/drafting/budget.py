@@ -8,9 +8,8 @@ step, and a session starts with `head_start` ids' worth. A probe runs only when 
 covers what it is expected to cost, so over a run probing costs at most `fraction` of the
 time plain decoding would have taken (plus the head start and the misestimate of the last
 probe), and a probe that costs k plain steps beyond what it emits waits about k / fraction
-plain ids. The first round of a session runs before anything is
-known and is not charged: it is paid once, whatever the budget, and what it measured decides
-the rest. The balance is in plain steps; a round charged before a plain step is timed waits,
+plain ids. The first round of a session runs before anything is known and is not charged:
+it is paid once, whatever the budget, and what it measured decides the rest. The balance is in plain steps; a round charged before a plain step is timed waits,
 in seconds and ids, until one is (judged meanwhile at a guess).
 
 Pure accounting of measured values: what to do with the balance is the schedule's decision.
@@ -43,7 +42,7 @@ class ProbeBudget:
         self.balance = min(self.balance + self.fraction * ids, self.fraction * self.saved_up)
 
     def charge(self, *, seconds: float, ids: int) -> None:
-        """An exploring round: its seconds (catching up included) and the ids it emitted."""
+        """A probe: its seconds (catching up included) and the ids it emitted."""
         self.unsettled_seconds += seconds
         self.unsettled_ids += ids
 
