@@ -9,8 +9,9 @@ covers what it is expected to cost, so over a run probing costs at most `fractio
 time plain decoding would have taken (plus the head start and the misestimate of the last
 probe), and a probe that costs k plain steps beyond what it emits waits about k / fraction
 plain ids. The first round of a session runs before anything is known and is not charged:
-it is paid once, whatever the budget, and what it measured decides the rest. The balance is in plain steps; a round charged before a plain step is timed waits,
-in seconds and ids, until one is (judged meanwhile at a guess).
+it is paid once, whatever the budget, and what it measured decides the rest. The balance
+is in plain steps; a round charged before a plain step is timed waits, in seconds and ids,
+until one is (judged meanwhile at a guess).
 
 Pure accounting of measured values: what to do with the balance is the schedule's decision.
 """
