@@ -54,6 +54,7 @@ def decode(
                     target, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key, grammar=grammar
                 )
             )
+        policy.observe_prefill()
         return (
             yield from speculative(
                 target,

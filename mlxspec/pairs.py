@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import loading, ranks
+from . import backend, loading, ranks
 from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, MlxspecError, ModelNotFound
 from .loading import LoadedModel
 
@@ -104,6 +104,8 @@ def load_pair(
     reporter = reporter or loading.Reporter()
     if shard is not None and shard not in ranks.SHARD_MODES:
         raise InvalidOption(f"--shard takes {' or '.join(ranks.SHARD_MODES)}, got {shard!r}")
+    # before the first forward: MLX's first attention call decides whether cuDNN attention is on
+    backend.keep_attention_plans(drafting=not no_draft)
     from .presets import find_preset
 
     preset = find_preset(pair) if pair else None

@@ -79,3 +79,21 @@ def test_cache_options_on_the_command_line_stay_exact(capsys):
             for g in ("0", "3", "auto")
         ]
         assert runs[0]["tokens"] == runs[1]["tokens"] == runs[2]["tokens"] and len(runs[0]["tokens"]) == 32, extra
+
+
+def test_auto_decodes_plainly_when_the_draft_costs_more_than_its_target():
+    """The bundled pair used the other way round: the 5-layer model drafts for the 2-layer
+    one, and a round of 2 drafts costs ~6 plain steps here. `--gamma auto` kept probing
+    (0.59x of standard decoding); now its opening round shows what a round costs, later
+    probes are held to the budget (the draft's catching up on a plain stretch alone costs
+    more per id than the budget earns), and nearly every id comes from plain steps. What the
+    controller chose is asserted, not the wall clock; the speed is in demos/never_slower.py."""
+    pair = mlxspec.load_pair(str(BUNDLED_DRAFT), str(BUNDLED_TARGET))
+    prompt = "import os\n\n\ndef list_files(root):\n"
+    rounds = [e for e in mlxspec.stream(pair, prompt, max_tokens=384, raw=True) if isinstance(e, mlxspec.Round)]
+    emitted = [t for r in rounds for t in r.emitted]
+    drafting = [r for r in rounds if r.gamma]
+    plain_ids = sum(len(r.emitted) for r in rounds if not r.gamma)
+    assert len(emitted) >= 256
+    assert len(drafting) <= 3 and plain_ids >= 0.95 * len(emitted)
+    assert emitted == mlxspec.generate(pair, prompt, max_tokens=384, raw=True, gamma=0).tokens[: len(emitted)]

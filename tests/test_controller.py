@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mlxspec.drafting import Controller, ControllerConfig, NGramIndex, Outcome, Plan
+from mlxspec.drafting.probes import LONGEST
 from mlxspec.theory import expected_tokens_per_round
 
 
@@ -126,8 +127,10 @@ def test_flat_verify_curve_and_the_closed_form():
 
 
 def test_first_choice_before_any_timing():
-    assert controller(max_gamma=8).choose() == 4
-    assert controller(max_gamma=2).choose() == 2
+    """Half the preset's length: the first round runs blind, and a dear draft costs little."""
+    assert controller(max_gamma=8).choose() == 2
+    assert controller(max_gamma=8, start_gamma=3).choose() == 1
+    assert controller(max_gamma=1).choose() == 1
 
 
 def test_ngram_longest_match_and_followers():
@@ -203,12 +206,12 @@ def test_draft_time_separates_the_fixed_cost_from_the_step():
 
 def test_the_second_round_tries_another_size():
     c = controller(max_gamma=8, start_gamma=4)
-    assert c.choose() == 4
-    drafted(c, drafted=4, accepted=4, draft=0.004, verify=0.02, verified=5)
     assert c.choose() == 2
+    drafted(c, drafted=2, accepted=2, draft=0.002, verify=0.02, verified=3)
+    assert c.choose() == 4
     rejected = controller(max_gamma=8, start_gamma=4)
-    drafted(rejected, drafted=4, accepted=0, draft=0.004, verify=0.02, verified=5)
-    assert rejected.choose() != 2
+    drafted(rejected, drafted=2, accepted=0, draft=0.002, verify=0.02, verified=3)
+    assert rejected.choose() != 4
 
 
 def test_one_lucky_round_does_not_jump_to_the_longest_draft():
@@ -236,7 +239,7 @@ def test_plain_decoding_is_timed_before_it_is_judged():
 def test_a_fully_accepted_probe_is_followed_by_another():
     c = controller(max_gamma=6)
     feed(c, lambda r: 0, 40, 2, draft_step=0.012, verify=0.02)
-    for _ in range(40):
+    for _ in range(200):  # long enough that the budget covers a probe of this dear draft
         plain(c, 0.02)
     g = c.choose()
     assert g == c.config.probe_gamma
@@ -411,3 +414,148 @@ def test_while_plain_wins_a_lookup_match_beside_a_draft_model_is_still_tried():
 
     alone = Policy(gamma=AUTO, stop=0.0, controller=losing_controller(), lookup=PromptLookup(prompt), draft_model=False)
     assert alone.plan(remaining=50).plain > LOOKUP_STRETCH
+
+
+# --- the probe budget: a synthetic machine, and the controller's choices on it ------------------
+
+
+def run_on_machine(
+    c,
+    *,
+    ids: int,
+    plain_step: float,
+    draft,
+    verify,
+    accepted,
+    catch_up=lambda unheard: 0.0,
+) -> tuple[float, int]:
+    """Decodes `ids` ids as the controller chooses, on a machine where a plain step costs
+    `plain_step`, drafting gamma ids `draft(gamma)`, verifying k ids `verify(k)`, the draft's
+    catching up on n ids it did not propose `catch_up(n)` (a forward of its own past 4 ids, as
+    the model drafter does), and the round numbered r accepts `accepted(r, gamma)` drafts.
+    Returns the seconds spent and the ids emitted in plain steps."""
+    seconds, emitted, plain_ids, rounds, unheard = 0.0, 0, 0, 0, 0
+    while emitted < ids:
+        gamma = min(c.choose(), ids - emitted - 1)
+        if gamma == 0:
+            for _ in range(min(c.plain_stretch(), ids - emitted)):
+                c.observe_plain(plain_step)
+                seconds, emitted, plain_ids, unheard = seconds + plain_step, emitted + 1, plain_ids + 1, unheard + 1
+            continue
+        hits = min(accepted(rounds, gamma), gamma)
+        caught_up = catch_up(unheard) if unheard > 4 else 0.0
+        drafting, verifying = draft(gamma), verify(gamma + 1)
+        ids_drafted = tuple(range(gamma))
+        c.observe_round(
+            Outcome(
+                plan=Plan(draft=gamma),
+                drafted=ids_drafted,
+                accepted=hits,
+                next_id=0,
+                emitted=ids_drafted[:hits] + (0,),
+                verified=gamma + 1,
+                seconds=drafting + verifying,
+                draft_seconds=drafting,
+                verify_seconds=verifying,
+                catch_up_seconds=caught_up,
+            )
+        )
+        seconds += drafting + verifying + caught_up
+        emitted, rounds, unheard = emitted + hits + 1, rounds + 1, 0
+    return seconds, plain_ids
+
+
+def often_fully_accepted(r: int, gamma: int) -> int:
+    """About 0.6 acceptance per position: a two-draft probe is fully accepted one time in three."""
+    return (2, 1, 0, 2, 3, 1, 0, 2, 1)[r % 9]
+
+
+STEP = 0.01  # a plain step's seconds on the synthetic machine
+
+
+@pytest.mark.parametrize("ids", [256, 20_000])
+def test_probes_cost_at_most_five_percent_when_a_round_costs_ten_plain_steps(ids):
+    """MLX's CUDA backend rebuilt attention plans every round: a round cost ~10 plain steps and
+    `--gamma auto` kept probing (0.72-0.81x of standard decoding), as a fully accepted probe
+    is followed by another at once. The budget keeps exploring within 5% of the time, over a
+    short generation and a long session."""
+    c = controller(max_gamma=8)
+    seconds, plain_ids = run_on_machine(
+        c,
+        ids=ids,
+        plain_step=STEP,
+        draft=lambda g: (4 + 0.5 * g) * STEP,
+        verify=lambda k: (5 + 0.1 * k) * STEP,
+        accepted=often_fully_accepted,
+    )
+    assert seconds <= 1.05 * ids * STEP
+    assert plain_ids >= 0.9 * ids
+
+
+def test_a_catching_up_that_grows_faster_than_the_budget_stops_the_probes():
+    """A draft dearer than its target reads the ids it did not propose at 0.15 of a plain step
+    each: after a plain stretch of n ids a probe costs 0.15 n steps more, so no spacing keeps
+    it within 5%, and probing stops."""
+    c = controller(max_gamma=8)
+    seconds, _ = run_on_machine(
+        c,
+        ids=20_000,
+        plain_step=STEP,
+        draft=lambda g: 3 * g * STEP,
+        verify=lambda k: (1.5 + 0.1 * k) * STEP,
+        accepted=often_fully_accepted,
+        catch_up=lambda n: (2 + 0.15 * n) * STEP,
+    )
+    assert seconds <= 1.05 * 20_000 * STEP
+
+
+def test_the_budget_spaces_probes_by_what_they_cost():
+    """A probe that costs k plain steps beyond the id it emits waits about k / 0.05 plain ids;
+    cheap probes are spaced by the schedule alone (every 32 to 512 ids)."""
+    runs = {}
+    for name, verify in (("cheap", 1.5), ("dear", 40)):
+        c = controller(max_gamma=8)
+        seconds, _ = run_on_machine(
+            c,
+            ids=20_000,
+            plain_step=STEP,
+            draft=lambda g: 0.2 * g * STEP,
+            verify=lambda k, v=verify: v * STEP,
+            accepted=lambda r, g: 0,
+        )
+        runs[name] = c.rounds, seconds
+    (cheap_rounds, _), (dear_rounds, dear_seconds) = runs["cheap"], runs["dear"]
+    excess = 40 + 0.4 - 1  # plain steps a probe of 2 costs beyond its one id
+    opening = (40 + 0.8 - 1) * STEP  # the first round (4 drafts), run blind, is not charged
+    assert dear_rounds <= 20_000 * 0.05 / excess + 2  # the opening, and the last probe's overshoot
+    assert dear_seconds - opening <= 1.05 * 20_000 * STEP
+    assert cheap_rounds >= 20_000 // LONGEST  # no fewer than the schedule's own, at its longest spacing
+
+
+def test_where_drafting_pays_the_budget_does_not_hold_it_back():
+    """A round costing about 3 plain steps (a flat verify curve, a cheap draft) with drafts that
+    are always accepted: the controller drafts long, much faster than plain decoding."""
+    c = controller(max_gamma=8)
+    seconds, plain_ids = run_on_machine(
+        c,
+        ids=5_000,
+        plain_step=STEP,
+        draft=lambda g: 0.1 * g * STEP,
+        verify=lambda k: (2.5 + 0.02 * k) * STEP,
+        accepted=lambda r, g: g,
+    )
+    assert seconds < 0.5 * 5_000 * STEP and plain_ids < 0.05 * 5_000
+
+
+def test_an_opening_round_that_costs_many_plain_steps_is_not_followed_by_another_size():
+    """Before anything is timed the first round runs blind. When it cost far more than the
+    ids it emitted could take (a draft dearer than its target: 10 ms a proposal against a
+    4 ms verify), the second size is not tried: plain decoding is timed, and then no probe is
+    in sight (the draft would take ~3 plain steps to read one forward's worth of ids, and
+    more per id the longer the plain stretch: more than the budget earns)."""
+    c = controller(max_gamma=8, start_gamma=4)
+    drafted(c, drafted=4, accepted=4, draft=0.040, verify=0.004, verified=5)
+    assert c.choose() == 0 and c.plain_stretch() < 10
+    for _ in range(c.plain_stretch()):
+        plain(c, 0.003)
+    assert c.choose() == 0 and c.plain_stretch() == LONGEST

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from .. import blas, ranks
+from .. import backend, blas, ranks
 from ..errors import MlxspecError
 from .bench import bench
 from .cache_prompt import cache_prompt
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
         if _is_usage_error(e):
             _report(e.format_message(), every_rank=False)
             sys.exit(e.exit_code)
+        if backend.missing_backend(e):
+            _report(backend.NO_BACKEND)
+            sys.exit(1)
         if ranks.is_lost_connection(e):
             _report(ranks.lost_connection_message(e))
             sys.exit(1)

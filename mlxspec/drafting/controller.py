@@ -8,13 +8,23 @@ against 1 / plain_step for gamma = 0 (plain decoding), with the costs of `timing
 per-position acceptance rates a_i below (recent rounds weighted more).
 
 Early on: each position's rate starts from the prior as one pseudo-observation, so one
-lucky round does not send gamma to the maximum; unless the first round's first proposal was
-rejected, the second round tries another size, so both cost lines are fitted; gamma grows at
-most one position beyond those tried (an untried position borrows the last measured rate).
+lucky round does not send gamma to the maximum. The first round drafts half the preset's
+length: it runs blind, so a draft dearer than expected costs little. When its first
+proposal was accepted and what it cost says a round of the preset's length pays even against
+the cheapest plain step plausible, the second round drafts that length, so both cost lines
+are fitted; gamma grows at most one position beyond those tried (an untried position borrows
+the last measured rate).
 A pipelined plain step can be much cheaper than a one-token verify, so plain decoding is not
 judged before it is timed: while no draft length is clearly ahead of the verify-based
 guess, a short plain stretch times it. While plain decoding wins, `probes` says when to
 draft again; now and then a length one beyond the best is tried, to learn that position.
+
+Probing has a budget (`budget`): probes are charged what they cost beyond plain decoding,
+the draft's catching up included, and a probe runs only when the budget covers what the
+cost model expects it to cost. Where a round costs many plain
+steps (a draft dearer than its target; a backend that is slow on multi-token calls) probes
+become rare and the first round, run blind, is the only dear one: `--gamma auto` stays within
+a few percent of standard decoding. Where rounds are cheap the budget seldom binds.
 
 Everything here is learnt across a session's generations (chat's turns); a pure function of
 its observations: no clocks, no MLX.
@@ -25,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..theory import expected_tokens_by_position
+from .budget import ProbeBudget
 from .early_stop import StopLearner
 from .plan import Outcome
 from .probes import ProbeSchedule
@@ -44,6 +55,7 @@ class ControllerConfig:
     prior_slope: float = 0.05  # verify cost growth per extra token, until two sizes are seen
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
+    probe_budget: float = 0.05  # of plain decoding's time that probes may cost
 
 
 @dataclass
@@ -86,27 +98,48 @@ class Controller:
         self.times = RoundTimes(decay=self.config.decay, prior_slope=self.config.prior_slope)
         self.acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
         self.probes = ProbeSchedule()
+        self.budget = ProbeBudget(fraction=self.config.probe_budget)
         self.stop = StopLearner(self.times)
         self.tree_calibration = TreeCalibration()  # a tree drafter's confidence against its acceptance
         self.rounds = 0  # drafting rounds observed
+        self.unheard = 0  # ids emitted since the draft model last proposed: it catches up on them
 
     # --- observations ---------------------------------------------------------------
+    def observe_prefill(self) -> None:
+        """A generation's prompt, read by the draft too (a session's next turn)."""
+        self.unheard = 0
+
     def observe_plain(self, seconds: float) -> None:
         """One plain, pipelined decoding step."""
         self.times.observe_plain(seconds)
+        self.budget.earn(1)
+        self.budget.settle(self.times.plain_step)
+        self.unheard += 1
         self.probes.observe_plain(1)
 
     def observe_verify(self, outcome: Outcome) -> None:
-        """A round's verify time. Alone: a round whose proposals did not come from the draft
-        model this controller models (prompt lookup beside it)."""
+        """A round whose proposals did not come from the draft this controller models (prompt
+        lookup beside it): the verify's time, and ids the draft will catch up on."""
+        self._observe_verified(outcome, proposed_by_draft=False)
+
+    def _observe_verified(self, outcome: Outcome, *, proposed_by_draft: bool) -> None:
+        """What every round tells: the verify's time, and the ids it emitted (they earn the
+        budget; the draft catches up on them unless it proposed in this round)."""
         if outcome.verify_seconds is not None:
             self.times.observe_verify(outcome.verified, outcome.verify_seconds)
+        self.budget.earn(len(outcome.emitted))
+        self.unheard = 0 if proposed_by_draft else self.unheard + len(outcome.emitted)
 
     def observe_round(self, outcome: Outcome, *, waited: bool = False) -> None:
         """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
         its confidence at every step (a learned threshold was on), so its drafting time is
         kept out of the draft line."""
-        self.observe_verify(outcome)
+        proposing = bool(outcome.plan.draft or outcome.plan.proposal)  # the draft read what it had not seen
+        if proposing and outcome.catch_up_seconds > 0:
+            self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
+        if self.probes.probing:
+            self.budget.charge(seconds=outcome.seconds + outcome.catch_up_seconds, ids=len(outcome.emitted))
+        self._observe_verified(outcome, proposed_by_draft=proposing)
         if not outcome.drafted:
             self.probes.observe_empty()
             return
@@ -137,38 +170,82 @@ class Controller:
         reach = min(len(self.acceptance.rates) + 1, self.config.max_gamma)
         scores = {g: self.throughput(g) for g in range(reach + 1)}
         if any(v is None for v in scores.values()):
-            return min(self.config.start_gamma, self.config.max_gamma)  # nothing timed yet
+            return self._first_size()  # nothing timed yet
         return max(scores, key=lambda g: (scores[g], -g))
 
     def _plain_untimed_may_win(self, best: int) -> bool:
         guess, drafting = self.times.verify_time(1), self.throughput(best)
         return self.times.plain_step is None and None not in (guess, drafting) and drafting < PLAIN_DOUBT / guess
 
+    # --- what a probe costs ---------------------------------------------------------------
+    def _plain_step_for_budget(self) -> float | None:
+        """Measured; until then the cheapest a pipelined step may be (the verify-based guess
+        over PLAIN_DOUBT), which makes drafting look as dear as it may be."""
+        guess = self.times.verify_time(1)
+        return self.times.plain_step or (guess / PLAIN_DOUBT if guess else None)
+
+    def probe_cost(self, gamma: int, *, unheard: int | None = None) -> float | None:
+        """Plain steps a round of `gamma` is expected to cost beyond plain decoding of the ids
+        it emits, the draft's catching up on `unheard` ids (default: those now) included;
+        None before anything is timed."""
+        step, round_time = self._plain_step_for_budget(), self.times.round_time(gamma)
+        if step is None or round_time is None:
+            return None
+        catch_up = self.times.catch_up_time(self.unheard if unheard is None else unheard)
+        return (catch_up + round_time) / step - self.expected_tokens(gamma)
+
+    def affords(self, gamma: int) -> bool:
+        """The budget covers a probe of `gamma` now."""
+        cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
+        return cost is None or self.budget.affords(cost, plain_step=step)
+
+    def _affordable_in(self, gamma: int) -> int | None:
+        """Plain ids to decode before the budget covers a probe of `gamma`, whose catching up
+        grows with them; None: never foreseeably."""
+        cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
+        if cost is None:
+            return 0
+        growth = self.probe_cost(gamma, unheard=self.unheard + 1) - cost
+        return self.budget.ids_until(cost, growth=growth, plain_step=step)
+
     # --- the decision -----------------------------------------------------------------
+    def _probe_size(self) -> int:
+        return min(self.config.probe_gamma, self.config.max_gamma)
+
+    def _first_size(self) -> int:
+        return min(max(self.config.start_gamma // 2, 1), self.config.max_gamma)
+
+    def _second_size(self) -> int | None:
+        """The preset's length, for the second round, so that both cost lines are fitted
+        early: when the first round's leading draft was accepted and what it cost says such
+        a round pays even against the cheapest plain step plausible; else None (plain
+        decoding is timed first)."""
+        second = min(self.config.start_gamma, self.config.max_gamma)
+        if self.rounds != 1 or self.times.draft_fitted or second == self._first_size():
+            return None
+        accepted = bool(self.acceptance.rates) and self.acceptance.rates[0] > 0.5
+        cost = self.probe_cost(second)
+        return second if accepted and cost is not None and cost <= 0 else None
+
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
         config = self.config
-        if (
-            self.rounds == 1
-            and not self.times.draft_fitted
-            and config.start_gamma > 1
-            and self.acceptance.rates
-            and self.acceptance.rates[0] > 0.5
-        ):
-            # the first round's leading draft was accepted: a second size, so that both lines
-            # are fitted early (after a rejection, plain decoding is timed first)
-            return config.start_gamma // 2
+        second = self._second_size()
+        if second is not None:
+            return second
         best = self.best()
         if best > 0 and self._plain_untimed_may_win(best):
             return 0  # a short plain stretch times it
         if best == 0:
-            if self.probes.due():
+            if self.probes.due() and self.affords(self._probe_size()):
                 self.probes.start()
-                return min(config.probe_gamma, config.max_gamma)
+                return self._probe_size()
             return 0
         if best < config.max_gamma and self.rounds % LEARN_NEXT_EVERY == LEARN_NEXT_EVERY - 1:
             return best + 1  # learn the next position's rate
         return best
 
     def plain_stretch(self) -> int:
-        return self.probes.stretch(plain_timed=self.times.plain_step is not None)
+        return self.probes.stretch(
+            plain_timed=self.times.plain_step is not None, affordable_in=self._affordable_in(self._probe_size())
+        )

@@ -121,6 +121,10 @@ class Policy:
                 draft_seconds=outcome.draft_seconds,
             )
 
+    def observe_prefill(self) -> None:
+        """Both models read the prompt: the draft has nothing left to catch up on."""
+        self.controller.observe_prefill()
+
     def observe_plain(self, token: int, seconds: float) -> None:
         if self.lookup:
             self.lookup.hear([token])

@@ -2,6 +2,9 @@
 32 at first, doubling after each probe that changes nothing (up to 512), back to 32 when a
 probe pays. A probe whose proposals were all accepted is followed by another at once: the
 text may have turned predictable, and one short round cannot outweigh the past alone.
+Either way a probe waits, too, until the budget (budget.py) covers what it is expected to
+cost: where a round costs many plain steps, probes are spaced so that they cost at most a
+set share of the time.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ class ProbeSchedule:
     def start(self) -> None:
         self.again, self.probing = False, True
 
-    def stretch(self, *, plain_timed: bool) -> int:
+    def stretch(self, *, plain_timed: bool, affordable_in: int | None = 0) -> int:
         """Plain tokens to decode before the next probe (before plain decoding has been
-        timed, just enough to time it)."""
+        timed, just enough to time it). `affordable_in`: plain tokens before the budget covers
+        a probe (None: not foreseeable; the question is asked again after the longest stretch)."""
         if not plain_timed:
             return TIMING_STRETCH
-        return max(self.every - self.since, 1)
+        until_due = 0 if self.again else self.every - self.since
+        return min(max(until_due, LONGEST if affordable_in is None else affordable_in, 1), LONGEST)
 
     def observe_plain(self, tokens: int = 1) -> None:
         self.since += tokens

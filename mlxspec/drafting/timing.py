@@ -2,8 +2,11 @@
 round of gamma proposals, D(gamma) = d0 + c gamma (c the draft step; d0 the round's fixed
 cost: the wait for the drafts, reading the ids the last round emitted); the target's verify
 time as a function of the ids it reads, T(k) = a + b k; the rest of a round (bookkeeping,
-rewinds); and the seconds of a plain, pipelined decoding step. Both lines are fitted by
-least squares with older rounds weighted down, as the rounds vary in length.
+rewinds); the seconds of a plain, pipelined decoding step; and the draft's catching up on ids
+emitted without it (plain steps, prompt lookup), C(n) = e + r n, which a probe after a plain
+stretch pays on top of its round (until it is timed, guessed from the draft's step). The
+lines are fitted by least squares with older rounds weighted down, as the rounds vary in
+length.
 """
 
 from __future__ import annotations
@@ -82,10 +85,12 @@ class RoundTimes:
     _rounds: int = 0
     _draft: LineFit = field(init=False, repr=False)
     _verify: LineFit = field(init=False, repr=False)
+    _catch_up: LineFit = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._draft = LineFit(self.decay, proportional)
         self._verify = LineFit(self.decay, partial(relative_slope, self.prior_slope))
+        self._catch_up = LineFit(self.decay, partial(relative_slope, self.prior_slope))
 
     def observe_plain(self, seconds: float) -> None:
         self._plains += 1
@@ -97,6 +102,11 @@ class RoundTimes:
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
             self._verify.add(tokens, seconds)
+
+    def observe_catch_up(self, ids: int, seconds: float) -> None:
+        """The draft read `ids` it had not proposed in a forward of its own, before a round."""
+        if ids > 0 and seconds > 0:
+            self._catch_up.add(ids, seconds)
 
     def observe_overhead(self, seconds: float) -> None:
         self._rounds += 1
@@ -111,6 +121,24 @@ class RoundTimes:
 
     def verify_time(self, tokens: float) -> float | None:
         return self._verify.at(tokens)
+
+    def draft_step(self) -> float | None:
+        """One more proposal's seconds (c): the draft line's slope, or its mean per proposal
+        until two sizes are seen."""
+        one, two = self.draft_time(1), self.draft_time(2)
+        return None if one is None or two is None else (two - one if self.draft_fitted else one)
+
+    def catch_up_time(self, ids: float) -> float:
+        """Seconds the draft takes to read `ids` it did not propose: the measured line (through
+        one size seen, growing by `prior_slope` of itself per id); until one is timed, a draft
+        step grown the same way (0 before the draft is timed)."""
+        if ids <= 0:
+            return 0.0
+        measured = self._catch_up.at(ids)
+        if measured is not None:
+            return measured
+        step = self.draft_step()
+        return relative_slope(self.prior_slope, 1, step, ids) if step else 0.0
 
     def round_time(self, gamma: int) -> float | None:
         verify, draft = self.verify_time(gamma + 1), self.draft_time(gamma)
