@@ -94,7 +94,7 @@ def speculative(
                 if event.emitted[0] in eos_ids:
                     return "eos"
             continue
-        if plan.tree:
+        if plan.reads_tree:
             outcome = run_tree_round(
                 target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar
             )

@@ -22,6 +22,7 @@ from .cursor import Cursor
 from .drafters import HEAD_KINDS, MTP
 from .drafters.base import Drafter
 from .drafters.eagle3 import Eagle3Drafter
+from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
 from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
 from .drafting import Controller, ControllerConfig, Policy, PromptLookup
@@ -34,6 +35,7 @@ from .stats import Stats
 from .text import StopFilter, TextStream
 
 Event = Prefill | Round | Done
+SESSION_HISTORY_TOKENS = 1 << 18  # a session's own history index: a long chat's worth (11 MB at most)
 
 
 @dataclass
@@ -64,12 +66,21 @@ class Session:
     why). `cache_options` (a sliding `max_kv_size`, quantized KV) apply to both models."""
 
     def __init__(
-        self, pair: Pair, *, cache_options: CacheOptions = CacheOptions(), controller: Controller | None = None
+        self,
+        pair: Pair,
+        *,
+        cache_options: CacheOptions = CacheOptions(),
+        controller: Controller | None = None,
+        history: HistoryStore | None = None,
     ):
         """`controller`: what another session learnt of this pair, shared (a server's
-        conversations, one generation at a time); default: a fresh one."""
+        conversations, one generation at a time); default: a fresh one. `history`: the index
+        of earlier prompts and answers that prompt lookup also drafts from (options.history),
+        shared (a server's, one namespace per API key); default: this session's own, so a
+        chat's later turns draft from its earlier ones."""
         self.pair = pair
         self.controller = controller or Controller(ControllerConfig(start_gamma=pair.gamma_hint))
+        self.history = history or HistoryStore(limit_tokens=SESSION_HISTORY_TOKENS)
         self.target, self.draft = make_cursors(pair, cache_options=cache_options)
         if cache_options.kv_bits is not None:
             for cursor in filter(None, (self.target, self.draft)):
@@ -181,27 +192,33 @@ def check_drafting(pair: Pair, options: Options) -> None:
         )
 
 
-def drafting_policy(pair: Pair, session: Session, options: Options, ids: list[int]) -> Policy | None:
-    """How this generation drafts, or None for standard decoding."""
+def drafting_policy(
+    pair: Pair, session: Session, options: Options, ids: list[int], *, namespace: str = DEFAULT_NAMESPACE
+) -> Policy | None:
+    """How this generation drafts, or None for standard decoding. Prompt lookup reads the
+    session's history index too (under `namespace`) unless options.history is off."""
     if not options.speculative:
         return None
     check_drafting(pair, options)
     ngram = pair.ngram if options.ngram is None else options.ngram
     # beside a draft model only long matches are worth proposing: shorter ones are guesses the model makes better
-    lookup = PromptLookup(ids, min_match=3 if session.draft is not None else None) if ngram else None
+    min_match = 3 if session.draft is not None else None
+    if not ngram:
+        lookup = None
+    elif options.history:
+        lookup = session.history.drafter(namespace, min_match=min_match).begin(ids)
+    else:
+        lookup = PromptLookup(ids, min_match=min_match)
+    target_trees = session.target.why_no_trees() is None
+    drafter_trees = session.draft is None or getattr(session.draft, "reads_trees", False)
     return Policy(
         gamma=options.gamma,
         stop=options.draft_min_p,
         controller=session.controller,
         lookup=lookup,
         draft_model=session.draft is not None,
-        tree=options.tree if _reads_trees(session) else 0,
+        tree=options.tree if target_trees and drafter_trees else 0,
     )
-
-
-def _reads_trees(session: Session) -> bool:
-    """Whether this session's drafter can propose trees and its target read them."""
-    return getattr(session.draft, "reads_trees", False) and session.target.why_no_trees() is None
 
 
 def stream(
@@ -210,6 +227,7 @@ def stream(
     options: Options | None = None,
     *,
     session: Session | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
     **overrides,
 ) -> Iterator[Event]:
     """Yields Prefill, then a Round per round (with each emitted id's text in `pieces`), then
@@ -223,7 +241,7 @@ def stream(
     same session closes this one."""
     if session is not None and session.pair is not pair:
         raise InvalidOption("this session belongs to another pair: make one for this pair (Session(pair))")
-    events = _stream(pair, prompt, options_of(options, overrides), session)
+    events = _stream(pair, prompt, options_of(options, overrides), session, namespace)
     if session is not None:
         session.claim(events)
     return events
@@ -239,7 +257,9 @@ def check_text(text: str | None, what: str) -> None:
             raise InvalidOption(f"{what} is not valid UTF-8 text (at character {e.start})") from None
 
 
-def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: Session | None) -> Iterator[Event]:
+def _stream(
+    pair: Pair, prompt: str | Sequence[int], options: Options, session: Session | None, namespace: str
+) -> Iterator[Event]:
     if isinstance(prompt, str) and not prompt.strip():
         raise InvalidOption("the prompt is empty")
     check_text(prompt if isinstance(prompt, str) else None, "the prompt")
@@ -251,7 +271,7 @@ def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: 
     max_tokens, limit_reason = fit_context(pair, len(ids), options.max_tokens)
     seed = secrets.randbits(31) if options.seed is None else options.seed
     session = session or Session(pair)
-    policy = drafting_policy(pair, session, options, ids)
+    policy = drafting_policy(pair, session, options, ids, namespace=namespace)
     grammar = grammar_for(pair, options)
 
     stats = Stats(gamma=_gamma_label(options.gamma), seed=seed)
@@ -289,6 +309,8 @@ def _stream(pair: Pair, prompt: str | Sequence[int], options: Options, session: 
             reason = "interrupted"
         finally:
             tokens.close()
+            if policy is not None and hasattr(policy.lookup, "end"):
+                policy.lookup.end()  # the prompt and what was answered join the history
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
     if pair.target.shard is not None:  # every round and plain step is one target forward
         stats.transfers = stats.rounds * pair.target.shard.transfers_per_forward

@@ -71,6 +71,7 @@ class Options:
     think: bool | None = None  # enable_thinking for templates that take it; None: the template's default
     grammar: GrammarSpec | None = None  # what the reply must match (constrained decoding)
     tree: int | Auto = 0  # at most this many proposals verified per round as a tree (0: a chain), or sized per round
+    history: bool = True  # prompt lookup reads the session's (server's) earlier prompts and answers too
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -99,6 +100,8 @@ class Options:
             isinstance(self.tree, bool) or not isinstance(self.tree, int) or self.tree < 0
         ):
             raise InvalidOption(f"tree (nodes per round) must be a whole number >= 0 or 'auto', got {self.tree!r}")
+        if not isinstance(self.history, bool):
+            raise InvalidOption(f"history is on (True) or off (False), got {self.history!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise InvalidOption("grammar must be a GrammarSpec (GrammarSpec.json_schema(...), ...)")
 
@@ -122,6 +125,7 @@ class Options:
         xtc_probability: float = 0.0,
         grammar: GrammarSpec | None = None,
         tree: int | str | Auto = 0,
+        history: bool = True,
     ) -> Options:
         """Options from the values a person types: gamma and draft_min_p may be "auto" or
         numbers as text."""
@@ -143,6 +147,7 @@ class Options:
             think=think,
             grammar=grammar,
             tree=parse_tree(tree),
+            history=history,
         )
 
     def replace(self, **changes) -> Options:
@@ -174,6 +179,7 @@ class Options:
             "ngram": self.ngram,
             "draft_min_p": _label(self.draft_min_p),
             "tree": _label(self.tree),
+            "history": self.history,
             "raw": self.raw,
             "system": self.system,
             "think": self.think,

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import backend, loading, ranks
 from .errors import IncompatiblePair, InsufficientMemory, InvalidOption, MlxspecError, ModelNotFound
 from .loading import LoadedModel
+from .presets import resolve_name
 
 ASSETS = Path(__file__).parent / "assets"
 BUNDLED_TARGET = ASSETS / "tiny-target"
@@ -193,7 +194,8 @@ def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[st
         return [str(BUNDLED_TARGET)], NGRAM
     if target is None:
         raise InvalidOption("--draft needs a --target (or name a --pair)")
-    return [target], draft
+    # bundled:NAME, as --json and bench name a bundled model, is its folder in the package
+    return [resolve_name(target)], resolve_name(draft) if draft is not None else None
 
 
 def resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:

@@ -22,7 +22,7 @@ import time
 import mlx.core as mx
 
 from .cursor import TOKEN, Cursor
-from .drafters.base import Drafter, Drafts
+from .drafters.base import Drafter, Drafts, TreeDrafts
 from .drafters.sampling import pick
 from .drafting import Outcome, Plan
 from .drafting.tree_budget import best_size
@@ -155,7 +155,7 @@ def run_round(
 
 def run_tree_round(
     target: Cursor,
-    drafter: Drafter,
+    drafter: Drafter | None,
     plan: Plan,
     *,
     params: SamplingParams,
@@ -163,26 +163,33 @@ def run_tree_round(
     eos_ids: frozenset[int],
     grammar: Matcher | None = None,
 ) -> Outcome:
-    """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes, the
-    target reads it in one forward (each node at its depth, seeing its ancestors), the rule
-    walks it from the root (verify.py), and both sides keep the accepted path alone. On any
-    exception both sides are left as before the round."""
-    caught_up = drafter.catch_up_if_behind()
+    """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes (or
+    prompt lookup's trie is taken as it is), the target reads it in one forward (each node
+    at its depth, seeing its ancestors), the rule walks it from the root (verify.py), and
+    both sides keep the accepted path alone; a drafter that did not propose hears what was
+    emitted. On any exception both sides are left as before the round."""
+    grows = plan.proposal_tree is None
+    caught_up = drafter.catch_up_if_behind() if grows else 0.0
     start = time.perf_counter()
     draft_key, key = mx.random.split(key)
-    target_mark, target_pending = target.cache.mark(reads=len(target.pending) + plan.tree), list(target.pending)
+    nodes = plan.tree if grows else len(plan.proposal_tree)
+    target_mark, target_pending = target.cache.mark(reads=len(target.pending) + nodes), list(target.pending)
     grammar_mark = grammar.depth if grammar is not None else 0
-    draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft)  # pending, then every row it may read
+    # the drafter reads its pending ids, then every row its levels may hold
+    draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft) if grows else None
     try:
-        drafts = drafter.propose_tree(
-            depth=plan.draft,
-            budget=plan.tree,
-            width=plan.width,
-            params=params,
-            key=draft_key,
-            state=draft_state,
-            grammar=grammar,
-        )
+        if grows:
+            drafts = drafter.propose_tree(
+                depth=plan.draft,
+                budget=plan.tree,
+                width=plan.width,
+                params=params,
+                key=draft_key,
+                state=draft_state,
+                grammar=grammar,
+            )
+        else:
+            drafts = TreeDrafts(tree=plan.proposal_tree)
         drafted_at = time.perf_counter()
         if drafts is not None and plan.tree_costs:
             drafts = drafts.best(
@@ -206,16 +213,19 @@ def run_tree_round(
         path_ids = tree.path_ids(path)
         target.keep_tree_path(tree, path, path_ids, pending=target_pending)
         target.pending = [next_id]
-        if drafts is not None:
+        if grows and drafts is not None:
             drafter.settle_tree(draft_state, drafts=drafts, path=path, next_id=next_id)
-        else:
+        elif grows:
             drafter.undo(draft_state)
+        elif drafter is not None:
+            drafter.hear(path_ids + [next_id])
         emitted = _cut_at_eos(path_ids + [next_id], eos_ids)
         if grammar is not None:
             grammar.settle(grammar.depth, emitted)
     except BaseException:
         target.abandon(target_mark, target_pending)
-        drafter.undo(draft_state)
+        if grows:
+            drafter.undo(draft_state)
         if grammar is not None:
             grammar.rollback_to(grammar_mark)
         raise
@@ -234,7 +244,7 @@ def run_tree_round(
         catch_up_seconds=caught_up,
         nodes=len(tree),
         branches=_branches(tree, path),
-        reach_predicted=tuple(drafts.reach()) if drafts is not None else (),
+        reach_predicted=tuple(drafts.reach()) if drafts is not None and drafts.values else (),
     )
 
 

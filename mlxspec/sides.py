@@ -166,7 +166,7 @@ def draft_cost(standard: Side, speculative: Side) -> float | None:
 def predicted_speedup(standard: Side, speculative: Side) -> float | None:
     """E[tau] / (gamma c + 1) from the measured acceptance and the measured cost ratio c."""
     c = draft_cost(standard, speculative)
-    if c is None and speculative.stats.ngram_rounds and not speculative.stats.model_rounds:
+    if c is None and speculative.stats.lookup_rounds and not speculative.stats.model_rounds:
         c = 0.0
     return predicted_speedup_of(speculative.stats, c=c) if c is not None else None
 

@@ -4,7 +4,8 @@ the figures derived from them, each defined once. Plain Python: views read them 
 - acceptance rate alpha = accepted / tested, a draft being tested when every earlier one of
   its round was accepted (vLLM's and Leviathan et al.'s alpha), not accepted / drafted;
 - tokens per round tau = ids emitted / rounds, end-of-sequence ids included (>= 1 always);
-- mean gamma = proposals per drafting round (plain steps excluded; a tree's nodes count);
+- mean gamma = proposals per drafting round (plain steps excluded; a tree's depth; its nodes
+  are counted apart, nodes per tree round);
   a tree round's drafts tested at each depth are the path's and, where it stopped, the
   first child tried there, so alpha per position is the rate at which a round's accepted
   path went one deeper;
@@ -19,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 # who proposed a round's ids, as events name it
-_SOURCES = {"model": "model_rounds", "ngram": "ngram_rounds", "target": "plain_rounds"}
+_SOURCES = {"model": "model_rounds", "ngram": "ngram_rounds", "history": "history_rounds", "target": "plain_rounds"}
 # fewer drafts tested than this and alpha is not shown: two or three tries say nothing of it
 MIN_TESTED_FOR_ALPHA = 8
 
@@ -44,6 +45,7 @@ class Stats:
     verify_seconds: float = 0.0  # of the timed rounds
     model_rounds: int = 0  # rounds drafted by the draft model
     ngram_rounds: int = 0  # rounds proposed by prompt lookup
+    history_rounds: int = 0  # rounds proposed from the history of earlier prompts and answers
     plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
     early_stops: int = 0  # rounds the draft cut short (draft min-p)
     tree_rounds: int = 0  # rounds that verified a tree
@@ -66,7 +68,7 @@ class Stats:
         self.rounds += 1
         self.emitted += len(event.emitted)
         self.tokens += len(event.emitted) if tokens is None else tokens
-        self.drafted += event.nodes or len(event.drafted)
+        self.drafted += event.gamma if event.nodes else len(event.drafted)  # a tree: its depth
         self.tested += event.tested
         self.accepted += event.accepted
         self.decode_seconds += event.seconds
@@ -149,6 +151,11 @@ class Stats:
     @property
     def mean_gamma(self) -> float | None:
         return self.drafted / self.drafting_rounds if self.drafting_rounds else None
+
+    @property
+    def lookup_rounds(self) -> int:
+        """Rounds proposed by lookup: in the current text, or in the history index."""
+        return self.ngram_rounds + self.history_rounds
 
     @property
     def nodes_per_tree(self) -> float | None:

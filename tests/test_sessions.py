@@ -47,7 +47,7 @@ def assert_drafts_fresh(pair, prompt, rounds, options=CacheOptions()) -> None:
     draft cache that lies costs only acceptance, so the output alone cannot see it."""
     history = list(prompt)
     for r in rounds:
-        if r.source == "model" and r.drafted:
+        if r.source == "model" and r.drafted and not r.nodes:  # a tree round's drafts are not one chain
             assert list(r.drafted) == fresh_draft(pair, history, len(r.drafted), options), f"round {r.index}"
         history += r.emitted
 
@@ -108,6 +108,10 @@ MODES = {
     "auto": dict(gamma="auto"),
     "ngram": dict(gamma=3, ngram=True),
     "auto+ngram": dict(gamma="auto", ngram=True),
+    # trees (where the target reads them: chains elsewhere) from the drafter and lookup's tries
+    "tree 6": dict(gamma=3, tree=6),
+    "tree auto+ngram": dict(gamma="auto", tree="auto", ngram=True),
+    "ngram, no history": dict(gamma=3, ngram=True, history=False),
 }
 EDGE = 4  # cuts are tried around multiples of this: the kept tokens (4), windows (8, 12)
 # How a call may be cut short: the consumer closes the stream, or throws Ctrl-C into it,
@@ -356,6 +360,7 @@ def test_random_sessions_stay_exact(load_pair, factory, name, monkeypatch):
         # auto with heads is walked by demos/session_fuzz.py and tests/test_eagle3.py
         monkeypatch.setitem(MODES, "auto", dict(gamma=3))
         monkeypatch.setitem(MODES, "auto+ngram", dict(gamma=3, ngram=True))
+        monkeypatch.setitem(MODES, "tree auto+ngram", dict(gamma=3, tree=8, ngram=True))
     family = load_family(load_pair, name, factory=factory)
     walk(family, settings(WALKS, max_examples=SEQUENCES.get(name, SEQUENCES_ELSEWHERE)))
     print(f"{name}: {dict(family.tally)}")
@@ -377,6 +382,7 @@ def test_the_walk_finds_a_stale_checkpoint(load_pair, monkeypatch, name):
     # choices changed and the walk missed the stale checkpoint within its budget)
     monkeypatch.setitem(MODES, "auto", dict(gamma=3))
     monkeypatch.setitem(MODES, "auto+ngram", dict(gamma=3, ngram=True))
+    monkeypatch.setitem(MODES, "tree auto+ngram", dict(gamma=3, tree=8, ngram=True))
     family = load_family(load_pair, name)
     walks = settings(WALKS, max_examples=SEQUENCES[name], phases=[Phase.generate])
     with pytest.raises(AssertionError):

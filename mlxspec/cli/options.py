@@ -162,6 +162,31 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             show_default=False,
         ),
     ),
+    "tree": (
+        Optional[str],
+        None,
+        _option(
+            "--tree",
+            metavar="N|auto",
+            help=(
+                "Verify a tree of proposals each round, at most N nodes ('auto': as many as pay on this machine, "
+                "round by round; 0: a chain). The tree's longest path is --gamma."
+            ),
+            show_default=False,
+        ),
+    ),
+    "history": (
+        str,
+        "on",
+        _option(
+            "--history",
+            metavar="on|off",
+            help=(
+                "Prompt lookup drafts from earlier prompts and answers too (a chat's turns, a server's requests); "
+                "off: from this prompt and answer alone."
+            ),
+        ),
+    ),
     "draft_min_p": (
         str,
         "0",
@@ -350,8 +375,23 @@ def _read_text(path: str, option: str) -> str:
 
 
 def _build_options(values: dict) -> Options:
-    gamma = values.pop("gamma", None)
-    return Options.build(gamma="auto" if gamma is None else gamma, stop=values.pop("stop", None) or (), **values)
+    gamma, tree = values.pop("gamma", None), values.pop("tree", None)
+    if "history" in values:
+        values["history"] = on_or_off(values["history"], "--history")
+    return Options.build(
+        gamma="auto" if gamma is None else gamma,
+        tree=Options.tree if tree is None else tree,
+        stop=values.pop("stop", None) or (),
+        **values,
+    )
+
+
+def on_or_off(value: str, option: str) -> bool:
+    """'on' or 'off' (as a person types them) as a bool; anything else one line."""
+    word = value.strip().lower()
+    if word not in ("on", "off"):
+        raise InvalidOption(f"{option} takes on or off, got {value!r}")
+    return word == "on"
 
 
 # For the commands that read a prompt cache (generate, chat).

@@ -31,16 +31,34 @@ def serve(
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="N", help="Port to listen on.")] = 8080,
-    api_key: Annotated[
-        Optional[str],
+    api_keys: Annotated[
+        Optional[list[str]],
         typer.Option(
             "--api-key",
             metavar="KEY",
             envvar="MLXSPEC_API_KEY",
-            help="Require `Authorization: Bearer KEY` on every request.",
+            help=(
+                "Require `Authorization: Bearer KEY` on every request (repeatable: any of the keys; each key's "
+                "requests draft from their own history only)."
+            ),
             show_default=False,
         ),
     ] = None,
+    history_tokens: Annotated[
+        int,
+        typer.Option(
+            "--history-tokens",
+            metavar="N",
+            help="Ids of earlier prompts and answers kept per API key for drafting (about 44 bytes each).",
+        ),
+    ] = 1 << 20,
+    history_keep: Annotated[
+        bool,
+        typer.Option(
+            "--history-keep",
+            help="Keep the history on disk under mlxspec's cache, so that a restarted server drafts from it.",
+        ),
+    ] = False,
     cache_sessions: Annotated[
         int,
         typer.Option(
@@ -83,6 +101,7 @@ def serve(
     Example: mlxspec serve --pair qwen3-14b --port 8080
     """
     from ..server import run
+    from ..server.worker import HistorySettings
 
     limits = server_limits(
         max_body_mb=max_body_mb,
@@ -92,10 +111,12 @@ def serve(
     )
     if not host:
         raise InvalidOption("--host is empty: give an address (127.0.0.1 for this machine alone, 0.0.0.0 for all)")
-    if api_key is not None and not api_key.strip():
+    if api_keys is not None and any(not key.strip() for key in api_keys):
         raise InvalidOption("--api-key is empty, which would turn authentication off: give a key, or leave it out")
-    if api_key is None and os.environ.get("MLXSPEC_API_KEY") == "":  # click reads an empty variable as unset
+    if not api_keys and os.environ.get("MLXSPEC_API_KEY") == "":  # click reads an empty variable as unset
         raise InvalidOption("MLXSPEC_API_KEY is set but empty, which would turn authentication off: give a key")
+    if history_tokens < 1:
+        raise InvalidOption(f"--history-tokens must be >= 1, got {history_tokens}")
     if cache_sessions < 0:
         raise InvalidOption(f"--cache-sessions must be >= 0, got {cache_sessions}")
     if not 0 <= port < 65536:
@@ -103,7 +124,7 @@ def serve(
     if models.no_draft:
         options = options.replace(gamma=0)
     if not run.is_loopback(host):
-        guard = "requests need the API key" if api_key else "no --api-key: anyone who can reach it can use it"
+        guard = "requests need an API key" if api_keys else "no --api-key: anyone who can reach it can use it"
         err.print(Text(f"warning: listening on {host}: other machines can reach this server ({guard})", style="yellow"))
     run.serve(
         # a request may ask for speculative decoding whatever the default: the draft loads unless --no-draft
@@ -111,9 +132,10 @@ def serve(
         defaults=options,
         host=host,
         port=port,
-        api_key=api_key or None,
+        api_keys=tuple(api_keys or ()),
         cache_sessions=cache_sessions,
         cache_options=models.cache_options(),
+        history=HistorySettings(tokens=history_tokens, keep=history_keep),
         limits=limits,
         log=lambda line: err.print(Text(line, style="dim"), soft_wrap=True),
     )

@@ -615,6 +615,7 @@ class HistoryDrafter:
         self._prompt: list[int] = []
         self._answer: list[int] = []
         self._context: deque[int] = deque(maxlen=self.max_match)
+        self.source = "ngram"  # where the latest proposal came from: the request's own text, or "history"
 
     def begin(self, prompt: Iterable[int]) -> HistoryDrafter:
         shape = self.history
@@ -647,9 +648,9 @@ class HistoryDrafter:
         if self.history is not None:
             with self._lock:
                 shared = self.history.propose(context, source="history", **options)
-        if shared is None or (local is not None and local.score >= shared.score):
-            return local
-        return shared
+        found = local if shared is None or (local is not None and local.score >= shared.score) else shared
+        self.source = "history" if found is shared and found is not None else "ngram"
+        return found
 
     def propose(self, gamma: int) -> tuple[int, ...]:
         """Up to `gamma` ids: the most frequent path (a chain, as prompt lookup proposes)."""
@@ -677,9 +678,12 @@ class HistoryDrafter:
 
 
 # --- one index per namespace ------------------------------------------------------------
+DEFAULT_NAMESPACE = "default"  # a session's own, or a server's without API keys
+
+
 def namespace_of(api_key: str | None) -> str:
     """A namespace for an API key that names nothing of the key: a digest of it."""
-    return "default" if api_key is None else "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
+    return DEFAULT_NAMESPACE if api_key is None else "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
 
 
 def history_folder() -> Path:
@@ -750,6 +754,17 @@ class HistoryStore:
             keep_prompts=self.keep_prompts,
             lock=self._lock,
         )
+
+    def describe(self, namespace: str) -> dict:
+        """What one namespace's index holds (nothing is made or read for it here)."""
+        with self._lock:
+            index = self._indexes.get(namespace)
+            return {  # plain ints: numpy's do not go into JSON
+                "documents": int(index.documents) if index is not None else 0,
+                "slots": int(index.size) if index is not None else 0,
+                "bytes": int(index.nbytes) if index is not None else 0,
+                "limit_tokens": int(self.limit_tokens),
+            }
 
     def save(self) -> None:
         """Every namespace held, to `folder` (nothing without one)."""

@@ -134,7 +134,9 @@ class Controller:
         """A round that drafted, or one that proposed nothing. `waited`: the draft waited for
         its confidence at every step (a learned threshold was on), so its drafting time is
         kept out of the draft line."""
-        proposing = bool(outcome.plan.draft or outcome.plan.proposal)  # the draft read what it had not seen
+        proposing = bool(
+            outcome.plan.draft or outcome.plan.proposal or outcome.plan.proposal_tree
+        )  # the draft read what it had not seen
         if proposing and outcome.catch_up_seconds > 0:
             self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
         if self.probes.probing:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL, NGRAM, TARGET = "model", "ngram", "target"  # who proposed a round's ids ("target": nobody)
+from ..tree import TokenTree
+
+# who proposed a round's ids: the draft model, prompt lookup (the current prompt and answer),
+# the history index (earlier prompts and answers), or nobody ("target")
+MODEL, NGRAM, HISTORY, TARGET = "model", "ngram", "history", "target"
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,8 @@ class Plan:
 
     draft: int = 0  # ids the draft model proposes, at most
     proposal: tuple[int, ...] = ()  # ids found by prompt lookup
+    proposal_tree: TokenTree | None = None  # or the continuations it found, as a trie
+    lookup_source: str = NGRAM  # where lookup found them (NGRAM or HISTORY)
     plain: int = 0  # pipelined plain decoding steps instead of a round
     stop_below: float = 0.0  # the draft stops when its confidence in its next id is lower
     read_confidences: bool = False  # bring the draft's confidences back with the outcome
@@ -29,8 +35,13 @@ class Plan:
 
     @property
     def gamma(self) -> int:
-        """The round's draft length."""
-        return self.draft or len(self.proposal)
+        """The round's draft length (a trie's depth)."""
+        return self.draft or len(self.proposal) or (self.proposal_tree.depth if self.proposal_tree else 0)
+
+    @property
+    def reads_tree(self) -> bool:
+        """The round verifies a tree: the drafter's, or lookup's trie."""
+        return bool(self.tree or self.proposal_tree)
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,7 @@ class Outcome:
     def source(self) -> str:
         if not self.drafted:
             return TARGET
-        return MODEL if self.plan.draft else NGRAM
+        return MODEL if self.plan.draft else self.plan.lookup_source
 
     @property
     def verified_nodes(self) -> int:

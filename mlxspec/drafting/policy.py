@@ -6,16 +6,18 @@ stays exactly the target's whatever is chosen."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..drafters.lookup import PromptLookup
 from .controller import Controller
-from .plan import Outcome, Plan
+from .plan import NGRAM, Outcome, Plan
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
 LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins
 TREE_WIDTH = 3  # children per node, and nodes expanded per level, in a drafter's tree
 TREE_AUTO_MAX = 32  # the most nodes `--tree auto` verifies in a round
+TREE_LOOKUP_NODES = 16  # the most nodes of a lookup trie under `--tree auto` (its own budget is its match)
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,9 @@ class Policy:
             # the draft model loses for now, but a prompt-lookup match beside it costs no
             # drafting (alone, lookup is what the controller judged, and it said no)
             beside = self.lookup is not None and self.draft_model
-            found = self.lookup.propose(min(self.controller.config.start_gamma, remaining - 1)) if beside else ()
-            if found:
-                return Plan(proposal=found, timed=self._timed(len(found)))
+            found = self._lookup(min(self.controller.config.start_gamma, remaining - 1)) if beside else None
+            if found is not None:
+                return dataclasses.replace(found, timed=self._timed(found.gamma))
             # a pipelined stretch, as fast as standard decoding, until the controller wants
             # to probe again (timed: its length has changed); with lookup on, short enough
             # that a match the text makes is tried soon
@@ -66,9 +68,11 @@ class Policy:
             stretch = self.controller.plain_stretch()
             return Plan(plain=min(stretch, LOOKUP_STRETCH if beside else stretch, remaining))
         timed = self._timed(gamma)
-        proposal = self.lookup.propose(gamma) if self.lookup else ()
-        if proposal or not self.draft_model or gamma == 0:
-            return Plan(proposal=proposal, timed=timed)  # empty: the target reads and emits one id
+        found = self._lookup(gamma)
+        if found is not None:
+            return dataclasses.replace(found, timed=timed)
+        if not self.draft_model or gamma == 0:
+            return Plan(timed=timed)  # the target reads and emits one id
         if self.tree:
             return self._tree_plan(gamma)
         stop_below = (
@@ -77,6 +81,29 @@ class Policy:
             else (self.controller.stop.next_threshold() if self._learning else 0.0)
         )
         return Plan(draft=gamma, stop_below=stop_below, read_confidences=self._learning, timed=timed or stop_below > 0)
+
+    def _lookup(self, gamma: int) -> Plan | None:
+        """Prompt lookup's proposal for a round of `gamma` (None: it found nothing): where the
+        target reads trees and the lookup proposes tries, every continuation it found, as a
+        trie of at most the tree's nodes; else a chain of `gamma` ids."""
+        if self.lookup is None or gamma <= 0:
+            return None
+        if self.tree and hasattr(self.lookup, "propose_tree"):
+            found = self.lookup.propose_tree(
+                max(gamma, TREE_LOOKUP_NODES if isinstance(self.tree, Auto) else self.tree)
+            )
+            if found is not None and found.depth > gamma:  # no deeper than the round may go (max tokens)
+                found = found.subtree([n for n in range(1, len(found) + 1) if found.depths[n] <= gamma])
+            if found is not None and not found.is_chain:
+                return Plan(proposal_tree=found, lookup_source=self._lookup_source())
+            proposal = found.ids[:gamma] if found is not None else ()
+        else:
+            proposal = self.lookup.propose(gamma)
+        return Plan(proposal=tuple(proposal), lookup_source=self._lookup_source()) if proposal else None
+
+    def _lookup_source(self) -> str:
+        """Where the lookup's latest proposal came from (the history index names it)."""
+        return getattr(self.lookup, "source", NGRAM)
 
     def _tree_plan(self, depth: int) -> Plan:
         """A tree `depth` levels deep: a fixed size, or (auto) up to TREE_AUTO_MAX nodes sized
@@ -104,10 +131,10 @@ class Policy:
     def observe_round(self, outcome: Outcome) -> None:
         if self.lookup:
             self.lookup.hear(outcome.emitted)
-        if outcome.nodes:
+        if outcome.reach_predicted:
             self.controller.tree_calibration.observe(predicted=outcome.reach_predicted, reached=outcome.accepted)
         plan = outcome.plan
-        if plan.proposal and self.draft_model:
+        if (plan.proposal or plan.proposal_tree) and self.draft_model:
             # beside a draft model, a lookup round tells the verify's cost, not the model's rates
             self.controller.observe_verify(outcome)
         else:

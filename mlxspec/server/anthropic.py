@@ -76,6 +76,8 @@ class MessagesBody(CountBody):
     stream: bool = False
     seed: int | None = None  # mlxspec's own (extra_body), as on the OpenAI routes
     gamma: Any = None
+    tree: Any = None
+    history: bool | None = None
 
 
 def chat_body(body: CountBody) -> ChatBody:
@@ -89,7 +91,7 @@ def chat_body(body: CountBody) -> ChatBody:
     if think in ("enabled", "disabled"):
         chat["chat_template_kwargs"] = {"enable_thinking": think == "enabled"}
     if isinstance(body, MessagesBody):
-        for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "gamma"):
+        for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "gamma", "tree", "history"):
             if (value := getattr(body, name)) is not None:
                 chat[name] = value
         if body.stop_sequences:

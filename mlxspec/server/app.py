@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from ..drafters.history import DEFAULT_NAMESPACE, namespace_of
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
 from ..events import Done, Round
 from ..generation import check_drafting, fit_context
@@ -58,7 +59,7 @@ def create_app(
     worker: Worker,
     pair,
     defaults: Options,
-    api_key: str | None = None,
+    api_keys: tuple[str, ...] = (),
     limits: Limits = Limits(),
     offload: Offload | None = None,
 ):
@@ -77,7 +78,7 @@ def create_app(
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
-    return RequireKey(app, api_key) if api_key else app
+    return RequireKey(app, api_keys) if api_keys else app
 
 
 class Api:
@@ -103,6 +104,8 @@ class Api:
                 "cached_sessions": len(worker.cache) if worker.cache is not None else 0,
                 "served": worker.served,
                 "stopped": worker.stopped,
+                # the caller's own history (a digest of its key names it): never another key's
+                "history": worker.history.describe(_namespace(request)) if worker.history is not None else None,
             }
         )
 
@@ -221,7 +224,7 @@ async def answer(request, worker, ids: list[int], options: Options, *, note, who
     """A generation's answer, for every route: `whole(job)` as one JSON body, or, where
     `stream` is given, the server-sent events `stream(job, first_event)` yields. Refused with
     a plain error until the generation has started; a client that leaves stops it."""
-    job = worker.submit(ids, options, asyncio.get_running_loop(), note=note)
+    job = worker.submit(ids, options, asyncio.get_running_loop(), note=note, namespace=_namespace(request))
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     streaming = False
     try:
@@ -256,6 +259,11 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+def _namespace(request) -> str:
+    """Whose history a request drafts from: its API key's (RequireKey names it)."""
+    return request.scope.get("state", {}).get("namespace", DEFAULT_NAMESPACE)
 
 
 async def _cancel_on_disconnect(request, job) -> None:
@@ -370,12 +378,14 @@ async def _internal_error(request, exc: Exception) -> JSONResponse:
 
 
 class RequireKey:
-    """Every request must carry the key, as `Authorization: Bearer KEY` (OpenAI's clients) or
-    `x-api-key: KEY` (Anthropic's), compared in constant time."""
+    """Every request must carry one of the keys, as `Authorization: Bearer KEY` (OpenAI's
+    clients) or `x-api-key: KEY` (Anthropic's), compared in constant time. The key it carried
+    names its history's namespace (a digest of the key): one key's earlier requests never
+    draft for another's, whose acceptance speed would tell of them."""
 
-    def __init__(self, app, key: str):
+    def __init__(self, app, keys: tuple[str, ...]):
         self.app = app
-        self.key = key.encode()
+        self.keys = [(key.encode(), namespace_of(key)) for key in keys]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -384,7 +394,10 @@ class RequireKey:
             scheme, _, token = bearer.partition(b" ")
             given = [token.strip()] if scheme.lower() == b"bearer" else []
             given += [api_key] if api_key is not None else []
-            if not any(hmac.compare_digest(key, self.key) for key in given):
+            matched = [space for key, space in self.keys for token in given if hmac.compare_digest(token, key)]
+            if matched:
+                scope.setdefault("state", {})["namespace"] = matched[0]
+            else:
                 sent = bearer or api_key is not None
                 message = (
                     "invalid API key"

@@ -16,7 +16,7 @@ from .app import create_app, model_id
 from .limits import BACKLOG, Limits
 from .offload import Offload
 from .protocol import Gate, protocol
-from .worker import Worker
+from .worker import HistorySettings, Worker
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 GRACE_SECONDS = 10  # for open connections to end once the generations are stopped
@@ -41,18 +41,19 @@ def serve(
     defaults: Options,
     host: str,
     port: int,
-    api_key: str | None,
+    api_keys: tuple[str, ...],
     cache_sessions: int,
     cache_options=None,
+    history: HistorySettings = HistorySettings(),
     limits: Limits = Limits(),
     log: Callable[[str], None],
 ) -> None:
     sock = listen(host, port)
-    worker = Worker(load, cache_sessions=cache_sessions, cache_options=cache_options, log=log)
+    worker = Worker(load, cache_sessions=cache_sessions, cache_options=cache_options, history=history, log=log)
     try:
         pair = worker.start()
         offload = Offload()
-        app = create_app(worker=worker, pair=pair, defaults=defaults, api_key=api_key, limits=limits, offload=offload)
+        app = create_app(worker=worker, pair=pair, defaults=defaults, api_keys=api_keys, limits=limits, offload=offload)
         shown = f"[{host}]" if ":" in host else host
         log(f"serving {pair.description} as {model_id(pair)!r} at http://{shown}:{sock.getsockname()[1]}/v1")
         log(tool_line(pair.tokenizer))

@@ -78,6 +78,8 @@ class _Body(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     gamma: Any = None  # mlxspec's own: the draft length for this request (a number or "auto")
+    tree: Any = None  # mlxspec's own: tree nodes verified per round (a number, "auto", 0: chains)
+    history: bool | None = None  # mlxspec's own: prompt lookup reads this key's earlier requests too
     n: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -140,6 +142,8 @@ _SETTINGS = (  # request field -> Options.replace keyword
     ("min_p", "min_p"),
     ("seed", "seed"),
     ("gamma", "gamma"),
+    ("tree", "tree"),
+    ("history", "history"),
 )
 
 
@@ -303,6 +307,10 @@ def speculative(stats: Stats) -> dict:
         "tokens_per_round": stats.tokens_per_round,
         "mean_gamma": stats.mean_gamma,
         "plain_rounds": stats.plain_rounds,
+        "tree_rounds": stats.tree_rounds,
+        "nodes_per_tree": stats.nodes_per_tree,  # a tree round's nodes verified, on average
+        "lookup_rounds": stats.ngram_rounds,  # proposed by lookup in this request's own text
+        "history_rounds": stats.history_rounds,  # proposed from this key's earlier requests
         "tokens_per_second": stats.tokens_per_second,  # decoding, prompt excluded
         "prefill_tokens": stats.prefill_tokens,
         "prefill_seconds": stats.prefill_seconds,

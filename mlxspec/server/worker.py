@@ -49,6 +49,7 @@ class Job:
     options: Options
     loop: asyncio.AbstractEventLoop
     note: str | None = None  # for the console line: what else was in force (tools)
+    namespace: str = "default"  # whose history prompt lookup drafts from (a digest of the API key)
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
     stop: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -65,6 +66,21 @@ class Job:
 
     async def next(self):
         return await self.items.get()
+
+
+@dataclass(frozen=True)
+class HistorySettings:
+    """The server's history of prompts and answers (drafters/history.py): one index per API
+    key, each at most `tokens` ids, kept on disk under mlxspec's cache when `keep`."""
+
+    tokens: int = 1 << 20
+    keep: bool = False
+    save_every: int = 64  # requests between saves, when kept
+
+    def store(self, *, warn):
+        from ..drafters.history import HistoryStore, history_folder
+
+        return HistoryStore(limit_tokens=self.tokens, folder=history_folder() if self.keep else None, warn=warn)
 
 
 @dataclass
@@ -128,9 +144,12 @@ class Worker:
         *,
         cache_sessions: int = 4,
         cache_options=None,
+        history: HistorySettings = HistorySettings(),
         log: Callable[[str], None] | None = None,
     ):
         self._load = load
+        self._history = history
+        self.history = None  # the HistoryStore every session shares, once loaded
         self._cache_sessions = cache_sessions
         self._cache_options = cache_options
         self._log = log or (lambda line: None)
@@ -153,9 +172,15 @@ class Worker:
         return self.pair
 
     def submit(
-        self, ids: list[int], options: Options, loop: asyncio.AbstractEventLoop, *, note: str | None = None
+        self,
+        ids: list[int],
+        options: Options,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        note: str | None = None,
+        namespace: str = "default",
     ) -> Job:
-        job = Job(ids, options, loop, note=note)
+        job = Job(ids, options, loop, note=note, namespace=namespace)
         self._jobs.put(job)
         return job
 
@@ -183,6 +208,7 @@ class Worker:
                     self._serve(job)
         finally:
             self.cache = None  # the sessions' caches go with the thread that made them
+            self._save_history()
             _release_thread()
 
     def _load_pair(self) -> bool:
@@ -195,7 +221,11 @@ class Worker:
             # serves every conversation
             controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
             options = {"cache_options": self._cache_options} if self._cache_options is not None else {}
-            self.cache = PromptCache(lambda: Session(pair, controller=controller, **options), self._cache_sessions)
+            # one history for every conversation, a namespace per API key
+            self.history = history = self._history.store(warn=self._log)
+            self.cache = PromptCache(
+                lambda: Session(pair, controller=controller, history=history, **options), self._cache_sessions
+            )
             return True
         except BaseException as e:  # reported by start(), on the main thread
             self._failure = e
@@ -214,7 +244,7 @@ class Worker:
         session, events = None, None
         try:
             session = self.cache.session_for(job.ids)
-            events = stream(self.pair, job.ids, job.options, session=session)
+            events = stream(self.pair, job.ids, job.options, session=session, namespace=job.namespace)
             for event in events:
                 job.post(event)
                 if isinstance(event, Done):
@@ -234,7 +264,18 @@ class Worker:
             if session is not None:
                 self.cache.used(session, job.ids)
             self.current = None
+            if self._history.keep and self.served % self._history.save_every == 0:
+                self._save_history()
             job.post(END)
+
+    def _save_history(self) -> None:
+        """Write the history to disk (when kept), so that a restarted server starts warm."""
+        if self.history is None or not self._history.keep:
+            return
+        try:
+            self.history.save()
+        except OSError as e:
+            self._log(f"warning: the history could not be saved ({e.strerror or e}); it is kept in memory")
 
 
 def _release_thread() -> None:

@@ -102,9 +102,11 @@ def stats_line(
     if stats.tree_rounds:
         parts.append(f"trees of {stats.nodes_per_tree:.1f} nodes ({counted(stats.tree_rounds, 'round')})")
     if lookup and stats.gamma:
-        parts.append(f"drafting by prompt lookup ({counted(stats.ngram_rounds, 'round')})")
+        parts.append(f"drafting by prompt lookup ({counted(stats.lookup_rounds, 'round')})")
     elif stats.ngram_rounds:
         parts.append(counted(stats.ngram_rounds, "n-gram round"))
+    if stats.history_rounds:
+        parts.append(f"{counted(stats.history_rounds, 'round')} from history")
     if stats.early_stops:
         parts.append(counted(stats.early_stops, "early stop"))
     if stats.transfers_per_token:
@@ -124,7 +126,7 @@ def estimated_speedup(stats: Stats) -> float | None:
     if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
         return None
     c = cost_ratio(stats.draft_step, stats.verify_step)
-    if c is None and stats.ngram_rounds and not stats.model_rounds:
+    if c is None and stats.lookup_rounds and not stats.model_rounds:
         c = 0.0
     return predicted_speedup_of(stats, c=c) if c is not None else None
 
