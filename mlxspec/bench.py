@@ -41,6 +41,7 @@ class BenchConfig:
     prompts: list[BenchPrompt]
     gammas: list[int | str]  # draft lengths, or "auto"
     temps: list[float]
+    trees: list[int | str] = field(default_factory=lambda: [0])  # tree nodes per round (0: chains), or "auto"
     max_tokens: int = 128
     repeats: int = 3
     peers: bool = True
@@ -51,6 +52,7 @@ class BenchConfig:
         # a value named twice ("--gamma 2,2") is one setting, run and reported once
         self.gammas = list(dict.fromkeys(self.gammas))
         self.temps = list(dict.fromkeys(self.temps))
+        self.trees = list(dict.fromkeys(self.trees))
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Run:
     method: str  # mlxspec or mlx-lm
     gamma: int | str  # 0: standard decoding
     temp: float
+    tree: int | str = 0  # tree nodes per round (0: chains)
     repeats: list[Stats] = field(default_factory=list)
     peak_memory_gb: float | None = None
 
@@ -96,6 +99,7 @@ class Run:
             "method": self.method,
             "mode": self.mode,
             "gamma": self.gamma,
+            "tree": self.tree,
             "temp": self.temp,
             "tokens": self.tokens,
             "tokens_per_second": self.tokens_per_second,
@@ -134,6 +138,12 @@ class Setting:
     peer_standard: list[Run]
     peer_speculative: list[Run]
     costs: cost_model.Costs
+    tree: int | str = 0
+
+    @property
+    def label(self) -> str:
+        """e.g. "3", "auto", "auto, tree 16": the draft length, and the tree where there is one."""
+        return f"{self.gamma}, tree {self.tree}" if self.tree else str(self.gamma)
 
     @property
     def stats(self) -> Stats:
@@ -186,7 +196,8 @@ class Setting:
             return None
         gamma = stats.gamma if isinstance(stats.gamma, int) and stats.gamma else stats.mean_gamma or 1
         c = self.costs.c if stats.model_rounds else 0.0  # prompt lookup drafts for nothing
-        return predicted_speedup_of(stats, c=c, v=self.costs.verify_cost(round(gamma) + 1))
+        read = stats.nodes_per_tree if stats.tree_rounds else gamma  # a tree verifies its nodes
+        return predicted_speedup_of(stats, c=c, v=self.costs.verify_cost(round(read) + 1))
 
     @property
     def vs_predicted(self) -> float | None:
@@ -218,6 +229,7 @@ class Setting:
         return {
             "temp": self.temp,
             "gamma": self.gamma,
+            "tree": self.tree,
             "category": self.category,
             "standard_tps": self.standard_tps,
             "speculative_tps": self.speculative_tps,
@@ -302,10 +314,10 @@ def plan_size(config: BenchConfig) -> int:
     return len(config.prompts) * len(config.temps) * len(_settings(config)) * config.repeats
 
 
-def _settings(config: BenchConfig) -> list[tuple[str, int | str]]:
-    """(method, gamma) of each generation a prompt gets per temperature and repeat."""
-    settings = [(MLXSPEC, g) for g in [0, *config.gammas]]
-    return settings + ([(MLX_LM, g) for g in [0, *_peer_gammas(config)]] if config.peers else [])
+def _settings(config: BenchConfig) -> list[tuple[str, int | str, int | str]]:
+    """(method, gamma, tree) of each generation a prompt gets per temperature and repeat."""
+    settings = [(MLXSPEC, 0, 0)] + [(MLXSPEC, g, t) for g in config.gammas for t in config.trees]
+    return settings + ([(MLX_LM, g, 0) for g in [0, *_peer_gammas(config)]] if config.peers else [])
 
 
 def _counted(n: int, noun: str) -> str:
@@ -315,7 +327,10 @@ def _counted(n: int, noun: str) -> str:
 def plan_text(config: BenchConfig) -> str:
     """The sweep in words, e.g. '5 prompts × 1 temperature × 2 settings (standard, γ auto) × 1
     repeat = 10 generations of up to 64 tokens'."""
-    names = [("standard" if not g else f"γ {g}") + (" (mlx-lm)" if m == MLX_LM else "") for m, g in _settings(config)]
+    names = [
+        ("standard" if not g else f"γ {g}") + (f" tree {t}" if t else "") + (" (mlx-lm)" if m == MLX_LM else "")
+        for m, g, t in _settings(config)
+    ]
     return (
         f"{_counted(len(config.prompts), 'prompt')} × {_counted(len(config.temps), 'temperature')} × "
         f"{_counted(len(names), 'setting')} ({', '.join(names)}) × {_counted(config.repeats, 'repeat')} = "
@@ -408,8 +423,8 @@ def _warm_up(pair: Pair, ids: list[int], config: BenchConfig) -> list[str]:
 
     notes = []
     for temp in config.temps:
-        for gamma in [0, *config.gammas]:
-            generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp, seed=0)
+        for _, gamma, tree in [s for s in _settings(config) if s[0] == MLXSPEC]:
+            generate(pair, ids, max_tokens=8, gamma=gamma, tree=tree, temp=temp, seed=0)
         for gamma in [0, *_peer_gammas(config)[-1:]] if config.peers else []:
             try:
                 mlx_lm_generate(pair, ids, max_tokens=8, gamma=gamma, temp=temp)
@@ -425,13 +440,16 @@ def _interleaved(pair, prompt, ids, temp, config, step) -> list[Run]:
     spreads them over all settings instead of landing on one."""
     from .peers import PeerUnavailable, mlx_lm_generate
 
-    runs = {setting: Run(prompt.name, prompt.category, setting[0], setting[1], temp) for setting in _settings(config)}
+    runs = {
+        (method, gamma, tree): Run(prompt.name, prompt.category, method, gamma, temp, tree)
+        for method, gamma, tree in _settings(config)
+    }
     for repeat in range(config.repeats):
         seed = config.seed + repeat
-        for (method, gamma), run in runs.items():
-            step(f"{prompt.name} · {method} {run.mode} γ{gamma} T{temp}")
+        for (method, gamma, tree), run in runs.items():
+            step(f"{prompt.name} · {method} {run.mode} γ{gamma}{f' tree {tree}' if tree else ''} T{temp}")
             mx.reset_peak_memory()
-            options = Options.build(max_tokens=config.max_tokens, gamma=gamma, temp=temp, seed=seed)
+            options = Options.build(max_tokens=config.max_tokens, gamma=gamma, tree=tree, temp=temp, seed=seed)
             if method == MLXSPEC:
                 stats = generate(pair, ids, options).stats
             else:
@@ -452,20 +470,24 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
         chosen = [r for r in runs if category in ("all", r.category)]
         for temp in config.temps:
 
-            def of(method: str, gamma, chosen=chosen, temp=temp) -> list[Run]:
-                return [r for r in chosen if r.method == method and r.gamma == gamma and r.temp == temp]
+            def of(method: str, gamma, tree=0, chosen=chosen, temp=temp) -> list[Run]:
+                return [
+                    r for r in chosen if r.method == method and r.gamma == gamma and r.tree == tree and r.temp == temp
+                ]
 
             for gamma in config.gammas:
-                settings.append(
-                    Setting(
-                        temp,
-                        gamma,
-                        category,
-                        of(MLXSPEC, 0),
-                        of(MLXSPEC, gamma),
-                        of(MLX_LM, 0),
-                        of(MLX_LM, gamma) if gamma != "auto" else [],
-                        costs,
+                for tree in config.trees:
+                    settings.append(
+                        Setting(
+                            temp,
+                            gamma,
+                            category,
+                            of(MLXSPEC, 0),
+                            of(MLXSPEC, gamma, tree),
+                            of(MLX_LM, 0),
+                            of(MLX_LM, gamma) if gamma != "auto" and not tree else [],
+                            costs,
+                            tree=tree,
+                        )
                     )
-                )
     return settings

@@ -46,6 +46,15 @@ def bench(
             show_default=False,
         ),
     ] = None,
+    tree: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tree",
+            metavar="LIST",
+            help="Tree sizes to sweep beside each γ, e.g. 0,8,16,auto (0: chains). Default: 0.",
+            show_default=False,
+        ),
+    ] = None,
     temp: Annotated[
         Optional[str],
         typer.Option(
@@ -124,6 +133,7 @@ def bench(
         prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
         gammas=_number_list(gamma or ("auto" if quick else DEFAULT_GAMMAS), _gamma_value, "--gamma"),
         temps=_number_list(temp or ("0" if quick else "0,1"), float, "--temp"),
+        trees=_number_list(tree or "0", _gamma_value, "--tree"),
         max_tokens=max_tokens if max_tokens is not None else (64 if quick else 128),
         repeats=repeats if repeats is not None else (1 if quick else 3),
         peers=not no_peers,
@@ -132,6 +142,8 @@ def bench(
     )
     if any(g != "auto" and g < 1 for g in config.gammas):
         raise InvalidOption("--gamma values must be >= 1 or auto (standard decoding is always measured)")
+    if any(t != "auto" and t < 0 for t in config.trees):
+        raise InvalidOption("--tree values must be >= 0 or auto (0: chains)")
     if config.repeats < 1 or config.max_tokens < 1:
         raise InvalidOption("--repeats and --max-tokens must be >= 1")
     for t in config.temps:

@@ -91,7 +91,9 @@ def settings_table(report, *, wide: bool = True) -> Table:
     """One row per temperature and γ. Narrow (`wide=False`): mlxspec's own figures only,
     the peer and drafting columns go to `peer_table`."""
     peers = wide and any(s.peer_speculative_tps for s in report.settings)
-    extras = wide and any(s.stats.ngram_rounds or s.stats.early_stops or s.gamma == "auto" for s in report.settings)
+    extras = wide and any(
+        s.stats.lookup_rounds or s.stats.early_stops or s.gamma == "auto" or s.tree for s in report.settings
+    )
     table = Table(title="All prompts", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     names = ("T", "γ", "std tok/s", "spec tok/s", "speedup", "±", "α", "τ", "predicted", "meas/pred")
     if not wide:
@@ -106,7 +108,7 @@ def settings_table(report, *, wide: bool = True) -> Table:
     for s in (s for s in report.settings if s.category == "all"):
         row = [
             f"{s.temp:g}",
-            str(s.gamma),
+            s.label,
             _num(s.standard_tps, ".1f"),
             _num(s.speculative_tps, ".1f"),
             _speedup(s.speedup, s.verdict),
@@ -137,7 +139,7 @@ def peer_table(report) -> Table:
     for name in names:
         table.add_column(name, justify="right" if name != "drafting" else "left")
     for s in (s for s in report.settings if s.category == "all"):
-        cells = [f"{s.temp:g}", str(s.gamma), _drafting(s, by_position=bool(report.pair.get("drafting")))]
+        cells = [f"{s.temp:g}", s.label, _drafting(s, by_position=bool(report.pair.get("drafting")))]
         table.add_row(*cells, *(_peer_cells(s) if peers else []))
     return table
 
@@ -158,21 +160,25 @@ def _drafting(s, *, by_position: bool = False) -> str:
         parts.append(f"mean γ {s.stats.mean_gamma:.1f}")
     if s.stats.plain_rounds:
         parts.append(f"{s.stats.plain_rounds} plain")
+    if s.stats.tree_rounds:
+        parts.append(f"{s.stats.nodes_per_tree:.1f} nodes/tree round")
     if s.stats.ngram_rounds:
         parts.append(f"{s.stats.ngram_rounds} n-gram")
+    if s.stats.history_rounds:
+        parts.append(f"{s.stats.history_rounds} history")
     if s.stats.early_stops:
         parts.append(f"{s.stats.early_stops} early stops")
     return ", ".join(parts)
 
 
 def category_table(report) -> Table:
-    keys = [(s.temp, s.gamma) for s in report.settings if s.category == "all"]
+    keys = [(s.temp, s.gamma, s.tree) for s in report.settings if s.category == "all"]
     table = Table(title="Speedup (α) by category", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("category")
-    for temp, gamma in keys:
-        table.add_column(f"T{temp:g} γ{gamma}", justify="right")
+    for temp, gamma, tree in keys:
+        table.add_column(f"T{temp:g} γ{gamma}" + (f" t{tree}" if tree else ""), justify="right")
     for category in sorted({s.category for s in report.settings} - {"all"}):
-        by_key = {(s.temp, s.gamma): s for s in report.settings if s.category == category}
+        by_key = {(s.temp, s.gamma, s.tree): s for s in report.settings if s.category == category}
         cells = []
         for key in keys:
             s = by_key.get(key)
@@ -204,13 +210,13 @@ def recommendation(report) -> Text:
             continue
         if best.verdict == "noise":
             parts.append(
-                f"T{temp:g}: no measurable difference (best γ{best.gamma} gives {best.speedup:.2f}x, within its "
+                f"T{temp:g}: no measurable difference (best γ{best.label} gives {best.speedup:.2f}x, within its "
                 f"repeats' spread ±{best.spread:.2f})"
             )
         elif best.speedup < 1.0:
-            parts.append(f"T{temp:g}: standard decoding (best γ{best.gamma} gives {best.speedup:.2f}x)")
+            parts.append(f"T{temp:g}: standard decoding (best γ{best.label} gives {best.speedup:.2f}x)")
         else:
-            parts.append(f"T{temp:g}: γ {best.gamma} ({best.speedup:.2f}x)")
+            parts.append(f"T{temp:g}: γ {best.label} ({best.speedup:.2f}x)")
     return Text.assemble(("recommended  ", "bold"), "; ".join(parts))
 
 
