@@ -3,7 +3,7 @@ configuration of `mlxspec serve`, through the real `openai` client on 127.0.0.1.
 
     LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') OPENBLAS_NUM_THREADS=1 \
         python demos/agents_bench.py --pair smollm2 --quick
-    python demos/agents_bench.py --pair smollm2 --config "history=--history on" -- --cache-sessions 8
+    python demos/agents_bench.py --pair smollm2 --only standard,lookup,history -- --cache-sessions 8
 
 Three workloads, greedy (temperature 0), every answer bounded by max_tokens:
 - tools: a SQL and file-search agent's loop. Each request carries the earlier turns and the
@@ -14,8 +14,10 @@ Three workloads, greedy (temperature 0), every answer bounded by max_tokens:
 - extract: invoices of one kind (generated from a fixed seed) to JSON under a json_schema;
 - edit: a 60-line Python file and a small change to make; the model returns the whole file.
 
-Each configuration is one server (standard decoding `--no-draft`, prompt lookup alone
-`--draft ngram`, the preset's drafter; `--config NAME=FLAGS` adds more), started side by
+Each configuration is one server (standard decoding `--no-draft`; prompt lookup alone,
+`--draft ngram --history off`; lookup with the server's history, `--draft ngram`; the
+preset's drafter without (`preset-`) and with the history; `--config NAME=FLAGS` adds
+more), started side by
 side; every request goes to each server in turn (the order rotated per request), so a busy
 machine slows all of them alike. Each server answers a warm-up first. Tokens/s: completion
 tokens over the client's wall time (prompt reading included), and the engine's decoding
@@ -46,7 +48,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 300  # importing MLX and loading a pair on a busy 2-core machine
 REQUEST_SECONDS = 900
-DEFAULT_CONFIGS = {"standard": "--no-draft", "lookup": "--draft ngram", "preset": ""}
+DEFAULT_CONFIGS = {
+    "standard": "--no-draft",
+    "lookup": "--draft ngram --history off",  # this prompt and answer alone, as before issue 32
+    "history": "--draft ngram",  # and the server's earlier requests
+    "preset-": "--history off",  # the preset's drafter beside lookup alone
+    "preset": "",  # beside the history
+}
 
 
 @dataclass(frozen=True)
@@ -505,7 +513,7 @@ def replay(servers: list[Server], sizes: Sizes, mode: str, workloads: list[str])
 
 
 def table(tallies: dict, servers: list[Server], workloads: list[str]) -> str:
-    head = f"{'workload':<8} {'config':<10} {'req':>4} {'tokens':>6} {'tok/s':>6} {'decode':>7} {'speedup':>7}"
+    head = f"{'workload':<8} {'config':<8} {'req':>4} {'tokens':>6} {'tok/s':>6} {'decode':>7} {'speedup':>7}"
     head += f" {'α':>5} {'τ':>5} {'same':>6}"
     lines = [head, "-" * len(head)]
     for workload in workloads:
@@ -517,7 +525,7 @@ def table(tallies: dict, servers: list[Server], workloads: list[str]) -> str:
             tau = f"{t.emitted / t.rounds:.2f}" if t.rounds else "-"
             same = sum(a == b for a, b in zip(t.texts, standard.texts)) if standard else 0
             lines.append(
-                f"{workload:<8} {server.name:<10} {t.requests:>4} {t.tokens:>6} {t.rate:>6.1f} {t.decode_rate:>7.1f} "
+                f"{workload:<8} {server.name:<8} {t.requests:>4} {t.tokens:>6} {t.rate:>6.1f} {t.decode_rate:>7.1f} "
                 f"{speedup:>6.2f}x {alpha:>5} {tau:>5} {same:>3}/{t.requests:<2}"
             )
     return "\n".join(lines)

@@ -41,7 +41,7 @@ class BenchConfig:
     prompts: list[BenchPrompt]
     gammas: list[int | str]  # draft lengths, or "auto"
     temps: list[float]
-    trees: list[int | str] = field(default_factory=lambda: [0])  # tree nodes per round (0: chains), or "auto"
+    trees: list[int | str] = field(default_factory=lambda: ["auto"])  # tree nodes per round (0: chains), or "auto"
     max_tokens: int = 128
     repeats: int = 3
     peers: bool = True
@@ -142,8 +142,9 @@ class Setting:
 
     @property
     def label(self) -> str:
-        """e.g. "3", "auto", "auto, tree 16": the draft length, and the tree where there is one."""
-        return f"{self.gamma}, tree {self.tree}" if self.tree else str(self.gamma)
+        """e.g. "3", "auto", "auto, tree 16", "3, chain": the draft length, and the tree where
+        it is not the default (auto)."""
+        return str(self.gamma) + tree_label(self.tree)
 
     @property
     def stats(self) -> Stats:
@@ -314,6 +315,11 @@ def plan_size(config: BenchConfig) -> int:
     return len(config.prompts) * len(config.temps) * len(_settings(config)) * config.repeats
 
 
+def tree_label(tree: int | str, *, sep: str = ", ") -> str:
+    """How a setting's tree reads after its γ: nothing for the default (auto), "chain" for 0."""
+    return "" if tree == "auto" else f"{sep}chain" if tree == 0 else f"{sep}tree {tree}"
+
+
 def _settings(config: BenchConfig) -> list[tuple[str, int | str, int | str]]:
     """(method, gamma, tree) of each generation a prompt gets per temperature and repeat."""
     settings = [(MLXSPEC, 0, 0)] + [(MLXSPEC, g, t) for g in config.gammas for t in config.trees]
@@ -328,7 +334,8 @@ def plan_text(config: BenchConfig) -> str:
     """The sweep in words, e.g. '5 prompts × 1 temperature × 2 settings (standard, γ auto) × 1
     repeat = 10 generations of up to 64 tokens'."""
     names = [
-        ("standard" if not g else f"γ {g}") + (f" tree {t}" if t else "") + (" (mlx-lm)" if m == MLX_LM else "")
+        ("standard" if not g else f"γ {g}" + (tree_label(t, sep=" ") if m == MLXSPEC else ""))
+        + (" (mlx-lm)" if m == MLX_LM else "")
         for m, g, t in _settings(config)
     ]
     return (
@@ -447,7 +454,7 @@ def _interleaved(pair, prompt, ids, temp, config, step) -> list[Run]:
     for repeat in range(config.repeats):
         seed = config.seed + repeat
         for (method, gamma, tree), run in runs.items():
-            step(f"{prompt.name} · {method} {run.mode} γ{gamma}{f' tree {tree}' if tree else ''} T{temp}")
+            step(f"{prompt.name} · {method} {run.mode} γ{gamma}{tree_label(tree, sep=' ') if gamma else ''} T{temp}")
             mx.reset_peak_memory()
             options = Options.build(max_tokens=config.max_tokens, gamma=gamma, tree=tree, temp=temp, seed=seed)
             if method == MLXSPEC:
@@ -485,7 +492,7 @@ def summarize(runs: list[Run], costs: cost_model.Costs, config: BenchConfig) -> 
                             of(MLXSPEC, 0),
                             of(MLXSPEC, gamma, tree),
                             of(MLX_LM, 0),
-                            of(MLX_LM, gamma) if gamma != "auto" and not tree else [],
+                            of(MLX_LM, gamma) if gamma != "auto" and tree in (0, "auto") else [],
                             costs,
                             tree=tree,
                         )

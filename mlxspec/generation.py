@@ -29,7 +29,7 @@ from .drafting import Controller, ControllerConfig, Policy, PromptLookup
 from .errors import InvalidOption, PromptTooLong
 from .events import Done, Prefill, Round
 from .grammar import Matcher, matcher_for
-from .options import Options
+from .options import Auto, Options
 from .pairs import Pair
 from .stats import Stats
 from .text import StopFilter, TextStream
@@ -211,6 +211,11 @@ def drafting_policy(
         lookup = PromptLookup(ids, min_match=min_match)
     target_trees = session.target.why_no_trees() is None
     drafter_trees = session.draft is None or getattr(session.draft, "reads_trees", False)
+    # auto's trees come from a head (a level costs one small forward) or lookup's tries; a
+    # separate draft model's level reads the tree's frontier through all its layers, and on
+    # the machines measured its trees never beat its chain (docs/trees.md): chains there
+    if isinstance(options.tree, Auto) and isinstance(session.draft, ModelDrafter):
+        drafter_trees = False
     return Policy(
         gamma=options.gamma,
         stop=options.draft_min_p,

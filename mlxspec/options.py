@@ -70,7 +70,9 @@ class Options:
     system: str | None = None  # a system prompt for the chat template
     think: bool | None = None  # enable_thinking for templates that take it; None: the template's default
     grammar: GrammarSpec | None = None  # what the reply must match (constrained decoding)
-    tree: int | Auto = 0  # at most this many proposals verified per round as a tree (0: a chain), or sized per round
+    # at most this many proposals verified per round as a tree (0: a chain), or sized per
+    # round (auto: a head's and prompt lookup's trees; chains beside a separate draft model)
+    tree: int | Auto = AUTO
     history: bool = True  # prompt lookup reads the session's (server's) earlier prompts and answers too
 
     def __post_init__(self) -> None:
@@ -124,7 +126,7 @@ class Options:
         think: bool | None = None,
         xtc_probability: float = 0.0,
         grammar: GrammarSpec | None = None,
-        tree: int | str | Auto = 0,
+        tree: int | str | Auto = AUTO,
         history: bool = True,
     ) -> Options:
         """Options from the values a person types: gamma and draft_min_p may be "auto" or

@@ -131,6 +131,16 @@ def _tree_attention_class(cls: type) -> type:
     return _WRAPPED[cls]
 
 
+# Rotary embeddings that take an array of offsets, one per row (checked against single
+# steps for each); DynamicNTKScalingRoPE reads its offset as one number (rope_scaling
+# "dynamic"), and a class not listed here drafts chains
+ROPES_BY_ROW = ("RoPE", "Llama3RoPE", "YarnRoPE", "SuScaledRoPE")
+
+
+def _unwrapped(cls: type) -> type:
+    return cls.__bases__[0] if cls in _WRAPPED.values() else cls
+
+
 def _tree_rope_class(cls: type) -> type:
     if cls not in _WRAPPED:
 
@@ -170,8 +180,12 @@ def why_not(model, cache) -> str | None:
     family = _family(model)
     if family not in FAMILIES:
         return f"{family} targets read chains only (trees: {', '.join(FAMILIES)})"
-    if _attention_modules(model) is None:
+    modules = _attention_modules(model)
+    if modules is None:
         return f"this {family} model's attention is not of the shape trees are read through"
+    for rope in {_unwrapped(type(m.rope)) for m in modules}:
+        if rope.__name__ not in ROPES_BY_ROW:
+            return f"{rope.__name__} cannot place a tree's rows at their own positions"
     for layer in cache.layers:
         if type(layer) not in (*_PLAIN, *_WINDOWED):
             return f"a {type(layer).__name__} cannot hold a tree's branches"

@@ -227,7 +227,7 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
         run_of("chat", 2, empty),
     ]
     costs = Costs(target_step=0.01, draft_step=0.004, verify_curve=(1.0, 1.1, 1.2))
-    config = BenchConfig(prompts=[], gammas=[2], temps=[1.0], peers=False)
+    config = BenchConfig(prompts=[], gammas=[2], temps=[1.0], trees=[0], peers=False)
     settings = summarize(runs, costs, config)
     chat = next(s for s in settings if s.category == "chat")
     overall = next(s for s in settings if s.category == "all")
@@ -279,8 +279,8 @@ def test_plain_runs_noise_and_thin_acceptance_are_said_so():
     close[1].drafted, close[1].tested, close[1].accepted, close[1].model_rounds = 60, 40, 20, 60
     runs = [
         Run("p", "code", "mlxspec", 0, 0.0, repeats=standard),
-        Run("p", "code", "mlxspec", "auto", 0.0, repeats=plain),
-        Run("p", "code", "mlxspec", 2, 0.0, repeats=close),
+        Run("p", "code", "mlxspec", "auto", 0.0, tree="auto", repeats=plain),
+        Run("p", "code", "mlxspec", 2, 0.0, tree="auto", repeats=close),
     ]
     costs = Costs(target_step=0.01, draft_step=0.004, verify_curve=(1.0, 1.1, 1.2))
     settings = summarize(runs, costs, BenchConfig(prompts=[], gammas=["auto", 2], temps=[0.0], peers=False))

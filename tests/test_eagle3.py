@@ -86,7 +86,8 @@ def test_the_heads_proposals_are_what_a_fresh_head_proposes(heads, gamma, ngram)
     prompt = PROMPT + PROMPT[:6] if ngram else PROMPT
     rounds = [
         e
-        for e in mlxspec.stream(pair, prompt, session=session, max_tokens=MAX_TOKENS, gamma=gamma, ngram=ngram)
+        # chains: a round's drafted ids are then one chain a fresh head would propose
+        for e in mlxspec.stream(pair, prompt, session=session, max_tokens=MAX_TOKENS, gamma=gamma, ngram=ngram, tree=0)
         if hasattr(e, "drafted")
     ]
     history = list(prompt)

@@ -87,6 +87,10 @@ def test_one_keys_history_never_drafts_for_another(served):
     assert first["choices"][0]["text"] == again["choices"][0]["text"] == other["choices"][0]["text"]
     assert again["usage"]["speculative"]["history_rounds"] > 0  # its own earlier answer
     assert other["usage"]["speculative"]["history_rounds"] == 0  # nothing of the other key's
+    # nor its cached conversation: a prompt sharing its prefix reads it anew (else the
+    # usage's cached tokens, and the prefill's time, would tell what the other key sent)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     mine, theirs = health(served, KEYS[0])["history"], health(served, KEYS[1])["history"]
     assert mine["documents"] >= 2 and theirs["documents"] == 1
 
@@ -123,8 +127,7 @@ def test_a_damaged_history_file_is_refused_in_one_line_and_rebuilt(tmp_path):
     with running_server(*args, log=tmp_path / "first.log", env=env) as (url, _):
         ask(url, "unused", CODE)
         ask(url, "unused", CODE)
-    saved = cache / "history" / "default.npz"
-    assert saved.exists()
+    [saved] = (cache / "history").glob("*/default.npz")  # a folder per tokenizer
     saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])  # cut short
     with running_server(*args, log=tmp_path / "second.log", env=env) as (url, _):
         reply = ask(url, "unused", CODE)
@@ -138,3 +141,19 @@ def test_a_damaged_history_file_is_refused_in_one_line_and_rebuilt(tmp_path):
         # the file rewritten at the second run's end reads back sound: its answer drafts this one
         assert ask(url, "unused", CODE)["usage"]["speculative"]["history_rounds"] > 0
         assert health(url, "unused")["history"]["documents"] == 2
+
+
+def test_a_history_file_with_ids_past_the_models_is_refused(tmp_path):
+    """A file kept for a model with a larger vocabulary (one copied in, or a folder shared by
+    hand) would send ids the target cannot read into its forward: refused like damage."""
+    from mlxspec.drafters.history import HistoryStore
+
+    kept = HistoryStore(folder=tmp_path, limit_tokens=1024)
+    kept.index("default").add_turn([5, 6, 7, 8], [9, 600, 11], keep_prompt=True)
+    kept.save()
+    warnings = []
+    fresh = HistoryStore(folder=tmp_path, limit_tokens=1024, vocab_size=512, warn=warnings.append)
+    assert fresh.describe("default")["documents"] == 0 and fresh.index("default").documents == 0
+    assert len(warnings) == 1 and "id 600 is past this model's 512 ids" in warnings[0]
+    wide = HistoryStore(folder=tmp_path, limit_tokens=1024, vocab_size=601, warn=warnings.append)
+    assert wide.index("default").documents == 1 and len(warnings) == 1

@@ -373,28 +373,37 @@ def test_the_prompt_cache_finds_conversations_and_drops_the_least_recently_used(
     made = []
     cache = PromptCache(lambda: made.append(object()) or made[-1], size=3)
     a, b = list(range(100)), list(range(1000, 1100))
-    session_a = cache.session_for(a)
+    session_a = cache.session_for(a, "k")
     cache.used(session_a, a)
-    session_b = cache.session_for(b)
+    session_b = cache.session_for(b, "k")
     cache.used(session_b, b)
     assert session_a is not session_b and len(cache) == 2
     # a follow-up (the prompt, a reply, a new message) and a retry continue their conversation
-    assert cache.session_for(a + [7, 8, 9]) is session_a
-    assert cache.session_for(b) is session_b
+    assert cache.session_for(a + [7, 8, 9], "k") is session_a
+    assert cache.session_for(b, "k") is session_b
     # a template that rewrote the end of the last prompt still continues it; a longer rewrite
     # is another conversation (sharing a system prompt, say), which gets a session of its own
-    assert cache.session_for(a[: 100 - REWRITTEN_TAIL] + [5] * 40) is session_a
-    session_c = cache.session_for(a[:50] + [5] * 60)
+    assert cache.session_for(a[: 100 - REWRITTEN_TAIL] + [5] * 40, "k") is session_a
+    session_c = cache.session_for(a[:50] + [5] * 60, "k")
     assert session_c not in (session_a, session_b)
     cache.used(session_c, a[:50] + [5] * 60)
     # no room left: a new conversation takes the least recently used session (a)
     cache.used(session_b, b)
-    assert cache.session_for([5] * 30) is session_a and len(made) == 3
+    assert cache.session_for([5] * 30, "k") is session_a and len(made) == 3
     # with no cache (size 0) every request gets a fresh session, never kept
     none = PromptCache(lambda: object(), size=0)
-    first = none.session_for(a)
+    first = none.session_for(a, "k")
     none.used(first, a)
-    assert none.session_for(a) is not first and len(none) == 0
+    assert none.session_for(a, "k") is not first and len(none) == 0
+    # one API key's conversation never continues under another's, and a session passing
+    # to another key leaves its caches behind
+    keyed = PromptCache(lambda: made.append(object()) or made[-1], size=1)
+    mine = keyed.session_for(a, "mine")
+    keyed.used(mine, a)
+    theirs = keyed.session_for(a, "theirs")
+    assert theirs is not mine and len(keyed) == 1
+    keyed.used(theirs, a)
+    assert keyed.session_for(a, "mine") not in (mine, theirs)
 
 
 def test_a_taken_port_or_a_bad_option_is_one_line_before_anything_loads(capsys):

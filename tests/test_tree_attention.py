@@ -118,3 +118,55 @@ def test_a_layout_off_the_model_leaves_its_forward_as_before(load_pair):
 
 def test_tree_settings_cover_windows():
     assert ARCH_SETTINGS["gemma3_text"] and ARCH_SETTINGS["llama_sliding"]
+
+
+# rope_scaling of each kind mlx-lm builds: (config, whether its rows take their own positions)
+ROPE_SCALINGS = [
+    (None, True),
+    ({"type": "linear", "factor": 2.0}, True),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}, True),
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, True),
+    ({"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+      "original_max_position_embeddings": 64}, True),
+    ({"type": "dynamic", "factor": 2.0}, False),
+]
+
+
+@pytest.mark.parametrize("scaling, by_row", ROPE_SCALINGS, ids=lambda v: str(v)[:20])
+def test_a_rope_places_tree_rows_as_single_steps_or_is_refused(scaling, by_row):
+    """The rotary embeddings listed as taking a position per row give each row what a single
+    step at that position gives; any other is named by why_not, and its targets draft chains."""
+    from mlx_lm.models.rope_utils import initialize_rope
+
+    from mlxspec import tree_attention
+
+    rope = initialize_rope(8, 10000.0, False, scaling, max_position_embeddings=256)
+    assert (type(rope).__name__ in tree_attention.ROPES_BY_ROW) == by_row
+    if not by_row:
+        return
+    plain = type(rope)
+    slot = tree_attention.TreeSlot()
+    rope.__class__ = tree_attention._tree_rope_class(plain)
+    object.__setattr__(rope, "_mlxspec_tree", slot)
+    x = mx.random.normal((1, 2, 4, 8), key=mx.random.key(0))
+    slot.layout = tree_attention.TreeLayout.from_parents(start=300, parents=[-1, 0, 0, 1])
+    rows = rope(x, 300)
+    single = [plain.__call__(rope, x[:, :, i : i + 1], p)[:, :, 0] for i, p in enumerate(slot.layout.positions)]
+    assert np.allclose(np.array(rows), np.array(mx.stack(single, axis=2)), atol=1e-5)
+
+
+def test_a_target_whose_rope_reads_one_offset_drafts_chains_and_stays_exact(factory):
+    import mlxspec
+    from mlxspec.generation import Session
+
+    path = factory.model(
+        "llama-dynamic", arch="llama", seed=1, head_scale=4.0, overrides={"rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    )
+    pair = mlxspec.load_pair(str(path), "ngram")
+    assert "DynamicNTKScalingRoPE" in Session(pair).target.why_no_trees()
+    prompt = [10, 11, 12, 13, 10, 11, 12, 14, 10, 11, 12, 15, 10, 11, 12]  # several continuations: a trie
+    standard = mlxspec.generate(pair, prompt, max_tokens=20, gamma=0).tokens
+    for tree in ("auto", 8):
+        result = mlxspec.generate(pair, prompt, max_tokens=20, gamma=4, tree=tree)
+        assert result.tokens == standard and result.stats.tree_rounds == 0

@@ -51,7 +51,7 @@ def bench(
         typer.Option(
             "--tree",
             metavar="LIST",
-            help="Tree sizes to sweep beside each γ, e.g. 0,8,16,auto (0: chains). Default: 0.",
+            help="Tree sizes to sweep beside each γ, e.g. 0,8,16,auto (0: chains). Default: auto, as generate drafts.",
             show_default=False,
         ),
     ] = None,
@@ -133,7 +133,7 @@ def bench(
         prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
         gammas=_number_list(gamma or ("auto" if quick else DEFAULT_GAMMAS), _gamma_value, "--gamma"),
         temps=_number_list(temp or ("0" if quick else "0,1"), float, "--temp"),
-        trees=_number_list(tree or "0", _gamma_value, "--tree"),
+        trees=_number_list(tree or "auto", _gamma_value, "--tree"),
         max_tokens=max_tokens if max_tokens is not None else (64 if quick else 128),
         repeats=repeats if repeats is not None else (1 if quick else 3),
         peers=not no_peers,

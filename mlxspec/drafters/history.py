@@ -447,10 +447,10 @@ class HistoryIndex:
             np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), lengths=lengths, tokens=tokens)
         os.replace(partial, path)
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path, *, vocab_size: int | None = None) -> None:
         """Add the documents of a file `save` wrote; DamagedHistory (one line) if it is not
-        sound, and then nothing is added."""
-        documents = read_documents(path)
+        sound (or holds an id at or past `vocab_size`), and then nothing is added."""
+        documents = read_documents(path, vocab_size=vocab_size)
         values = [np.concatenate([[END], d]) for d in documents]
         if values:
             self._append(np.concatenate(values))
@@ -551,8 +551,10 @@ def _digest(lengths: np.ndarray, tokens: np.ndarray) -> str:
     return hashlib.sha256(lengths.astype("<i8").tobytes() + tokens.astype("<i4").tobytes()).hexdigest()
 
 
-def read_documents(path: Path) -> list[np.ndarray]:
-    """The documents of a history file, checked whole; DamagedHistory naming what is wrong."""
+def read_documents(path: Path, *, vocab_size: int | None = None) -> list[np.ndarray]:
+    """The documents of a history file, checked whole; DamagedHistory naming what is wrong.
+    With `vocab_size`, an id the model cannot read is damage too (a file from a model with a
+    larger vocabulary would send it into the target's forward)."""
     refuse = f"{path}: not a sound history file"
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -573,6 +575,8 @@ def read_documents(path: Path) -> list[np.ndarray]:
         raise DamagedHistory(f"{refuse} (its content does not match its sha256)")
     if (lengths < 0).any() or int(lengths.sum()) != tokens.size or (tokens < 0).any():
         raise DamagedHistory(f"{refuse} (document lengths or token ids out of range)")
+    if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
+        raise DamagedHistory(f"{refuse} (id {int(tokens.max())} is past this model's {vocab_size} ids)")
     return np.split(tokens.astype(np.int32), np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
@@ -686,10 +690,18 @@ def namespace_of(api_key: str | None) -> str:
     return DEFAULT_NAMESPACE if api_key is None else "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
 
 
-def history_folder() -> Path:
+def history_folder(tokenizer=None) -> Path:
+    """Where kept histories live: one folder per tokenizer (a digest of its vocabulary), so
+    that a server restarted on another model never reads ids it does not share."""
     from ..disk import cache_root
 
-    return cache_root() / "history"
+    folder = cache_root() / "history"
+    return folder / tokenizer_digest(tokenizer) if tokenizer is not None else folder
+
+
+def tokenizer_digest(tokenizer) -> str:
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()[:16]
 
 
 class HistoryStore:
@@ -713,11 +725,13 @@ class HistoryStore:
         max_match: int = MAX_MATCH,
         min_match: int = MIN_MATCH,
         warn: Callable[[str], None] = print,
+        vocab_size: int | None = None,
     ):
         if max_namespaces < 1:
             raise ValueError("max_namespaces must be >= 1")
         self.limit_tokens, self.max_namespaces, self.folder = limit_tokens, max_namespaces, folder
         self.speculation, self.keep_prompts, self.warn = speculation, keep_prompts, warn
+        self.vocab_size = vocab_size  # ids a file may hold (the target's width)
         self._shape = {"limit_tokens": limit_tokens, "max_match": max_match, "min_match": min_match}
         self._indexes: OrderedDict[str, HistoryIndex] = OrderedDict()
         self._lock = threading.Lock()
@@ -736,7 +750,7 @@ class HistoryStore:
             path = self.path(namespace)
             if path is not None and path.exists():
                 try:
-                    index.load(path)
+                    index.load(path, vocab_size=self.vocab_size)
                 except DamagedHistory as e:
                     self.warn(f"{e}; starting an empty history")
                     index = HistoryIndex(**self._shape)

@@ -77,15 +77,19 @@ class HistorySettings:
     keep: bool = False
     save_every: int = 64  # requests between saves, when kept
 
-    def store(self, *, warn):
+    def store(self, pair, *, warn):
+        """The store for `pair`: kept under a folder of its tokenizer's, and no file's ids
+        past its target's width read."""
         from ..drafters.history import HistoryStore, history_folder
 
-        return HistoryStore(limit_tokens=self.tokens, folder=history_folder() if self.keep else None, warn=warn)
+        folder = history_folder(pair.tokenizer) if self.keep else None
+        return HistoryStore(limit_tokens=self.tokens, folder=folder, warn=warn, vocab_size=pair.target.width)
 
 
 @dataclass
 class _Entry:
     session: object  # generation.Session
+    namespace: str  # whose conversation its caches hold (an API key's digest)
     prompt: tuple[int, ...] = ()  # the last prompt it read
 
 
@@ -100,15 +104,27 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def session_for(self, ids: list[int]):
-        """The session of the conversation `ids` continues, else a free or the oldest one."""
-        continuing = [(shared, e) for e in self.entries if continues(shared := _common(e.prompt, ids), e.prompt)]
+    def session_for(self, ids: list[int], namespace: str):
+        """The session of the conversation `ids` continues under `namespace`, else a free or
+        the oldest one. A session's caches never pass from one namespace (API key) to
+        another: a prompt sharing their prefix would read faster, and its usage would count
+        the cached tokens, telling one key what another sent."""
+        continuing = [
+            (shared, e)
+            for e in self.entries
+            if e.namespace == namespace and continues(shared := _common(e.prompt, ids), e.prompt)
+        ]
         if continuing:
             return max(continuing, key=lambda pair: pair[0])[1].session
         if len(self.entries) < self.size:
-            self.entries.append(_Entry(self.make_session()))
+            self.entries.append(_Entry(self.make_session(), namespace))
             return self.entries[-1].session
-        return self.entries[0].session if self.entries else self.make_session()
+        if not self.entries:
+            return self.make_session()
+        oldest = self.entries[0]
+        if oldest.namespace != namespace:  # another key's: its caches go with it
+            oldest.session, oldest.namespace, oldest.prompt = self.make_session(), namespace, ()
+        return oldest.session
 
     def used(self, session, prompt: list[int]) -> None:
         """`session` has just read `prompt`: it becomes the most recently used."""
@@ -222,7 +238,7 @@ class Worker:
             controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
             options = {"cache_options": self._cache_options} if self._cache_options is not None else {}
             # one history for every conversation, a namespace per API key
-            self.history = history = self._history.store(warn=self._log)
+            self.history = history = self._history.store(self.pair, warn=self._log)
             self.cache = PromptCache(
                 lambda: Session(pair, controller=controller, history=history, **options), self._cache_sessions
             )
@@ -243,7 +259,7 @@ class Worker:
         self.current = job
         session, events = None, None
         try:
-            session = self.cache.session_for(job.ids)
+            session = self.cache.session_for(job.ids, job.namespace)
             events = stream(self.pair, job.ids, job.options, session=session, namespace=job.namespace)
             for event in events:
                 job.post(event)

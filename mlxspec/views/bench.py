@@ -154,7 +154,8 @@ def _peer_cells(s) -> list[str]:
 
 def _drafting(s, *, by_position: bool = False) -> str:
     parts = []
-    if by_position and (positions := position_part(s.stats)):
+    # α per depth: whether chaining pays for a head; for a tree, what each level adds
+    if (by_position or s.stats.tree_rounds) and (positions := position_part(s.stats)):
         parts.append(positions)
     if s.stats.mean_gamma is not None and s.gamma == "auto":
         parts.append(f"mean γ {s.stats.mean_gamma:.1f}")
@@ -176,7 +177,7 @@ def category_table(report) -> Table:
     table = Table(title="Speedup (α) by category", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("category")
     for temp, gamma, tree in keys:
-        table.add_column(f"T{temp:g} γ{gamma}" + (f" t{tree}" if tree else ""), justify="right")
+        table.add_column(f"T{temp:g} γ{gamma}" + (f" t{tree}" if tree != "auto" else ""), justify="right")
     for category in sorted({s.category for s in report.settings} - {"all"}):
         by_key = {(s.temp, s.gamma, s.tree): s for s in report.settings if s.category == category}
         cells = []
