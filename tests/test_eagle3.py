@@ -156,7 +156,9 @@ def test_drafting_after_a_shorter_standard_retry_reads_the_rows_it_needs(heads):
     mlxspec.generate(pair, PROMPT, session=session, max_tokens=12, gamma=3)
     retried = mlxspec.generate(pair, PROMPT, session=session, max_tokens=3, gamma=0).tokens
     history = PROMPT + retried
-    rounds = [e for e in mlxspec.stream(pair, history, session=session, max_tokens=6, gamma=3) if hasattr(e, "drafted")]
+    rounds = [  # chains: each round's drafts are then one chain a fresh head would propose
+        e for e in mlxspec.stream(pair, history, session=session, max_tokens=6, gamma=3, tree=0) if hasattr(e, "drafted")
+    ]
     emitted = [i for r in rounds for i in r.emitted]
     assert emitted == mlxspec.generate(pair, history, max_tokens=6, gamma=0).tokens
     seen = list(history)
@@ -181,10 +183,12 @@ def test_a_target_with_ids_to_refeed_still_drafts_aligned(heads, monkeypatch):
         return length - mark.length
 
     monkeypatch.setattr(caches.ModelCache, "rewind", refeeding)
+    trees = mlxspec.generate(pair, PROMPT, session=Session(pair), max_tokens=MAX_TOKENS, gamma=3, tree=8)
+    assert trees.tokens == standard and trees.stats.tree_rounds > 0
     session = Session(pair)
-    rounds = [
+    rounds = [  # chains: each round's drafts are then one chain a fresh head would propose
         e
-        for e in mlxspec.stream(pair, PROMPT, session=session, max_tokens=MAX_TOKENS, gamma=3)
+        for e in mlxspec.stream(pair, PROMPT, session=session, max_tokens=MAX_TOKENS, gamma=3, tree=0)
         if hasattr(e, "drafted")
     ]
     assert [t for r in rounds for t in r.emitted] == standard
