@@ -280,6 +280,8 @@ def _stream(
     grammar = grammar_for(pair, options)
 
     stats = Stats(gamma=_gamma_label(options.gamma), seed=seed)
+    if policy is not None and isinstance(options.tree, int) and options.tree and not policy.tree:
+        stats.chains_only = session.target.why_no_trees() or "this drafter proposes chains only"
     text = TextStream(pair.tokenizer, ids[-4:])
     stops = StopFilter(options.stop)
     eos = pair.eos_ids

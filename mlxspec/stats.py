@@ -55,6 +55,8 @@ class Stats:
     gamma: int | str = 0  # the setting: a draft length, or "auto"
     seed: int | None = None
     finish_reason: str | None = None
+    chains_only: str | None = None  # why a tree asked for (--tree N) was drafted as chains
+
 
     # --- accumulating ---------------------------------------------------------------
     def add_prefill(self, event) -> None:
@@ -97,7 +99,7 @@ class Stats:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name in ("position_tested", "position_accepted"):
                 value = [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)))]
-            elif f.name in ("gamma", "seed", "finish_reason"):
+            elif f.name in ("gamma", "seed", "finish_reason", "chains_only"):
                 value = a if a == b else None if f.name != "gamma" else "mixed"
             else:
                 value = a + b

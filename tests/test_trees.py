@@ -70,6 +70,11 @@ def test_recurrent_targets_draft_chains_and_stay_exact(load_pair, arch):
     standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
     result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, tree=8)
     assert result.tokens == standard and result.stats.tree_rounds == 0 and result.stats.model_rounds > 0
+    # said once, in the run's summary line
+    from mlxspec.views.summary import stats_line
+
+    reason = result.stats.chains_only
+    assert reason and "tree" in reason and f"chains ({reason})" in str(stats_line(result.stats))
 
 
 def test_mtp_heads_on_hybrid_targets_draft_chains(factory):

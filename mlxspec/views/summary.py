@@ -101,6 +101,8 @@ def stats_line(
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
     if stats.tree_rounds:
         parts.append(f"trees of {stats.nodes_per_tree:.1f} nodes ({counted(stats.tree_rounds, 'round')})")
+    elif stats.chains_only:
+        parts.append(f"chains ({stats.chains_only})")
     if lookup and stats.gamma:
         parts.append(f"drafting by prompt lookup ({counted(stats.lookup_rounds, 'round')})")
     elif stats.ngram_rounds:
