@@ -151,8 +151,9 @@ class Controller:
         )
         self.rounds += 1  # after the rates: a Ctrl-C in between leaves no round without one
         if outcome.draft_seconds is not None:
-            if not waited:  # a tree costs its levels, one forward each
-                self.times.observe_draft(outcome.plan.draft if outcome.nodes else drafted, outcome.draft_seconds)
+            if not waited:  # a drafter's tree costs its levels, one forward each (a lookup trie: none)
+                levels = outcome.plan.draft if outcome.nodes and outcome.plan.draft else drafted
+                self.times.observe_draft(levels, outcome.draft_seconds)
             self.times.observe_overhead(outcome.seconds - outcome.draft_seconds - outcome.verify_seconds)
         self.probes.observe_round(all_accepted=outcome.accepted == drafted, drafting_wins=probing and self.best() > 0)
 

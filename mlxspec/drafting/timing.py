@@ -19,7 +19,7 @@ from functools import partial
 def proportional(mean_x: float, mean_y: float, x: float) -> float:
     """Through the origin and the one size seen: charges the fixed part per token, which
     errs towards shorter drafts."""
-    return mean_y * x / mean_x
+    return mean_y * x / mean_x if mean_x > 0 else mean_y
 
 
 def relative_slope(slope: float, mean_x: float, mean_y: float, x: float) -> float:
