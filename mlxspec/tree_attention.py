@@ -28,7 +28,7 @@ from .caches import KeptRotatingKVCache
 
 # Families whose attention is `self_attn(x, mask, cache)` applying `self.rope(x, offset=cache.offset)`
 # and mlx-lm's (or its own bool-aware) attention, checked exact in the tests.
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3", "glm4_moe_lite")
 _PLAIN = (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
 _WINDOWED = (mlx_cache.RotatingKVCache, KeptRotatingKVCache)
 

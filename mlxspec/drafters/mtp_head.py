@@ -181,7 +181,7 @@ class NextnHead(nn.Module):
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_output", self.shared_head.head if "head" in self.shared_head else output)
 
-    def hidden(self, ids: mx.array, hidden: mx.array, cache) -> mx.array:
+    def hidden(self, ids: mx.array, hidden: mx.array, cache, layout=None) -> mx.array:
         from mlx_lm.models.base import create_attention_mask
 
         embedded = self._embed(ids).astype(hidden.dtype)
@@ -189,11 +189,20 @@ class NextnHead(nn.Module):
             embedded = mx.where((mx.arange(ids.shape[1]) == 0)[None, :, None], 0, embedded)
         x = self.eh_proj(mx.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1))
         mask = create_attention_mask(x, cache, return_array=True)  # MLA takes an array mask
-        return self.layers[0](x, mask=mask, cache=cache)
+        with _reading_tree(self, layout):
+            return self.layers[0](x, mask=mask, cache=cache)
 
-    def __call__(self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False) -> tuple[mx.array, mx.array]:
-        out = self.hidden(ids, hidden, cache)
+    def __call__(
+        self, ids: mx.array, hidden: mx.array, cache, *, chained: bool = False, layout=None
+    ) -> tuple[mx.array, mx.array]:
+        """`layout`: the rows are nodes of a tree."""
+        out = self.hidden(ids, hidden, cache, layout)
         return self._output(self.shared_head.norm(out)), out
+
+    @property
+    def reads_trees(self) -> bool:
+        """Whether its one layer's attention has the shape trees are read through."""
+        return hasattr(self.layers[0], "self_attn") and hasattr(self.layers[0].self_attn, "rope")
 
 
 @dataclass(frozen=True)
