@@ -204,8 +204,9 @@ def test_harness_rejects_unclamped_residual(small_pair, monkeypatch):
     assert not ok, f"an unclamped residual passed: chi2 {statistic:.1f} <= {threshold:.1f}"
 
 
-# Trees of branching 2 and 3, three levels deep: siblings drawn without replacement, tried
-# in drawing order, the residual renormalised after each rejected one.
+# Trees of branching 2 and 3, three levels deep: one child of each spine node drawn from q,
+# its siblings the draft's most probable other ids, tried after it, the residual
+# renormalised after each rejected one.
 TREES = {"width2": dict(tree=7, width=2), "width3": dict(tree=10, width=3)}
 
 
@@ -246,24 +247,39 @@ ADAPTIVE = {
     "ngram+model": dict(gamma=GAMMA, ngram=True),
     "ngram-only": dict(gamma=GAMMA, ngram=True, no_model=True),
     "learned-stop": dict(gamma=GAMMA, min_p="auto", primed=True),
+    # the history of earlier answers proposing beside the model: chains, and tries
+    "history+model": dict(gamma=GAMMA, history=True),
+    "history-tries+model": dict(gamma=GAMMA, history=True, tree=8),
 }
+# earlier prompts and answers for the history: the prompt continued several ways
+EARLIER = [[1, 4, 2, 3, 3, 0], [1, 4, 2, 5, 1, 4], [1, 4, 2, 3, 5, 2], [0, 1, 4, 2, 3, 1], [4, 2, 5, 1, 0]]
 
 
-def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False, primed=False):
+def sample_joint_with(
+    pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False, primed=False, history=False, tree=0
+):
     import copy
 
+    from mlxspec.drafters.history import HistoryStore
+
     controller = primed_for_early_stop() if primed else None
+    store = HistoryStore(limit_tokens=1024)
+    for earlier in EARLIER:
+        store.index("default").add_turn(earlier[:3], earlier[3:], keep_prompt=True)
     counts = Counter()
-    counts.early_stops = 0
+    counts.early_stops, counts.sources = 0, Counter()
     for i in range(runs):
         session = Session(pair)
         lookup = PromptLookup(PROMPT, min_match=2, index=NGramIndex(max_n=2, min_n=1)) if ngram else None
+        if history:  # the store as it stands: a run's own ids join only its local index
+            lookup = store.drafter(min_match=1).begin(PROMPT)
         drafting = Policy(
             gamma=AUTO if gamma == "auto" else gamma,
             stop=AUTO if min_p == "auto" else min_p,
             controller=copy.deepcopy(controller) if controller else session.controller,
             lookup=lookup,
             draft_model=not no_model,
+            tree=tree,
         )
         emitted = []
         for event in engine.decode(
@@ -279,6 +295,8 @@ def sample_joint_with(pair, params, runs, seed, gamma, ngram=False, min_p=0.0, n
             if isinstance(event, Round):
                 emitted += event.emitted
                 counts.early_stops += event.early_stop
+                counts.sources[event.source] += 1
+                counts.sources["tree"] += bool(event.nodes)
         counts[tuple(emitted)] += 1
     return counts
 
@@ -298,6 +316,10 @@ def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode):
     assert ok, f"{mode}: chi2 {statistic:.1f} > {threshold:.1f}"
     if "stop" in mode:
         assert counts.early_stops > RUNS / 10, counts.early_stops
+    if "history" in mode:  # the history proposed (from the store, not only the run's own ids)
+        assert counts.sources["history"] > RUNS / 4, counts.sources
+    if "tries" in mode:
+        assert counts.sources["tree"] > RUNS / 4, counts.sources
 
 
 def test_point_mass_proposals_are_exercised(small_pair):
