@@ -63,8 +63,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import mlxspec
-    from mlxspec import prompt_cache, synthetic
     from mlxspec.generation import Session
+    from mlxspec.models import synthetic
+    from mlxspec.prompt_cache import store as prompt_cache
     from tests.gguf_files import write_gguf
     from tests.test_prompt_cache import TEXT
 

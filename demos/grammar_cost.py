@@ -19,7 +19,7 @@ import mlxspec
 from mlxspec import grammar as grammar_module
 from mlxspec.generation import encode_messages
 from mlxspec.grammar import GrammarSpec
-from mlxspec.presets import resolve_name
+from mlxspec.models.presets import resolve_name
 
 SCHEMA = {
     "type": "object",

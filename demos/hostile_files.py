@@ -112,7 +112,7 @@ def build(work: Path) -> dict:
     """Tiny models and folders the cases read: a pair, a finished train-draft run with its
     head removed (for --resume), an EAGLE-3 head, a Qwen3.5 model with its MTP head and a
     4-bit conversion without it."""
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
     from tests.heads import make_head
 
     synthetic.train_tokenizer(stdlib_texts(), 512, work / "tokenizer")

@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one chain step instead of all")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
 
     shapes = schemas(args.quick)
     totals, failures = Counter(), []

@@ -23,7 +23,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 import mlxspec
-from mlxspec import capture, synthetic
+from mlxspec.decoding import capture
+from mlxspec.models import synthetic
 from tests.conftest import stdlib_texts
 from tests.mtp_models import write_hub_model
 

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import Phase, settings  # noqa: E402
 
 import mlxspec  # noqa: E402
-from mlxspec import synthetic  # noqa: E402
-from mlxspec.cursor import Cursor  # noqa: E402
+from mlxspec.decoding.cursor import Cursor  # noqa: E402
+from mlxspec.models import synthetic  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
 from tests.test_sessions import FAMILIES, HEAD_FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
 

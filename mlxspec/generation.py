@@ -16,21 +16,21 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import generation_stream, wired_limit
 
-from . import capture, engine
-from .caches import CacheOptions
-from .cursor import Cursor
+from .decoding import capture, engine
+from .decoding.caches import CacheOptions
+from .decoding.cursor import Cursor
+from .decoding.drafter import Drafter
+from .decoding.events import Done, Prefill, Round
 from .drafters import HEAD_KINDS, MTP
-from .drafters.base import Drafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
 from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
 from .drafting import Controller, ControllerConfig, Policy, PromptLookup
 from .errors import InvalidOption, PromptTooLong
-from .events import Done, Prefill, Round
 from .grammar import Matcher, matcher_for
+from .models.pairs import Pair
 from .options import Options
-from .pairs import Pair
 from .stats import Stats
 from .text import StopFilter, TextStream
 
@@ -156,7 +156,7 @@ def apply_template(
     extra = {} if think is None else {"enable_thinking": think}
     if tools:
         extra["tools"] = tools
-    from .templates import render
+    from .models.templates import render
 
     return render(tokenizer, messages, **extra)
 

@@ -20,7 +20,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never touch the network
 
-from mlxspec import synthetic  # noqa: E402
+from mlxspec.models import synthetic  # noqa: E402
 
 # Per architecture: how sharp the target's logits are and how far its draft is perturbed
 # from it, chosen so that greedy acceptance sits between ~0.3 and ~0.9: every round length

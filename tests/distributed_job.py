@@ -14,8 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, on every rank
 
 import mlxspec  # noqa: E402
-from mlxspec import distributed  # noqa: E402
-from mlxspec.sampling import SamplingParams  # noqa: E402
+from mlxspec.decoding.sampling import SamplingParams  # noqa: E402
+from mlxspec.distributed import split as distributed  # noqa: E402
 
 
 def generate(pair, job: dict) -> dict:
@@ -55,8 +55,8 @@ JOBS = {"generate": generate, "session": session, "joint": joint}
 def sabotage_followers() -> None:
     """A negative control: the other ranks never roll their caches back (they keep every
     rejected draft), as a follower that missed rank 0's rewinds would."""
-    from mlxspec import ranks
-    from mlxspec.caches import ModelCache
+    from mlxspec.decoding.caches import ModelCache
+    from mlxspec.distributed import ranks
 
     if not ranks.is_main():
         ModelCache.trim_to = lambda self, length: True

@@ -50,7 +50,7 @@ def damaged_header(source: bytes, edits, cut) -> bytes:
 
 
 def import_damaged(source: bytes, edits, cut) -> str:
-    from mlxspec.gguf_import import import_gguf
+    from mlxspec.models.gguf import import_gguf
 
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "fuzz.gguf"
@@ -83,7 +83,7 @@ def meta_edits():
 def apply_meta_edits(source: Path, out: Path, edits, reseal: bool) -> None:
     import mlx.core as mx
 
-    from mlxspec.prompt_cache_checks import digest, layout
+    from mlxspec.prompt_cache.checks import digest, layout
 
     arrays, flat = mx.load(str(source), return_metadata=True)
     meta = json.loads(flat["0.mlxspec"])
@@ -110,8 +110,8 @@ def apply_meta_edits(source: Path, out: Path, edits, reseal: bool) -> None:
 
 
 def read_damaged(source: Path, pair, edits, reseal: bool) -> str:
-    from mlxspec import prompt_cache
     from mlxspec.generation import Session
+    from mlxspec.prompt_cache import store as prompt_cache
 
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "fuzz.safetensors"
@@ -351,7 +351,7 @@ def _edited_json(text: str, edits) -> str:
 
 def _reseal(path: Path) -> None:
     """The checkpoint's record of this file's sha256 made to match it again."""
-    from mlxspec.gguf_import.record import sha256
+    from mlxspec.models.gguf.record import sha256
 
     state = path.parent / "state.json"
     data = json.loads(state.read_text())

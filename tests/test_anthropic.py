@@ -543,7 +543,7 @@ def test_blocks_drop_white_space_beside_calls_and_keep_an_answer_that_is_only_wh
 # --- the real SmolLM2 pair (slow) -------------------------------------------------------------
 @pytest.mark.slow
 def test_smollm2_answers_through_the_messages_api(tmp_path):
-    from mlxspec.presets import resolve_name
+    from mlxspec.models.presets import resolve_name
 
     from . import real_models
 

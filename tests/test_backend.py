@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import mlxspec
-from mlxspec import backend
-from mlxspec.backend import CUDNN_ATTENTION
+from mlxspec.models import backend
+from mlxspec.models.backend import CUDNN_ATTENTION
 
 BACKEND_EXTRAS = {"cpu", "cuda", "cuda12", "cuda13"}
 

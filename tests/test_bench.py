@@ -95,7 +95,7 @@ def test_the_peer_is_the_same_computation_at_temperature_zero(load_pair):
     """mlx-lm's speculative decoding run by the bench gives the same ids as mlxspec at
     temperature 0, so their speeds compare like for like."""
     import mlxspec
-    from mlxspec.peers import mlx_lm_generate
+    from mlxspec.measure.peers import mlx_lm_generate
 
     pair = load_pair("qwen3")
     ids = pair.tokenizer.encode("import os")
@@ -192,8 +192,8 @@ def test_bench_auto_and_prompt_lookup(factory, capsys, tmp_path):
 
 
 def test_a_setting_named_twice_runs_once():
-    from mlxspec.bench import BenchConfig, plan_size
-    from mlxspec.prompts import suite
+    from mlxspec.measure.bench import BenchConfig, plan_size
+    from mlxspec.measure.prompts import suite
 
     config = BenchConfig(prompts=suite(quick=True)[:1], gammas=[2, "auto", 2], temps=[0.0, 0.0], repeats=1, peers=False)
     assert config.gammas == [2, "auto"] and config.temps == [0.0]
@@ -208,8 +208,8 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
 
     from rich.console import Console
 
-    from mlxspec.bench import BenchConfig, Run, speed, summarize
-    from mlxspec.costs import Costs
+    from mlxspec.measure.bench import BenchConfig, Run, speed, summarize
+    from mlxspec.measure.costs import Costs
     from mlxspec.stats import Stats
     from mlxspec.views import bench as view
 
@@ -247,7 +247,7 @@ def test_doubtful_predictions_are_flagged_and_empty_runs_are_dashes():
 
 def bare_report(costs, runs, settings):
     """A report of these measurements on an unnamed machine and pair."""
-    from mlxspec.bench import BenchReport
+    from mlxspec.measure.bench import BenchReport
 
     machine = {"device": "cpu", "mlx": "0", "mlx_lm": "0"}
     return BenchReport(
@@ -263,8 +263,8 @@ def test_plain_runs_noise_and_thin_acceptance_are_said_so():
 
     from rich.console import Console
 
-    from mlxspec.bench import BenchConfig, Run, summarize
-    from mlxspec.costs import Costs
+    from mlxspec.measure.bench import BenchConfig, Run, summarize
+    from mlxspec.measure.costs import Costs
     from mlxspec.stats import Stats
     from mlxspec.views import bench as view
 

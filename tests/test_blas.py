@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec import blas
+from mlxspec.cli import blas
 
 LIBRARY = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 

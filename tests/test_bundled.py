@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import mlxspec
-from mlxspec.pairs import BUNDLED_DRAFT, BUNDLED_TARGET
+from mlxspec.models.pairs import BUNDLED_DRAFT, BUNDLED_TARGET
 from tests.test_cli import run
 
 

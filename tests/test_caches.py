@@ -7,7 +7,7 @@ import pytest
 
 import mlxspec
 from mlxspec import Done, Round
-from mlxspec.caches import CacheOptions, CacheRollbackError, KeptRotatingKVCache, ModelCache, make_cache
+from mlxspec.decoding.caches import CacheOptions, CacheRollbackError, KeptRotatingKVCache, ModelCache, make_cache
 from mlxspec.errors import InvalidOption, UnsupportedCache
 from mlxspec.generation import Session
 from tests.conftest import interrupt_after

@@ -17,7 +17,7 @@ from rich.console import Console
 
 import mlxspec
 from mlxspec.chat import Conversation
-from mlxspec.events import ContextTrimmed, Done, Round
+from mlxspec.decoding.events import ContextTrimmed, Done, Round
 from mlxspec.options import Options
 from mlxspec.views.chat import ChatApp
 from tests.conftest import ctrl_c_at, fresh_standard, interrupt_after
@@ -239,7 +239,7 @@ THINK_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def thinking_pair(factory, tmp_path_factory):
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
     from tests.conftest import stdlib_texts
 
     root = tmp_path_factory.mktemp("thinking")

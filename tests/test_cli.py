@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from mlxspec import synthetic
 from mlxspec.cli import main
+from mlxspec.models import synthetic
 from tests.conftest import stdlib_texts
 
 
@@ -432,7 +432,7 @@ def test_piped_tables_without_columns_take_the_terminals_width(capsys, monkeypat
 
 def test_loading_steps_name_a_bundled_model_as_the_presets_do():
     from mlxspec.cli.common import bundled_by_name
-    from mlxspec.presets import ASSETS
+    from mlxspec.models.presets import ASSETS
 
     assert bundled_by_name(f"Loading draft {ASSETS}/tiny-draft") == "Loading draft bundled:tiny-draft"
     assert (

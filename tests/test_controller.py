@@ -7,7 +7,7 @@ import pytest
 
 from mlxspec.drafting import Controller, ControllerConfig, NGramIndex, Outcome, Plan
 from mlxspec.drafting.probes import LONGEST
-from mlxspec.theory import expected_tokens_per_round
+from mlxspec.drafting.theory import expected_tokens_per_round
 
 
 def controller(**config) -> Controller:

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 import mlxspec
-from mlxspec.ranks import free_ring_ports
-from mlxspec.sampling import SamplingParams
-from mlxspec.synthetic import ARCHITECTURES
+from mlxspec.decoding.sampling import SamplingParams
+from mlxspec.distributed.ranks import free_ring_ports
+from mlxspec.models.synthetic import ARCHITECTURES
 from tests.chisquare import critical_value, goodness_of_fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,7 +300,7 @@ def test_unsplittable_architecture_and_caches_are_refused(factory):
     import mlx.core as mx
     import mlx_lm
 
-    from mlxspec import distributed
+    from mlxspec.distributed import split as distributed
     from mlxspec.errors import UnsupportedCache, UnsupportedShard
 
     group = mx.distributed.init()

@@ -22,13 +22,13 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
-from mlxspec import engine, verify
-from mlxspec.caches import ModelCache
+from mlxspec.decoding import engine, verify
+from mlxspec.decoding.caches import ModelCache
+from mlxspec.decoding.events import Round
+from mlxspec.decoding.sampling import SamplingParams, warp
 from mlxspec.drafting import AUTO, NGramIndex, Policy, PromptLookup
-from mlxspec.events import Round
 from mlxspec.generation import Session
-from mlxspec.sampling import SamplingParams, warp
-from mlxspec.synthetic import ARCHITECTURES
+from mlxspec.models.synthetic import ARCHITECTURES
 from tests.chisquare import critical_value, goodness_of_fit
 from tests.conftest import primed_for_early_stop
 

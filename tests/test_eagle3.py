@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import mlxspec
-from mlxspec import capture
+from mlxspec.decoding import capture
+from mlxspec.decoding.sampling import SamplingParams
 from mlxspec.errors import IncompatibleHead, UnsupportedModel
 from mlxspec.generation import Session
-from mlxspec.sampling import SamplingParams
 from tests.conftest import ARCH_SETTINGS, ModelFactory
 from tests.heads import fresh_head_drafts, make_head
 
@@ -169,7 +169,7 @@ def test_a_target_with_ids_to_refeed_still_drafts_aligned(heads, monkeypatch):
     """A rewind that cannot trim refeeds ids (array caches do): the target reads them before
     the head drafts, so its first proposal is still for the position the verify puts it at
     (helper-4's review found it predicted one id too early)."""
-    from mlxspec import caches
+    from mlxspec.decoding import caches
 
     pair = heads.pair("llama")
     standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
@@ -220,7 +220,7 @@ def test_a_ctrl_c_mid_round_leaves_a_head_session_exact(heads):
 def test_sampling_with_a_head_has_the_targets_joint_law(factory, draft_vocab):
     """Over the whole vocabulary and over part of it (q zero on the ids the head cannot
     propose, which the target still emits: the residual must supply them)."""
-    from mlxspec.synthetic import ARCHITECTURES
+    from mlxspec.models.synthetic import ARCHITECTURES
     from tests.test_distribution import LENGTH, fits, sample_joint
 
     vocab, prompt, runs = 6, [1, 4, 2], 4000
@@ -244,7 +244,7 @@ def test_sampling_with_a_head_has_the_targets_joint_law(factory, draft_vocab):
 def exact_law_of(model, params, prompt, vocab, length) -> dict:
     import itertools
 
-    from mlxspec.sampling import warp
+    from mlxspec.decoding.sampling import warp
 
     rows = {}
     for n in range(length):

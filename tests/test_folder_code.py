@@ -54,8 +54,8 @@ def test_the_tokenizer_is_loaded_with_remote_code_off(factory, tmp_path, monkeyp
     """Below the folder check, the tokenizer is still asked for without remote code: with
     the check out of the way the load fails and the code does not run."""
     import mlxspec
-    from mlxspec import loading
     from mlxspec.errors import ModelLoadError
+    from mlxspec.models import loading
 
     folder = folder_asking_for_code(factory.pair("llama")[0], tmp_path / "evil", "tokenizer_config.json")
     monkeypatch.setattr(loading, "refuse_custom_code", lambda path: None)

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from mlxspec import prompt_cache
+from mlxspec.prompt_cache import store as prompt_cache
 from tests import fuzz_targets as fuzz
 from tests.gguf_files import write_gguf
 from tests.test_prompt_cache import TEXT

@@ -15,7 +15,7 @@ import pytest
 
 import mlxspec
 from mlxspec.errors import IncompatiblePair, InsufficientMemory, ModelLoadError
-from mlxspec.gguf_import import GGUFError, UnsupportedGGUF, import_gguf, imported_folder
+from mlxspec.models.gguf import GGUFError, UnsupportedGGUF, import_gguf, imported_folder
 from tests.gguf_files import write_gguf
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text"]
@@ -145,7 +145,7 @@ def test_a_conversion_that_does_not_fit_is_refused(factory, tmp_path, cache_dir,
 
 def test_a_gguf_draft_with_another_vocabulary_is_refused(factory, tmp_path, cache_dir):
     target = write_gguf(factory.pair("llama")[0], tmp_path / "target.gguf")
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
     from tests.conftest import stdlib_texts
 
     other_tokenizer = tmp_path / "other-tokenizer"

@@ -15,7 +15,7 @@ import pytest
 
 import mlxspec
 from mlxspec.errors import ModelLoadError
-from mlxspec.gguf_import import UnsupportedGGUF, import_gguf
+from mlxspec.models.gguf import UnsupportedGGUF, import_gguf
 from tests.gguf_damage import with_random_bytes, with_type
 from tests.gguf_files import write_gguf
 
@@ -134,8 +134,8 @@ def test_the_same_file_fetched_again_is_not_imported_again(ggufs, tmp_path, cach
     after its files were deleted) finds that import: no second conversion."""
     import shutil
 
-    from mlxspec.gguf_import import imported_folder
-    from mlxspec.loading import import_gguf_once
+    from mlxspec.models.gguf import imported_folder
+    from mlxspec.models.loading import import_gguf_once
 
     first = tmp_path / "a" / "tiny.gguf"
     first.parent.mkdir()

@@ -16,14 +16,14 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
-from mlxspec import engine
+from mlxspec.decoding import engine
+from mlxspec.decoding.events import Round
+from mlxspec.decoding.sampling import SamplingParams, constrain, warp
 from mlxspec.drafting import Policy, PromptLookup
 from mlxspec.errors import InvalidOption
-from mlxspec.events import Round
 from mlxspec.generation import Session
 from mlxspec.grammar import GrammarSpec, Matcher, compile_spec
-from mlxspec.sampling import SamplingParams, constrain, warp
-from mlxspec.synthetic import ARCHITECTURES
+from mlxspec.models.synthetic import ARCHITECTURES
 from tests import fuzz_targets as fuzz
 from tests.test_distribution import fits
 from tests.test_server import ROOT
@@ -424,7 +424,7 @@ COUNTRY = {
 def test_smollm2_answers_a_real_question_in_valid_sensible_json():
     """The SmolLM2 pair (float32 target, the bundled distilled draft): the JSON validates,
     names Paris and Europe, and speculative decoding gives standard decoding's ids."""
-    from mlxspec.presets import resolve_name
+    from mlxspec.models.presets import resolve_name
     from tests import real_models
 
     target = str(real_models.folder(real_models.SMOLLM2))

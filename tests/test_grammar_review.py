@@ -13,10 +13,10 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
+from mlxspec.decoding.events import Round
+from mlxspec.decoding.sampling import SamplingParams, constrain, warp
 from mlxspec.errors import InvalidOption
-from mlxspec.events import Round
 from mlxspec.grammar import GrammarSpec, Matcher, compile_spec, matcher_for
-from mlxspec.sampling import SamplingParams, constrain, warp
 from tests.test_grammar import EOS, LAW_PROMPT, VOCAB, Letters, fits, sample_constrained, small_pair  # noqa: F401
 
 PROMPT = list(range(10, 22))
@@ -284,7 +284,7 @@ def test_ctrl_c_anywhere_in_a_constrained_reply_leaves_the_session_exact(load_pa
 def subset_pair(factory, load_pair):
     """The llama target with a subset-vocabulary draft (mlxspec/subset_draft.py) that covers
     only ids whose text holds no digit: under a digits grammar it often can say nothing."""
-    from mlxspec.subset_draft import write_subset
+    from mlxspec.models.subset_draft import write_subset
 
     pair = load_pair("llama")
     target, _ = factory.pair("llama")
@@ -370,7 +370,7 @@ def test_an_engine_that_gives_up_mid_reply_is_one_clear_error(small_pair):  # no
     limits are lowered so that it gives up within a few ids."""
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
-    from mlxspec import engine
+    from mlxspec.decoding import engine
     from mlxspec.drafting import Policy
 
     tokenizer = LLTokenizer(TokenizerWrapper(Letters()))

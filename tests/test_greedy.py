@@ -8,7 +8,7 @@ import pytest
 
 import mlxspec
 from mlxspec import Round
-from mlxspec.caches import CacheOptions
+from mlxspec.decoding.caches import CacheOptions
 from mlxspec.drafting import Controller
 from mlxspec.generation import Session
 from tests.conftest import ARCHS, primed_for_early_stop

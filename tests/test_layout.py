@@ -9,13 +9,13 @@ import sys
 
 PLAIN = [
     "mlxspec.views",
-    "mlxspec.sides",
+    "mlxspec.measure.sides",
     "mlxspec.stats",
     "mlxspec.options",
     "mlxspec.drafting",
-    "mlxspec.theory",
-    "mlxspec.events",
-    "mlxspec.ranks",
+    "mlxspec.drafting.theory",
+    "mlxspec.decoding.events",
+    "mlxspec.distributed.ranks",
     "mlxspec.cli",
     "mlxspec.server.schema",
     "mlxspec.server.limits",

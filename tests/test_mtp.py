@@ -17,7 +17,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 import mlxspec
-from mlxspec import capture
+from mlxspec.decoding import capture
 from mlxspec.drafters import mtp_head
 from mlxspec.errors import IncompatibleHead, UnsupportedModel
 from tests import mtp_models
@@ -206,7 +206,7 @@ def test_sampling_with_the_mtp_head_has_the_targets_joint_law(factory):
     against the target's exact law, chi-square."""
     from collections import Counter
 
-    from mlxspec.sampling import SamplingParams
+    from mlxspec.decoding.sampling import SamplingParams
     from tests.test_distribution import LENGTH, fits, sample_joint
     from tests.test_eagle3 import exact_law_of
 

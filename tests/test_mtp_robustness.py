@@ -11,9 +11,9 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
-from mlxspec import prompt_cache
-from mlxspec.events import Round
+from mlxspec.decoding.events import Round
 from mlxspec.generation import Session
+from mlxspec.prompt_cache import store as prompt_cache
 from tests import mtp_models
 from tests.conftest import ctrl_c_at
 from tests.test_cli import run

@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 import mlxspec
-from mlxspec import synthetic
 from mlxspec.errors import (
     IncompatiblePair,
     InsufficientMemory,
@@ -17,6 +16,7 @@ from mlxspec.errors import (
     PromptTooLong,
     UnsupportedCache,
 )
+from mlxspec.models import synthetic
 from tests.conftest import stdlib_texts
 
 PROMPT = list(range(10, 22))

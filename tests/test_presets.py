@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec import presets
 from mlxspec.errors import PresetError
+from mlxspec.models import presets
 from tests.test_cli import run
 
 
@@ -83,9 +83,9 @@ def test_bad_user_file_fails_cleanly(tmp_path, monkeypatch, capsys, text, messag
 )
 def test_unknown_preset(capsys, monkeypatch, command):
     """A bad option: exit 2, before any model is looked for."""
-    import mlxspec.pairs
+    import mlxspec.models.pairs
 
-    monkeypatch.setattr(mlxspec.pairs, "resolve_first", lambda *a: pytest.fail("looked for a model"))
+    monkeypatch.setattr(mlxspec.models.pairs, "resolve_first", lambda *a: pytest.fail("looked for a model"))
     code, _, err = run(capsys, *command, "no-such-pair")
     assert code == 2 and "no preset named 'no-such-pair'" in err and "qwen3-14b" in err
 

@@ -9,12 +9,12 @@ import json
 import pytest
 
 import mlxspec
-from mlxspec import prompt_cache
-from mlxspec.caches import CacheOptions
 from mlxspec.chat import Conversation
-from mlxspec.events import Prefill, Round
+from mlxspec.decoding.caches import CacheOptions
+from mlxspec.decoding.events import Prefill, Round
 from mlxspec.generation import Session
 from mlxspec.options import Options
+from mlxspec.prompt_cache import store as prompt_cache
 from tests.conftest import fresh_standard
 from tests.test_chat import exact_reply
 from tests.test_cli import run

@@ -9,8 +9,8 @@ import json
 import mlx.core as mx
 import pytest
 
-from mlxspec import prompt_cache
-from mlxspec.prompt_cache_checks import digest, layout
+from mlxspec.prompt_cache import store as prompt_cache
+from mlxspec.prompt_cache.checks import digest, layout
 from tests.test_cli import run
 from tests.test_prompt_cache import TEXT
 

@@ -7,9 +7,9 @@ import io
 
 from rich.console import Console
 
-from mlxspec import race as racing
-from mlxspec import sides
-from mlxspec.events import Done, Prefill, Round
+from mlxspec.decoding.events import Done, Prefill, Round
+from mlxspec.measure import race as racing
+from mlxspec.measure import sides
 from mlxspec.options import Options
 from mlxspec.views import race as view
 from mlxspec.views.tokens import STYLES
@@ -216,7 +216,7 @@ def test_race_json_no_draft_and_cache_options(capsys, factory, monkeypatch):
     line; --max-kv-size reaches both sides' caches, and the outputs stay identical."""
     import json
 
-    from mlxspec.caches import CacheOptions
+    from mlxspec.decoding.caches import CacheOptions
 
     target, draft = factory.pair("llama")
     made = []

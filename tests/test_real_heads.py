@@ -9,7 +9,7 @@ import pytest
 
 import mlxspec
 from mlxspec.generation import Session
-from mlxspec.presets import resolve_name
+from mlxspec.models.presets import resolve_name
 from tests import real_models
 from tests.heads import make_head
 from tests.test_real_models import GAMMAS, long_code_prompt

@@ -14,9 +14,9 @@ import pytest
 
 import mlxspec
 from mlxspec import Round
+from mlxspec.decoding.sampling import SamplingParams, warp
 from mlxspec.generation import Session
-from mlxspec.presets import resolve_name
-from mlxspec.sampling import SamplingParams, warp
+from mlxspec.models.presets import resolve_name
 from tests import real_models
 from tests.chisquare import critical_value, goodness_of_fit
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec import loading, pairs
+from mlxspec.models import loading, pairs
 
 GGUF = b"GGUF" + b"\0" * 60
 

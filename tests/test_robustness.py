@@ -10,7 +10,7 @@ import pytest
 
 import mlxspec
 from mlxspec import Prefill, Round
-from mlxspec.caches import CacheOptions
+from mlxspec.decoding.caches import CacheOptions
 from mlxspec.errors import MlxspecError
 from mlxspec.generation import Session
 from tests.conftest import emitted_ids, fresh_standard
@@ -31,7 +31,7 @@ def test_a_second_ctrl_c_while_the_first_is_handled_is_noticed_by_the_next_call(
     (`self.cache, self.tokens, self.pending, self.checkpoints = cache, [], [], []` after the
     make()), and have sync() reset a cursor whose cache.length (or any part's offset)
     disagrees with len(tokens)."""
-    from mlxspec import caches
+    from mlxspec.decoding import caches
 
     pair = load_pair("qwen3_next")  # recurrent state: no exact trim back, so the handler resets
     session = Session(pair)
@@ -124,7 +124,7 @@ def test_ctrl_c_in_plain_decoding_keeps_the_cache(load_pair, gamma):
 
         session.controller = Alternating()
     options = {"gamma": gamma}
-    with ctrl_c_at(600) as landed:  # the 600th call inside mlxspec/mlx-lm: in mlxspec.engine, mid-decode
+    with ctrl_c_at(600) as landed:  # the 600th call inside mlxspec/mlx-lm: in mlxspec.decoding.engine, mid-decode
         events = list(mlxspec.stream(pair, prompt + [7, 8], max_tokens=40, session=session, **options))
     assert landed and events[-1].finish_reason == "interrupted"
     assert any(isinstance(e, Round) for e in events)  # past the prefill: in the plain steps
@@ -167,7 +167,7 @@ def test_a_round_mark_does_not_pin_a_cache_lists_kv_part(load_pair):
     import mlx.core as mx
 
     pair = load_pair("falcon_h1")
-    cache = mlxspec.caches.make_cache(pair.target.model)
+    cache = mlxspec.decoding.caches.make_cache(pair.target.model)
     pair.target.model(mx.array([PROMPT]), cache=cache.layers)
     cache.length = len(PROMPT)
     for mark in (cache.mark(), cache.mark(reads=5)):
@@ -183,11 +183,11 @@ def test_a_mark_pins_a_window_only_where_what_follows_may_wrap_it(load_pair):
     import mlx.core as mx
 
     pair = load_pair("gemma3_text")  # window 8
-    cache = mlxspec.caches.make_cache(pair.target.model)
+    cache = mlxspec.decoding.caches.make_cache(pair.target.model)
     pair.target.model(mx.array([PROMPT]), cache=cache.layers)
     cache.length = len(PROMPT)
     assert cache.mark(reads=3).states  # already wrapped
-    fresh = mlxspec.caches.make_cache(pair.target.model)
+    fresh = mlxspec.decoding.caches.make_cache(pair.target.model)
     pair.target.model(mx.array([PROMPT[:2]]), cache=fresh.layers)
     fresh.length = 2
     assert fresh.mark(reads=3).states == {}  # 2 + 3 ids stay inside the window: a trim suffices
@@ -211,7 +211,7 @@ def test_a_block_interrupted_anywhere_rolls_back_exactly_or_not_at_all(load_pair
     session then goes back to a checkpoint, or reads the history again)."""
     import mlx.core as mx
 
-    from mlxspec.caches import CacheRollbackError, Mark
+    from mlxspec.decoding.caches import CacheRollbackError, Mark
     from tests.conftest import ctrl_c_at
 
     model = load_pair(arch).target.model

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from mlxspec.decoding.sampling import SamplingParams, sample, warp
 from mlxspec.errors import InvalidOption
-from mlxspec.sampling import SamplingParams, sample, warp
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 LOGITS = mx.array([math.log(p) for p in PROBS])

@@ -22,7 +22,7 @@ import pytest
 
 import mlxspec
 from mlxspec.generation import apply_template, encode_messages
-from mlxspec.synthetic import CHATML_TEMPLATE
+from mlxspec.models.synthetic import CHATML_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 90  # importing MLX and loading a pair on a loaded 2-core machine

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 import mlxspec
 from mlxspec import Done, Prefill, Round
-from mlxspec.caches import CacheOptions
+from mlxspec.decoding.caches import CacheOptions
 from mlxspec.generation import Session
 from tests.conftest import ARCH_SETTINGS, ctrl_c_at, emitted_ids, fresh_standard
 from tests.heads import fresh_head_drafts, make_head
@@ -374,7 +374,7 @@ def by_length_alone(cursor, prefix):
 @pytest.mark.parametrize("name", ["RotatingKVCache", "RotatingKVCache kept"])
 def test_the_walk_finds_a_stale_checkpoint(load_pair, monkeypatch, name):
     """The negative control: with checkpoints restored by length alone, the walk fails."""
-    from mlxspec.cursor import Cursor
+    from mlxspec.decoding.cursor import Cursor
 
     monkeypatch.setattr(Cursor, "_checkpoint_within", by_length_alone)
     # fixed draft lengths in place of auto's timed choices, so that which caches the walk

@@ -2,8 +2,7 @@
 
 import pytest
 
-from mlxspec.stats import Stats
-from mlxspec.theory import (
+from mlxspec.drafting.theory import (
     cost_ratio,
     expected_tokens_by_position,
     expected_tokens_per_round,
@@ -11,6 +10,7 @@ from mlxspec.theory import (
     predicted_speedup_mean,
     predicted_speedup_of,
 )
+from mlxspec.stats import Stats
 
 
 def test_expected_tokens_hand_computed():

@@ -16,8 +16,8 @@ import pytest
 
 import mlxspec
 from mlxspec.generation import encode_messages
+from mlxspec.models.synthetic import IM_END
 from mlxspec.server.schema import ChatBody, template_messages
-from mlxspec.synthetic import IM_END
 from mlxspec.tool_calls import split_tool_calls, tool_format
 from tests import fuzz_targets as fuzz
 
@@ -337,7 +337,7 @@ COMPACT_MAX_TOKENS = 160  # the call's fixed text and its bounded values fit wit
 def random_hermes(factory, tmp_path_factory):
     """An untaught qwen3 with Qwen3's (Hermes) template and markers, and a noisy copy as its
     draft, served: a model as weak as they come."""
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
 
     target = build_tool_model(
         factory.tokenizer_dir,

@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.caches import CacheOptions
-from mlxspec.cursor import Cursor
-from mlxspec.tree import TokenTree
+from mlxspec.decoding.caches import CacheOptions
+from mlxspec.decoding.cursor import Cursor
+from mlxspec.decoding.tree import TokenTree
 from tests.conftest import ARCH_SETTINGS
 
 TREE_FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "phi3", "gemma3_text", "llama_sliding"]

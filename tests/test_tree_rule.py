@@ -12,10 +12,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec import verify
-from mlxspec.sampling import SamplingParams
-from mlxspec.tree import TokenTree
-from mlxspec.verify import acceptance_probability, residual, walk_tree
+from mlxspec.decoding import verify
+from mlxspec.decoding.sampling import SamplingParams
+from mlxspec.decoding.tree import TokenTree
+from mlxspec.decoding.verify import acceptance_probability, residual, walk_tree
 from tests.chisquare import critical_value, goodness_of_fit
 
 

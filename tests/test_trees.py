@@ -130,7 +130,7 @@ def test_tree_rounds_report_their_nodes_and_branches(load_pair):
     rounds = [
         e
         for e in mlxspec.stream(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, tree=8)
-        if isinstance(e, mlxspec.events.Round) and e.nodes
+        if isinstance(e, mlxspec.decoding.events.Round) and e.nodes
     ]
     assert rounds and all(1 <= len(r.drafted) <= 4 and r.accepted <= 3 for r in rounds)
     assert any(r.branches for r in rounds) and all(r.nodes <= 8 for r in rounds)

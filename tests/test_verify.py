@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.verify import acceptance_probability, greedy_sample, residual, speculative_sample
+from mlxspec.decoding.verify import acceptance_probability, greedy_sample, residual, speculative_sample
 
 THE, A, MANY = 0, 1, 2
 P = [0.6, 0.1, 0.3]  # target

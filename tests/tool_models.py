@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlxspec import synthetic
+from mlxspec.models import synthetic
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 

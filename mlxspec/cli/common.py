@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from .. import ranks
+from ..distributed import ranks
 from ..errors import InvalidOption
-from ..loading import Reporter
+from ..models.loading import Reporter
 from .options import Models
 
 err = Console(stderr=True, highlight=False)
@@ -78,7 +78,7 @@ def lenient_stdin() -> None:
 def bundled_by_name(message: str) -> str:
     """A step's words with a bundled model named as the presets name it (bundled:tiny-target),
     not by its folder deep inside the installed package."""
-    from ..presets import ASSETS
+    from ..models.presets import ASSETS
 
     return message.replace(f"{ASSETS}/", "bundled:")
 
@@ -97,7 +97,7 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
 
     Under mlx.launch with --shard, only rank 0 returns: the other ranks run their share of
     the target as rank 0 asks, and exit when it is done (pairs.load_pair)."""
-    from ..pairs import NGRAM, compatible_drafts, load_pair
+    from ..models.pairs import NGRAM, compatible_drafts, load_pair
 
     check_launch(models)
     reporter = ConsoleReporter() if ranks.is_main() else Reporter()
@@ -138,7 +138,7 @@ def check_launch(models: Models) -> None:
     """--shard and mlx.launch go together; a window's rollback cannot be mirrored by trimming."""
     if models.shard is None:
         if ranks.launched():
-            from ..distributed import group_size
+            from ..distributed.split import group_size
 
             if group_size() > 1:
                 raise InvalidOption(

@@ -36,8 +36,8 @@ def generate(
     Example: mlxspec generate "Explain KV caches in two sentences." --pair qwen3-14b
     """
     from .. import generation
-    from ..events import Done, Prefill, Round
-    from ..presets import shown_name
+    from ..decoding.events import Done, Prefill, Round
+    from ..models.presets import shown_name
     from ..views.progress import reading, spinner_after
     from ..views.summary import estimated_speedup, plain_words, stats_line
 
@@ -58,7 +58,7 @@ def generate(
     pair = load(models, speculative=options.speculative)
     session = generation.Session(pair, cache_options=models.cache_options())
     if cached:
-        from .. import prompt_cache
+        from ..prompt_cache import store as prompt_cache
 
         prompt_cache.restore(cached, session)
         prompt = prompt_cache.prompt_ids(cached, pair, prompt, think=options.think)
@@ -113,7 +113,7 @@ def read_prompt_cache(path: str | None, options: Options):
     the one the prompt follows."""
     if path is None:
         return None
-    from .. import prompt_cache
+    from ..prompt_cache import store as prompt_cache
 
     cached = prompt_cache.read(path)
     if options.system is not None and options.system != cached.system:

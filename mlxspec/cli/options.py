@@ -33,12 +33,12 @@ class Models:
     def __post_init__(self):
         check_cache_options(self.max_kv_size, self.kv_bits)  # before anything loads
         if self.pair:
-            from ..presets import find_preset  # a small TOML file: an unknown name fails at once
+            from ..models.presets import find_preset  # a small TOML file: an unknown name fails at once
 
             find_preset(self.pair)
 
     def cache_options(self):
-        from ..caches import CacheOptions  # MLX: loaded by the command, not by --help
+        from ..decoding.caches import CacheOptions  # MLX: loaded by the command, not by --help
 
         return CacheOptions(max_kv_size=self.max_kv_size, kv_bits=self.kv_bits)
 
@@ -369,7 +369,7 @@ def _build_grammar(values: dict):
 
 
 def _read_text(path: str, option: str) -> str:
-    from ..prompts import read_text_file
+    from ..measure.prompts import read_text_file
 
     return read_text_file(path, option)
 

@@ -24,10 +24,10 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
-from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
+from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
+from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.sampling import SamplingParams, constrain
 from ..grammar import Matcher
-from ..sampling import SamplingParams, constrain
-from .base import Drafts, TreeDrafts
 from .eagle3_head import Eagle3Head
 from .model import grammar_reads, stack_drafts
 from .sampling import confidence_of, pick
@@ -166,7 +166,7 @@ class Eagle3Drafter:
         then `width` children for each of the `width` surest frontier nodes per level, each
         level read in one forward of the head over its cache, each node attending to the
         context and its own ancestors. None when there is nothing to draft from."""
-        from ..tree_attention import TreeLayout
+        from ..decoding.tree_attention import TreeLayout
         from .tree_growth import grow_tree
 
         self._align()

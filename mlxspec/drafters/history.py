@@ -76,8 +76,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decoding.tree import TokenTree
 from ..errors import DamagedHistory
-from ..tree import TokenTree
 
 END = -1  # opens every document in the ring: no match reads back past it, no continuation on
 DEFAULT_LIMIT_TOKENS = 1 << 20  # 46 MB per namespace (footprint())
@@ -687,7 +687,7 @@ def namespace_of(api_key: str | None) -> str:
 
 
 def history_folder() -> Path:
-    from ..disk import cache_root
+    from ..models.disk import cache_root
 
     return cache_root() / "history"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..cursor import TOKEN, Cursor
+from ..decoding.cursor import TOKEN, Cursor
+from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.sampling import SamplingParams, constrain
 from ..grammar import Matcher
-from ..sampling import SamplingParams, constrain
-from .base import Drafts, TreeDrafts
 from .sampling import confidence_of, pick
 
 
@@ -98,7 +98,7 @@ class ModelDrafter(Cursor):
         levels' branches would push out context a node still sees. There each level goes
         back to the round's mark (`state`) and reads the pending ids and the whole tree so
         far again, in one block, as the target reads its tree."""
-        from .. import tree_attention
+        from ..decoding import tree_attention
         from .tree_growth import grow_tree
 
         mark, pending = state

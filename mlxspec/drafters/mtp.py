@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import capture
+from ..decoding import capture
 from . import MTP
 from .eagle3 import Eagle3Drafter
 
@@ -32,7 +32,7 @@ def load_mtp(target):
     import mlx.core as mx
 
     from ..errors import IncompatibleHead
-    from ..loading import LoadedModel
+    from ..models.loading import LoadedModel
     from .mtp_head import CONVERTED_FILE, HIDDEN_AFTER_NORM, head_tensor_name, load_head, nextn_index, tensor_files
 
     if getattr(target, "shard", None) is not None:

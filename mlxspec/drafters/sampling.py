@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams, sample, warp
+from ..decoding.sampling import SamplingParams, sample, warp
 
 
 def pick(logits: mx.array, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:

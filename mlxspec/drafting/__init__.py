@@ -2,9 +2,9 @@
 model or prompt lookup, with an optional early stop. Pure Python (no MLX): policies see the
 plain numbers of each round's outcome."""
 
+from ..decoding.plan import MODEL, NGRAM, TARGET, Outcome, Plan
 from ..drafters.lookup import NGramIndex, PromptLookup
 from .controller import Controller, ControllerConfig
-from .plan import MODEL, NGRAM, TARGET, Outcome, Plan
 from .policy import AUTO, Auto, Policy
 
 __all__ = [

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..decoding.plan import NGRAM, Outcome, Plan
 from ..drafters.lookup import PromptLookup
 from .controller import Controller
-from .plan import NGRAM, Outcome, Plan
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
 LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins

@@ -24,12 +24,12 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from ..decoding.events import Done, Round
 from ..drafters.history import DEFAULT_NAMESPACE, namespace_of
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
-from ..events import Done, Round
 from ..generation import check_drafting, fit_context
 from ..grammar import check_spec
-from ..loading import looks_like_path
+from ..models.loading import looks_like_path
 from ..options import Options
 from ..tool_calls import ToolCallSplitter, split_tool_calls, tool_format
 from . import anthropic, encode, schema

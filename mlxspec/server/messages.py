@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from ..decoding.events import Done, Prefill, Round
 from ..errors import MlxspecError
-from ..events import Done, Prefill, Round
 from ..tool_calls import ToolCallSplitter
 from . import anthropic, encode, schema
 from .anthropic import Blocks, Reply

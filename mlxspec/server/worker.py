@@ -30,8 +30,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..decoding.events import Done
 from ..errors import MlxspecError
-from ..events import Done
 from ..options import Options
 
 # A template may render the end of the previous prompt differently once the reply follows it

@@ -16,9 +16,9 @@ CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
 
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
-    from ..loading import folder_bytes, local_copy
-    from ..pairs import MTP_DRAFT, machine_memory
-    from ..presets import load_presets, resolve_name
+    from ..models.loading import folder_bytes, local_copy
+    from ..models.pairs import MTP_DRAFT, machine_memory
+    from ..models.presets import load_presets, resolve_name
 
     memory = machine_memory()
     rows = []
@@ -54,8 +54,8 @@ def copy_kind(name: str) -> str:
     """What kind of copy a preset's model name has on disk: hub (the Hugging Face cache's
     snapshot), import (a GGUF file's, or a registry package's, converted folder), bundled
     (shipped in the package) or folder."""
-    from ..loading import looks_like_path
-    from ..registry import is_registry_name
+    from ..models.loading import looks_like_path
+    from ..models.wheels import is_registry_name
 
     if name.startswith("bundled:"):
         return "bundled"

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .. import sides as model
+from ..measure import sides as model
 from .bench import doubtful
 from .summary import SEPARATOR, PartsLine, alpha_part, counted, position_part
 from .tokens import fate_text, legend

