@@ -18,7 +18,7 @@ _EXPORTS = {
     "CacheOptions": "decoding.caches",
     "GenerationResult": "generation",
     "Options": "options",
-    "SamplingParams": "options",
+    "SamplingParams": "decoding.sampling",
     "GrammarSpec": "grammar",
     "Prefill": "decoding.events",
     "Round": "decoding.events",

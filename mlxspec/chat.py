@@ -27,13 +27,13 @@ from pathlib import Path
 from .decoding.caches import CacheOptions
 from .decoding.events import ContextTrimmed, Done, Prefill, Round
 from .errors import InvalidOption, PromptTooLong
-from .generation import Session, check_drafting, check_text, stream
+from .generation import Session, check_drafting, stream
 from .models.pairs import Pair
 from .models.presets import shown_name
 from .models.templates import render
 from .options import Options
 from .stats import Stats
-from .text import opens_thinking
+from .text import check_text, opens_thinking
 from .tool_calls import split_tool_calls, tool_format
 
 # A conversation samples by default, as chat front ends do.

@@ -24,15 +24,16 @@ from .decoding.events import Done, Prefill, Round
 from .drafters import HEAD_KINDS, MTP
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
+from .drafters.lookup import PromptLookup
 from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
-from .drafting import Controller, ControllerConfig, Policy, PromptLookup
-from .errors import InvalidOption, PromptTooLong
+from .drafting import Controller, ControllerConfig, Policy
+from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
-from .models.pairs import Pair
+from .models.pairs import Pair, fit_context
 from .options import Options
 from .stats import Stats
-from .text import StopFilter, TextStream
+from .text import StopFilter, TextStream, check_text
 
 Event = Prefill | Round | Done
 SESSION_HISTORY_TOKENS = 1 << 18  # a session's own history index: a long chat's worth (11 MB at most)
@@ -247,16 +248,6 @@ def stream(
     return events
 
 
-def check_text(text: str | None, what: str) -> None:
-    """Refuse text that is not Unicode a tokenizer can read: a lone surrogate (from bytes
-    that were not UTF-8 on the command line) makes the tokenizer raise a TypeError."""
-    if isinstance(text, str):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidOption(f"{what} is not valid UTF-8 text (at character {e.start})") from None
-
-
 def _stream(
     pair: Pair, prompt: str | Sequence[int], options: Options, session: Session | None, namespace: str
 ) -> Iterator[Event]:
@@ -354,18 +345,6 @@ def _check_ids(pair: Pair, ids: list[int]) -> None:
     bad = [t for t in ids if not 0 <= t < pair.target.width]
     if bad:
         raise InvalidOption(f"token id {bad[0]} is outside the target's vocabulary (0..{pair.target.width - 1})")
-
-
-def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]:
-    """The tokens a prompt leaves room for, and the finish reason at that limit ("length", or
-    "context" where the context ends first); a prompt that fills the context is refused."""
-    context = pair.target.context_length
-    if context is None:
-        return max_tokens, "length"
-    if prompt_len >= context:
-        raise PromptTooLong(f"the prompt has {prompt_len} tokens and {pair.target.label} reads at most {context}")
-    room = context - prompt_len
-    return (max_tokens, "length") if max_tokens <= room else (room, "context")
 
 
 def generate(

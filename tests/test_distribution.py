@@ -26,9 +26,11 @@ from mlxspec.decoding import engine, verify
 from mlxspec.decoding.caches import ModelCache
 from mlxspec.decoding.events import Round
 from mlxspec.decoding.sampling import SamplingParams, warp
-from mlxspec.drafting import AUTO, NGramIndex, Policy, PromptLookup
+from mlxspec.drafters.lookup import NGramIndex, PromptLookup
+from mlxspec.drafting import Policy
 from mlxspec.generation import Session
 from mlxspec.models.synthetic import ARCHITECTURES
+from mlxspec.options import AUTO
 from tests.chisquare import critical_value, goodness_of_fit
 from tests.conftest import primed_for_early_stop
 

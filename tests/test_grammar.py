@@ -19,7 +19,8 @@ import mlxspec
 from mlxspec.decoding import engine
 from mlxspec.decoding.events import Round
 from mlxspec.decoding.sampling import SamplingParams, constrain, warp
-from mlxspec.drafting import Policy, PromptLookup
+from mlxspec.drafters.lookup import PromptLookup
+from mlxspec.drafting import Policy
 from mlxspec.errors import InvalidOption
 from mlxspec.generation import Session
 from mlxspec.grammar import GrammarSpec, Matcher, compile_spec

@@ -66,7 +66,7 @@ class ConsoleReporter(Reporter):
 def lenient_stdin() -> None:
     """Bytes on standard input that are not UTF-8 arrive as lone surrogates, whatever the
     locale (a UTF-8 one decodes strictly and would raise mid-read), so that the text check
-    refuses them in one line (generation.check_text)."""
+    refuses them in one line (text.check_text)."""
     reconfigure = getattr(sys.stdin, "reconfigure", None)
     if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
         try:

@@ -102,7 +102,8 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
 
     Example: mlxspec models download smollm2
     """
-    from ..models.pairs import MTP_DRAFT, check_memory, resolve_first
+    from ..models.memory import check_memory
+    from ..models.pairs import MTP_DRAFT, resolve_first
     from ..models.presets import find_preset
 
     preset = find_preset(name)

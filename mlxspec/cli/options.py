@@ -13,8 +13,9 @@ from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 
+from ..decoding.cache_options import check_cache_options
 from ..errors import InvalidOption
-from ..options import Options, check_cache_options
+from ..options import Options
 
 
 @dataclass(frozen=True)
@@ -369,7 +370,7 @@ def _build_grammar(values: dict):
 
 
 def _read_text(path: str, option: str) -> str:
-    from ..measure.prompts import read_text_file
+    from ..text import read_text_file
 
     return read_text_file(path, option)
 

@@ -32,9 +32,8 @@ from mlx_lm.models import cache as mlx_cache
 
 from ..errors import UnsupportedCache
 
-# checked without MLX (options.py), so that a command refuses them before loading models
-from ..options import KEPT_TOKENS, KV_BITS, KV_GROUP_SIZES  # noqa: F401
-from ..options import check_cache_options as _check_cache_options
+# checked without MLX (cache_options.py), so that a command refuses them before loading models
+from .cache_options import check_cache_options
 
 
 class KeptRotatingKVCache(mlx_cache.RotatingKVCache):
@@ -366,7 +365,7 @@ def make_cache(
     kv_bits, kv_group_size: plain KV layers hold their keys and values quantized from the
         first token (mlx-lm's QuantizedKVCache); windows, states and CacheLists stay as built.
     """
-    _check_cache_options(max_kv_size, kv_bits, kv_group_size)
+    check_cache_options(max_kv_size, kv_bits, kv_group_size)
     layers = [_with_options(layer, kv_bits, kv_group_size) for layer in mlx_cache.make_prompt_cache(model, max_kv_size)]
     return ModelCache(layers, model_name)
 

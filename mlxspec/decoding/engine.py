@@ -21,12 +21,12 @@ from collections.abc import Iterator
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
-from ..drafting import TARGET, Outcome, Policy
 from ..grammar import Matcher
 from .cursor import TOKEN, Cursor
 from .events import Prefill, Round
-from .rounds import pick, run_round, run_tree_round
-from .sampling import SamplingParams, constrain
+from .plan import TARGET, Outcome, Planner
+from .rounds import run_round, run_tree_round
+from .sampling import SamplingParams, constrain, pick
 
 
 def decode(
@@ -34,7 +34,7 @@ def decode(
     drafter: Cursor | None,
     prompt: list[int],
     *,
-    policy: Policy | None,
+    policy: Planner | None,
     params: SamplingParams,
     max_tokens: int,
     eos_ids: frozenset[int],
@@ -70,7 +70,7 @@ def decode(
 
 
 def speculative(
-    target, drafter, *, policy: Policy, params, max_tokens: int, eos_ids, key, grammar: Matcher | None = None
+    target, drafter, *, policy: Planner, params, max_tokens: int, eos_ids, key, grammar: Matcher | None = None
 ) -> Iterator[Round]:
     produced = rounds = 0
     while produced < max_tokens:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..stats import Stats
+from .plan import MODEL
 
 ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
 
@@ -36,7 +37,7 @@ class Round:
     seconds: float  # the whole round, bookkeeping included
     pieces: tuple[str, ...] = ()  # text of each emitted id, once detokenized
     discarded: str = ""  # text of the drafts thrown away (the first rejected one and after)
-    source: str = "model"  # who proposed: "model", "ngram", or "target" (nothing drafted)
+    source: str = MODEL  # who proposed (plan.py): the draft model, lookup, the history, or "target"
     early_stop: bool = False  # the draft stopped short of gamma, unsure of its next id
     # A tree round: `drafted` is the accepted path and, where the walk stopped, the first
     # child tried there; `nodes` all the nodes verified, `branches` the paths not taken.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from .tree import TokenTree
 
@@ -29,7 +30,7 @@ class Plan:
     tree: int = 0  # the draft model proposes a tree of at most this many nodes, `draft` levels deep
     width: int = 0  # in a tree, children drawn per node and nodes expanded per level
     # `--tree auto`: seconds of a round verifying k nodes (k = 0 .. tree), and the drafter's
-    # confidence correction per depth; the round keeps the k that pays best (tree_budget.py)
+    # confidence correction per depth; the round keeps the k that pays best (tree.best_size)
     tree_costs: tuple[float, ...] = ()
     tree_calibration: tuple[float, ...] = ()
 
@@ -61,7 +62,7 @@ class Outcome:
     confidences: tuple[float, ...] | None = None  # the draft's, per proposal (when asked for)
     catch_up_seconds: float = 0.0  # the draft reading heard ids before the round (not in `seconds`)
     nodes: int = 0  # a tree's nodes verified (0: a chain, whose nodes are its drafts)
-    reach_predicted: tuple[float, ...] = ()  # a tree's summed confidence per depth (tree_budget.py)
+    reach_predicted: tuple[float, ...] = ()  # a tree's summed confidence per depth (drafting/tree_budget.py)
     branches: tuple[tuple[int, ...], ...] = ()  # a tree's paths not taken, each from the path's fork
 
     @property
@@ -79,3 +80,13 @@ class Outcome:
     def forwards(self) -> int:
         """The draft model's forward passes: one per proposal, one more when it stopped early."""
         return len(self.drafted) + self.early_stop if self.plan.draft else 0
+
+
+class Planner(Protocol):
+    """What the round loop asks of a drafting policy (drafting/policy.py): the next round's
+    plan, `remaining` ids before max tokens, and how each went."""
+
+    def plan(self, *, remaining: int) -> Plan: ...
+    def observe_prefill(self) -> None: ...
+    def observe_round(self, outcome: Outcome) -> None: ...
+    def observe_plain(self, token: int, seconds: float) -> None: ...

@@ -21,17 +21,15 @@ import time
 
 import mlx.core as mx
 
-from ..drafters.sampling import pick
-from ..drafting import Outcome, Plan
-from ..drafting.tree_budget import best_size
 from ..grammar import Matcher
 from .cursor import TOKEN, Cursor
 from .drafter import Drafter, Drafts, TreeDrafts
-from .sampling import SamplingParams, constrain, warp
-from .tree import TokenTree
+from .plan import Outcome, Plan
+from .sampling import SamplingParams, constrain, pick, warp
+from .tree import TokenTree, best_size
 from .verify import greedy_sample, speculative_sample, walk_tree
 
-__all__ = ["pick", "run_round", "verify"]
+__all__ = ["run_round", "run_tree_round", "verify"]
 
 
 def point_mass_rows(ids: mx.array, width: int) -> mx.array:

@@ -14,6 +14,7 @@ the accepted path alone (caches.py), as if that path had been decoded one id at 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -133,3 +134,25 @@ class TokenTree(Tree):
 
 def _drawn_at(drawn: dict[int, tuple[int, bool]], node: int) -> dict:
     return {"drawn": drawn[node][0], "accepted": drawn[node][1]} if node in drawn else {}
+
+
+def best_size(
+    values: Sequence[float],
+    depths: Sequence[int],
+    *,
+    calibration: Sequence[float],
+    costs: Sequence[float],
+    drafting: float,
+) -> int:
+    """Nodes to keep of the ranked candidates (`values`, `depths` of each), given the seconds
+    of a round keeping k of them, `costs[k]` (verify and overhead; k up to len(costs) - 1):
+    the k that maximises E[tau](k) / (drafting + costs[k]), E[tau](k) = 1 + sum_{i<k} c_d(i)
+    v_i with `calibration` c_d by depth (drafting/tree_budget.py says why)."""
+    best, best_rate, expected = 0, 1.0 / (drafting + costs[0]), 1.0
+    for k in range(1, min(len(values), len(costs) - 1) + 1):
+        depth = depths[k - 1]
+        expected += values[k - 1] * (calibration[depth - 1] if depth <= len(calibration) else calibration[-1])
+        rate = expected / (drafting + costs[k])
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best

@@ -26,11 +26,10 @@ import numpy as np
 
 from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..decoding.drafter import Drafts, TreeDrafts
-from ..decoding.sampling import SamplingParams, constrain
+from ..decoding.sampling import SamplingParams, confidence_of, constrain, pick
 from ..grammar import Matcher
 from .eagle3_head import Eagle3Head
 from .model import grammar_reads, stack_drafts
-from .sampling import confidence_of, pick
 
 
 class Eagle3Drafter:

@@ -76,6 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decoding.plan import HISTORY, NGRAM
 from ..decoding.tree import TokenTree
 from ..errors import DamagedHistory
 
@@ -615,7 +616,7 @@ class HistoryDrafter:
         self._prompt: list[int] = []
         self._answer: list[int] = []
         self._context: deque[int] = deque(maxlen=self.max_match)
-        self.source = "ngram"  # where the latest proposal came from: the request's own text, or "history"
+        self.source = NGRAM  # where the latest proposal came from: the request's own text, or "history"
 
     def begin(self, prompt: Iterable[int]) -> HistoryDrafter:
         shape = self.history
@@ -649,7 +650,7 @@ class HistoryDrafter:
             with self._lock:
                 shared = self.history.propose(context, source="history", **options)
         found = local if shared is None or (local is not None and local.score >= shared.score) else shared
-        self.source = "history" if found is shared and found is not None else "ngram"
+        self.source = HISTORY if found is shared and found is not None else NGRAM
         return found
 
     def propose(self, gamma: int) -> tuple[int, ...]:
@@ -684,12 +685,6 @@ DEFAULT_NAMESPACE = "default"  # a session's own, or a server's without API keys
 def namespace_of(api_key: str | None) -> str:
     """A namespace for an API key that names nothing of the key: a digest of it."""
     return DEFAULT_NAMESPACE if api_key is None else "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
-
-
-def history_folder() -> Path:
-    from ..models.disk import cache_root
-
-    return cache_root() / "history"
 
 
 class HistoryStore:

@@ -7,9 +7,8 @@ import mlx.core as mx
 
 from ..decoding.cursor import TOKEN, Cursor
 from ..decoding.drafter import Drafts, TreeDrafts
-from ..decoding.sampling import SamplingParams, constrain
+from ..decoding.sampling import SamplingParams, confidence_of, constrain, pick
 from ..grammar import Matcher
-from .sampling import confidence_of, pick
 
 
 class ModelDrafter(Cursor):

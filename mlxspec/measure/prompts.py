@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidOption, MlxspecError
+from ..errors import InvalidOption
+from ..text import read_text_file
 
 _ARTICLE = (
     "The city council voted on Tuesday to convert the old railway depot into a public library "
@@ -82,21 +83,6 @@ def suite(quick: bool = False) -> list[BenchPrompt]:
             seen.add(p.category)
             out.append(p)
     return out
-
-
-def read_text_file(path: str | Path, what: str, error: type[MlxspecError] = InvalidOption) -> str:
-    """A text file a user names (`what`: the option or role), as UTF-8; one line naming it
-    when it is missing, a folder, unreadable or not text (a binary file)."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{what} {path}: no such file") from None
-    except IsADirectoryError:
-        raise error(f"{what} {path} is a folder: give a file") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{what} {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
-    except OSError as e:
-        raise error(f"{what} {path} cannot be read ({e.strerror or e})") from None
 
 
 def load_jsonl(path: str | Path) -> list[BenchPrompt]:

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..decoding.events import Done, Prefill, Round
+from ..decoding.plan import NGRAM
 from ..drafting.theory import cost_ratio, predicted_speedup_of
 from ..stats import Stats
 
@@ -46,7 +47,7 @@ class Side:
                 if piece:
                     self.segments.append((piece, fate))
             self.tokens += event.emitted
-            if event.source == "ngram":
+            if event.source == NGRAM:
                 self.lookup_accepted += event.accepted
             self.samples.append((len(event.emitted), event.seconds))
         elif isinstance(event, Done):

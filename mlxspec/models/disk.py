@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import NotOnDisk
+from .paths import cache_root
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,6 @@ class Stored:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "path": str(self.path)}
-
-
-def cache_root() -> Path:
-    from .gguf import cache_root as root
-
-    return root()
 
 
 def tree_bytes(path: Path) -> int:

@@ -1,12 +1,13 @@
-"""Loading a draft head beside its target: found by its config, checked against the target,
-the target's layers tapped for the features it reads."""
+"""Loading a draft head beside its target: an EAGLE-3 head found by its config, or the
+target's own MTP head read from its checkpoint; checked against the target, the target's
+layers (or its final norm) tapped for the features the head reads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..decoding import capture
-from ..drafters import EAGLE3
+from ..drafters import EAGLE3, MTP
 from ..drafters.eagle3_head import check_fits, is_head_folder, load_head, read_config, target_embedding
 from ..errors import IncompatibleHead
 
@@ -46,4 +47,42 @@ def load_eagle3(name: str, path: Path, target):
         width=target.width,
         weight_bytes=weight_bytes,
         kind=EAGLE3,
+    )
+
+
+def load_mtp(target):
+    """A LoadedModel (kind "mtp") for the MTP head in `target`'s own checkpoint (a
+    LoadedModel); taps the target's final norm for the hidden state the head reads."""
+    import mlx.core as mx
+
+    from ..drafters.mtp_head import (
+        CONVERTED_FILE,
+        HIDDEN_AFTER_NORM,
+        head_tensor_name,
+        load_head,
+        nextn_index,
+        tensor_files,
+    )
+    from .loading import LoadedModel
+
+    if getattr(target, "shard", None) is not None:
+        raise IncompatibleHead(
+            "an MTP head reads the target's hidden states, which a target split across ranks "
+            "does not bring back to rank 0: run it in one process"
+        )
+    dtype = mx.float32 if mx.default_device() == mx.cpu else None
+    head = load_head(Path(target.path), target.model, target.config, name=target.name, dtype=dtype)
+    capture.install_final(target.model, after_norm=HIDDEN_AFTER_NORM)
+    nextn = nextn_index(target.config)
+    files = {f for name, f in tensor_files(Path(target.path)).items() if head_tensor_name(name, nextn) is not None}
+    files |= {Path(target.path) / CONVERTED_FILE} if (Path(target.path) / CONVERTED_FILE).exists() else set()
+    return LoadedModel(
+        name=f"{target.label} MTP head",
+        path=Path(target.path),
+        model=head,
+        tokenizer=target.tokenizer,
+        config={"family": target.config.get("model_type")},
+        width=target.width,
+        weight_bytes=sum(f.stat().st_size for f in files if f.exists()),
+        kind=MTP,
     )

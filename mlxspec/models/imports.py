@@ -10,8 +10,8 @@ from ..errors import ModelNotFound
 def find_import(name: str) -> Path:
     """The folder for `name`: a folder, a folder's name in mlxspec's cache, or the import of a
     GGUF file or registry package (as `auto` imports it)."""
-    from .gguf import cache_root
     from .loading import local_copy
+    from .paths import cache_root
 
     path = Path(name).expanduser()
     if path.is_dir():

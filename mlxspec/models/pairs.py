@@ -11,24 +11,19 @@ the target's distribution.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..distributed import ranks
-from ..errors import IncompatiblePair, InsufficientMemory, InvalidOption, MlxspecError, ModelNotFound
+from ..errors import IncompatiblePair, InvalidOption, MlxspecError, ModelNotFound, PromptTooLong
 from . import backend, loading
 from .loading import LoadedModel
+from .memory import check_memory
 from .presets import resolve_name
 
 ASSETS = Path(__file__).parents[1] / "assets"
 BUNDLED_TARGET = ASSETS / "tiny-target"
 BUNDLED_DRAFT = ASSETS / "tiny-draft"
-
-# Beyond the weights: activations, KV caches of a few thousand tokens, MLX's buffers.
-_OVERHEAD_FRACTION = 0.10
-_OVERHEAD_BYTES = 512 * 2**20
-
 
 NGRAM = "ngram"  # as a draft name: prompt-lookup drafting, no draft model
 MTP_DRAFT = "mtp"  # as a draft name: the target's own multi-token-prediction head
@@ -141,12 +136,10 @@ def load_pair(
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
     if draft_name:
-        from .heads import is_head, load_eagle3
+        from .heads import is_head, load_eagle3, load_mtp
 
         reporter.status(f"Loading draft {draft_name}")
         if own_head:
-            from ..drafters.mtp import load_mtp
-
             draft_model = load_mtp(target_model)
         elif is_head(draft_path):  # a head over the target's own hidden states, its tokenizer the target's
             draft_model = load_eagle3(draft_name, draft_path, target_model)
@@ -246,47 +239,16 @@ def remote_weight_bytes(repo_id: str) -> int | None:
         return None  # unknown repo, no network: resolve() reports those properly
 
 
-def machine_memory() -> int:
-    """Bytes the pair may use: MLXSPEC_MEMORY_LIMIT if set, else the GPU's recommended
-    working set on Apple silicon, else physical memory."""
-    override = os.environ.get("MLXSPEC_MEMORY_LIMIT")
-    if override:
-        return parse_size(override)
-    try:
-        import mlx.core as mx
-
-        info = mx.device_info()
-        for key in ("max_recommended_working_set_size", "memory_size"):
-            if info.get(key):
-                return int(info[key])
-    except Exception:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
-    if not match:
-        raise InvalidOption(f"cannot read memory size {text!r} (e.g. 16GB, 512MB)")
-    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2).upper()]
-    return int(float(match.group(1)) * scale)
-
-
-def estimate_memory(weight_bytes: int) -> int:
-    return int(weight_bytes * (1 + _OVERHEAD_FRACTION)) + _OVERHEAD_BYTES
-
-
-def check_memory(weight_bytes: int, what: str) -> None:
-    need, have = estimate_memory(weight_bytes), machine_memory()
-    if need > have:
-        raise InsufficientMemory(
-            f"{what} needs about {_gib(need)} of memory and this machine allows {_gib(have)}: "
-            "choose smaller (e.g. 4-bit) models"
-        )
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]:
+    """The tokens a prompt leaves room for, and the finish reason at that limit ("length", or
+    "context" where the context ends first); a prompt that fills the context is refused."""
+    context = pair.target.context_length
+    if context is None:
+        return max_tokens, "length"
+    if prompt_len >= context:
+        raise PromptTooLong(f"the prompt has {prompt_len} tokens and {pair.target.label} reads at most {context}")
+    room = context - prompt_len
+    return (max_tokens, "length") if max_tokens <= room else (room, "context")
 
 
 def check_compatible(target_tokenizer, draft_tokenizer) -> None:

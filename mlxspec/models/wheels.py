@@ -40,7 +40,7 @@ def packages(name: str) -> list[str]:
 
 
 def registry_dir() -> Path:
-    from .gguf import cache_root
+    from .paths import cache_root
 
     return cache_root() / "registry"
 
@@ -112,8 +112,8 @@ def canonical(name: str) -> str:
 def recorded_import(name: str, dtype: str) -> Path | None:
     """The import of these packages' GGUF as `dtype` that an earlier run made and kept, its
     wheels and GGUF deleted (`release`); None when there is none."""
-    from .gguf import cache_root
     from .gguf.record import read_manifest
+    from .paths import cache_root
 
     try:
         wanted = canonical(name)

@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import InvalidOption, ModelLoadError
+from ..models.pairs import fit_context
 from ..models.templates import render
+from ..text import check_text
 from . import checks
 
 FORMAT = "mlxspec-prompt-cache/2"  # 2: with the tensors' names and a digest of ids and tensors
@@ -50,8 +52,6 @@ def rendering(pair, text: str, *, system: str | None = None, raw: bool = False) 
     """The start of a prompt that begins with `text`: the chat template's rendering up to the
     end of `text` in the first user message (after the system prompt), or the text itself
     when raw or the model has no template; and its ids."""
-    from ..generation import check_text
-
     check_text(text, "the text to cache")
     check_text(system, "the system prompt")
     tokenizer = pair.tokenizer
@@ -117,8 +117,6 @@ def save(
     measured against the target's context before anything is read, and read a chunk at a
     time (`progress(done, total)` after each; Ctrl-C is taken between chunks)."""
     from mlx_lm.models.cache import save_prompt_cache
-
-    from ..generation import fit_context
 
     _refuse_heads(session)
     pair = session.pair

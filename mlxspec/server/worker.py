@@ -78,7 +78,8 @@ class HistorySettings:
     save_every: int = 64  # requests between saves, when kept
 
     def store(self, *, warn):
-        from ..drafters.history import HistoryStore, history_folder
+        from ..drafters.history import HistoryStore
+        from ..models.paths import history_folder
 
         return HistoryStore(limit_tokens=self.tokens, folder=history_folder() if self.keep else None, warn=warn)
 

@@ -17,7 +17,8 @@ CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
     from ..models.loading import folder_bytes, local_copy
-    from ..models.pairs import MTP_DRAFT, machine_memory
+    from ..models.memory import machine_memory
+    from ..models.pairs import MTP_DRAFT
     from ..models.presets import load_presets, resolve_name
 
     memory = machine_memory()

@@ -12,13 +12,13 @@ each type is stored, `architectures` for the names and llama.cpp's changes to th
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import InsufficientMemory, InvalidOption, MlxspecError, ModelLoadError
+from ..paths import cache_root
 from . import checks
 from . import tensors as conv
 from .architectures import UnsupportedGGUF, architecture, rope_scaling_from_factors, unpermute_rows
@@ -58,13 +58,6 @@ def is_gguf(path: Path) -> bool:
             return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
-
-
-def cache_root() -> Path:
-    """mlxspec's own cache: $MLXSPEC_CACHE, else $XDG_CACHE_HOME/mlxspec, else ~/.cache/mlxspec."""
-    if os.environ.get("MLXSPEC_CACHE"):
-        return Path(os.environ["MLXSPEC_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "mlxspec"
 
 
 def default_dtype() -> str:
@@ -230,7 +223,7 @@ def _plan(tensor, dtype: str) -> conv.Plan:
 def _check_room(reader, plans: dict, folder: Path, dtype: str) -> int:
     """Refuse a conversion that would not fit on disk or in memory; returns the bytes of
     tensors to convert (for progress)."""
-    from ..pairs import _gib, machine_memory
+    from ..memory import gib, machine_memory
 
     need = sum(plans[t.name].output_bytes(int(t.n_elements)) for t in reader.tensors)
     where = folder.parent
@@ -239,14 +232,14 @@ def _check_room(reader, plans: dict, folder: Path, dtype: str) -> int:
     free = shutil.disk_usage(where).free
     if need * 1.02 > free:
         raise InsufficientMemory(
-            f"importing as {dtype} needs about {_gib(need)} of disk and {where} has {_gib(free)} free: "
+            f"importing as {dtype} needs about {gib(need)} of disk and {where} has {gib(free)} free: "
             "free some space, or choose a smaller --dtype (q4, q8)"
         )
     largest = max(int(t.n_elements) for t in reader.tensors) * 4  # dequantized as float32
     working = min(need, SHARD_BYTES) + 2 * largest
     if working > machine_memory():
         raise InsufficientMemory(
-            f"importing needs about {_gib(working)} of memory and this machine allows {_gib(machine_memory())}"
+            f"importing needs about {gib(working)} of memory and this machine allows {gib(machine_memory())}"
         )
     return sum(int(t.n_bytes) for t in reader.tensors)
 
