@@ -21,12 +21,8 @@ from .decoding.caches import CacheOptions
 from .decoding.cursor import Cursor
 from .decoding.drafter import Drafter
 from .decoding.events import Done, Prefill, Round
-from .drafters import HEAD_KINDS, MTP
-from .drafters.eagle3 import Eagle3Drafter
 from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
 from .drafters.lookup import PromptLookup
-from .drafters.model import ModelDrafter
-from .drafters.mtp import MtpDrafter
 from .drafting import Controller, ControllerConfig, Policy
 from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
@@ -105,25 +101,21 @@ class Session:
 
 
 def make_cursors(pair: Pair, *, cache_options: CacheOptions) -> tuple[Cursor, Drafter | None]:
-    """The target's cursor and the pair's drafter over it: a draft model's own cursor, or a
-    head that reads the target's features (the target's cursor then keeps them)."""
-    width = pair.target.width
-    head = pair.draft is not None and pair.draft.kind in HEAD_KINDS
+    """The target's cursor and the drafter its kind makes over it (models/kinds.py): a draft
+    model's own cursor, or a head that reads the target's features (the target's cursor
+    then keeps them)."""
+    width, kind = pair.target.width, pair.kind
     target = Cursor(
         pair.target.model,
         f"target {pair.target.name}",
         width,
         width,
         cache_options=cache_options,
-        taps=capture.taps_of(pair.target.model) if head else None,
+        taps=capture.taps_of(pair.target.model) if kind is not None and kind.reads_features else None,
     )
-    if pair.draft is None:
+    if kind is None:
         return target, None
-    name = f"draft {pair.draft.name}"
-    if head:
-        drafter = MtpDrafter if pair.draft.kind == MTP else Eagle3Drafter
-        return target, drafter(pair.draft.model, target, name=name)
-    return target, ModelDrafter(pair.draft.model, name, pair.draft.width, width, cache_options=cache_options)
+    return target, kind.drafter(pair.draft, target, name=f"draft {pair.draft.name}", cache_options=cache_options)
 
 
 def _check_runs(cursor: Cursor, cache_options: CacheOptions) -> None:

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 import mlxspec
 from mlxspec import Done, Prefill, Round
 from mlxspec.decoding.caches import CacheOptions
+from mlxspec.drafters import EAGLE3, MTP
 from mlxspec.generation import Session
 from tests.conftest import ARCH_SETTINGS, ctrl_c_at, emitted_ids, fresh_standard
 from tests.heads import fresh_head_drafts, make_head
@@ -30,7 +31,7 @@ from tests.mtp_models import write_hub_model
 
 def fresh_draft(pair, history, n, options=CacheOptions()) -> list[int]:
     """What a draft that read `history` in one block would propose greedily, `n` ids."""
-    if pair.draft.kind in ("eagle3", "mtp"):
+    if pair.kind.reads_features:
         return fresh_head_drafts(pair, history, n)
     model = pair.draft.model
     cache = options.make(model).layers
@@ -321,7 +322,7 @@ def how_sync_goes(cursor, prompt: list[int]) -> str:
 
 
 def assert_truthful(cursor) -> None:
-    if getattr(cursor, "kind", None) in ("eagle3", "mtp"):
+    if getattr(cursor, "kind", None) in (EAGLE3, MTP):
         # a head follows the target lazily: what it keeps after aligning (as its next use
         # does first) is one row per position of the target's history, no more
         cursor._align()

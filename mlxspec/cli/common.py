@@ -97,19 +97,20 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
 
     Under mlx.launch with --shard, only rank 0 returns: the other ranks run their share of
     the target as rank 0 asks, and exit when it is done (pairs.load_pair)."""
-    from ..models.pairs import NGRAM, compatible_drafts, load_pair
+    from ..drafters import PROMPT_LOOKUP
+    from ..models.pairs import compatible_drafts, load_pair
 
     check_launch(models)
     reporter = ConsoleReporter() if ranks.is_main() else Reporter()
     lookup = speculative and models.target is not None and models.draft is None and not models.pair
     lookup = lookup and not models.no_draft
-    if speculative and models.ngram is False and not models.no_draft and (lookup or models.draft == NGRAM):
+    if speculative and models.ngram is False and not models.no_draft and (lookup or models.draft == PROMPT_LOOKUP):
         raise InvalidOption(
             "--no-ngram leaves nothing to draft with (no draft model): name a --draft, or use --no-draft"
         )
     loaded = load_pair(
         models.target,
-        NGRAM if lookup else models.draft,
+        PROMPT_LOOKUP if lookup else models.draft,
         pair=models.pair,
         no_draft=models.no_draft or not speculative,
         reporter=reporter,

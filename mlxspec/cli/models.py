@@ -102,15 +102,16 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
 
     Example: mlxspec models download smollm2
     """
+    from ..models import kinds
     from ..models.memory import check_memory
-    from ..models.pairs import MTP_DRAFT, resolve_first
+    from ..models.pairs import resolve_first
     from ..models.presets import find_preset
 
     preset = find_preset(name)
     reporter = ConsoleReporter()
     targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
     for role, names in (("target", targets), ("draft", [preset.draft])):
-        if role == "draft" and preset.draft == MTP_DRAFT:
+        if role == "draft" and (own := kinds.named(preset.draft)) is not None and own.in_target:
             err.print(Text("draft: the model's own MTP head, in the target's checkpoint", style="dim"))
             continue
         if Path(names[0]).exists():

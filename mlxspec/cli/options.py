@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional, get_type_hints
 import typer
 
 from ..decoding.cache_options import check_cache_options
+from ..drafters import MTP, PROMPT_LOOKUP
 from ..errors import InvalidOption
 from ..options import Options
 
@@ -72,9 +73,9 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             "-d",
             metavar="MODEL",
             help=(
-                "Draft model sharing the target's tokenizer (same kinds of name); 'ngram' drafts by prompt "
-                "lookup, no model; 'mtp' with the target's own MTP head (Qwen3.5, Qwen3-Next). With a --target "
-                "and no draft: prompt lookup."
+                f"Draft model sharing the target's tokenizer (same kinds of name); '{PROMPT_LOOKUP}' drafts by "
+                f"prompt lookup, no model; '{MTP}' with the target's own MTP head (Qwen3.5, Qwen3-Next). With a "
+                "--target and no draft: prompt lookup."
             ),
             show_default=False,
         ),

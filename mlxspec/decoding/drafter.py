@@ -76,7 +76,7 @@ class TreeDrafts:
 
 class Drafter(Protocol):
     name: str
-    kind: str  # "model", "eagle3"
+    kind: str  # drafters/__init__.py's constants: a draft model, an EAGLE-3 head, an MTP head
 
     def reset(self) -> None: ...
     def sync(self, ids: list[int]) -> int: ...

@@ -28,12 +28,13 @@ from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..decoding.drafter import Drafts, TreeDrafts
 from ..decoding.sampling import SamplingParams, confidence_of, constrain, pick
 from ..grammar import Matcher
+from . import EAGLE3
 from .eagle3_head import Eagle3Head
 from .model import grammar_reads, stack_drafts
 
 
 class Eagle3Drafter:
-    kind = "eagle3"
+    kind = EAGLE3
 
     def __init__(self, head: Eagle3Head, target: Cursor, *, name: str):
         if target.features is None:

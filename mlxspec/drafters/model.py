@@ -9,10 +9,11 @@ from ..decoding.cursor import TOKEN, Cursor
 from ..decoding.drafter import Drafts, TreeDrafts
 from ..decoding.sampling import SamplingParams, confidence_of, constrain, pick
 from ..grammar import Matcher
+from . import DRAFT_MODEL
 
 
 class ModelDrafter(Cursor):
-    kind = "model"
+    kind = DRAFT_MODEL
 
     def begin(self, count: int):
         # the draft reads its pending ids and up to `count` drafts

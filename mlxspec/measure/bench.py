@@ -409,7 +409,7 @@ def peer_notes(pair: Pair, config: BenchConfig) -> list[str]:
     if config.peers and pair.draft is None:
         config.peers = False
         return ["mlx-lm not measured: it has no prompt-lookup drafting to compare with"]
-    if config.peers and pair.draft is not None and pair.draft.kind != "model":
+    if config.peers and pair.kind is not None and pair.kind.reads_features:
         config.peers = False  # mlx-lm drafts with a separate model only
         return [f"mlx-lm not measured: it cannot draft with an {pair.draft.kind} head (only with a separate model)"]
     return []

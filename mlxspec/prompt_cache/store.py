@@ -100,9 +100,9 @@ def _same(model, made: dict) -> bool:
 def _refuse_heads(session) -> None:
     """A head reads the target's hidden states of every cached position, which a file of KV
     caches does not hold."""
-    draft = session.pair.draft
-    if draft is not None and draft.kind != "model":
-        head = draft.label if draft.kind == "mtp" else f"the {draft.kind} head {draft.label}"  # "X MTP head"
+    draft, kind = session.pair.draft, session.pair.kind
+    if kind is not None and kind.reads_features:
+        head = draft.label if kind.in_target else f"the {draft.kind} head {draft.label}"  # "X MTP head"
         raise InvalidOption(
             f"prompt-cache files hold KV caches, not the hidden states {head} reads: "
             "use them with a draft model, prompt lookup or --no-draft"

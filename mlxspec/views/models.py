@@ -16,9 +16,9 @@ CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
 
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
+    from ..models import kinds
     from ..models.loading import folder_bytes, local_copy
     from ..models.memory import machine_memory
-    from ..models.pairs import MTP_DRAFT
     from ..models.presets import load_presets, resolve_name
 
     memory = machine_memory()
@@ -35,7 +35,8 @@ def inventory() -> list[dict]:
             "suits": list(preset.suits),
             "description": preset.description,
         }
-        row["mtp_head"] = preset.draft == MTP_DRAFT  # the target's own head: nothing else to fetch
+        own = kinds.named(preset.draft)
+        row["mtp_head"] = own is not None and own.in_target  # the target's own head: nothing else to fetch
         for role, names in (("target", [preset.target, preset.target_fallback]), ("draft", [preset.draft])):
             if role == "draft" and row["mtp_head"]:  # read from the target's own files
                 row.update(draft_downloaded=row["target_downloaded"], draft_on_disk=None, draft_kind=None)
