@@ -33,6 +33,9 @@ class Plan:
     # confidence correction per depth; the round keeps the k that pays best (tree.best_size)
     tree_costs: tuple[float, ...] = ()
     tree_calibration: tuple[float, ...] = ()
+    # and a level is grown only while its frontier may add this many tokens (what a level's
+    # drafting costs, in the round's tokens): deep levels of little promise are not drafted
+    tree_level_gain: float = 0.0
 
     @property
     def gamma(self) -> int:

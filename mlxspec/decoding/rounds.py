@@ -185,6 +185,7 @@ def run_tree_round(
                 key=draft_key,
                 state=draft_state,
                 grammar=grammar,
+                level_gain=plan.tree_level_gain,
             )
         else:
             drafts = TreeDrafts(tree=plan.proposal_tree)

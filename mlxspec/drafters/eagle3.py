@@ -152,6 +152,7 @@ class Eagle3Drafter:
         key: mx.array,
         state=None,
         grammar=None,
+        level_gain: float = 0.0,
     ) -> TreeDrafts | None:
         """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
         (tree_growth.py): the first level from the rows for the target's newest positions,
@@ -198,6 +199,7 @@ class Eagle3Drafter:
             to_target=to_target,
             to_row=self._target_row,
             grammar=grammar,
+            level_gain=level_gain,
         )
 
     def _target_row(self, probs: mx.array | None) -> mx.array | None:

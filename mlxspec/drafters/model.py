@@ -80,6 +80,7 @@ class ModelDrafter(Cursor):
         key: mx.array,
         state,
         grammar=None,
+        level_gain: float = 0.0,
     ) -> TreeDrafts | None:
         """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
         each level's frontier read in one forward, every node at its depth's position seeing
@@ -118,7 +119,15 @@ class ModelDrafter(Cursor):
             return logits[-len(frontier) :]
 
         return grow_tree(
-            first, expand, depth=depth, width=width, budget=budget, params=params, key=key, grammar=grammar
+            first,
+            expand,
+            depth=depth,
+            width=width,
+            budget=budget,
+            params=params,
+            key=key,
+            grammar=grammar,
+            level_gain=level_gain,
         )
 
     def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:

@@ -131,13 +131,15 @@ def grow_tree(
     to_target=None,
     to_row=lambda row: row,
     grammar=None,
+    level_gain: float = 0.0,
 ) -> TreeDrafts | None:
     """Grow a tree from `first` (vocab,), the drafter's logits after the root; `expand(growth,
     frontier)` reads the frontier candidates (marked fed, in order) and returns their logits
     (len(frontier), vocab). `to_target`: the target id of each drafter id (host), None when
     they are the same; `to_row` places a q row on the target's ids. `grammar`
     (grammar.Matcher): each node's children are ids it allows after the node's path (a path
-    it refuses grows nothing)."""
+    it refuses grows nothing). `level_gain`: a level is read only while the frontier it would
+    expand holds at least that much of the drafter's confidence (the tokens it could add)."""
     growth, frontier, rows = Growth(), [-1], first[None]
     keys = None if params.greedy else mx.random.split(key, depth)
     for level in range(depth):
@@ -162,7 +164,7 @@ def grow_tree(
         if level + 1 == depth:
             break
         frontier = growth.frontier(level + 1, width)
-        if not frontier:
+        if not frontier or sum(math.exp(growth.candidates[c].score) for c in frontier) < level_gain:
             break
         growth.feed(frontier)
         rows = expand(growth, frontier)

@@ -17,6 +17,7 @@ TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a 
 LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins
 TREE_WIDTH = 3  # children per node, and nodes expanded per level, in a drafter's tree
 TREE_AUTO_MAX = 32  # the most nodes `--tree auto` verifies in a round
+TREE_EXTRA_DEPTH = 2  # `--tree auto` levels beyond the chain the controller would draft
 TREE_LOOKUP_NODES = 16  # the most nodes of a lookup trie under `--tree auto` (its own budget is its match)
 
 
@@ -73,7 +74,7 @@ class Policy:
         if not self.draft_model or gamma == 0:
             return Plan(timed=timed)  # the target reads and emits one id
         if self.tree:
-            return self._tree_plan(gamma)
+            return self._tree_plan(gamma, remaining=remaining)
         stop_below = (
             self.stop
             if not isinstance(self.stop, Auto)
@@ -104,19 +105,25 @@ class Policy:
         """Where the lookup's latest proposal came from (the history index names it)."""
         return getattr(self.lookup, "source", NGRAM)
 
-    def _tree_plan(self, depth: int) -> Plan:
+    def _tree_plan(self, depth: int, *, remaining: int) -> Plan:
         """A tree `depth` levels deep: a fixed size, or (auto) up to TREE_AUTO_MAX nodes sized
-        each round from this machine's verify costs and the drafter's calibrated confidence."""
+        each round from this machine's verify costs and the drafter's calibrated confidence,
+        and up to TREE_EXTRA_DEPTH levels deeper than the chain the controller would draft
+        (a tree raises each depth's acceptance), each level grown only while it pays."""
         if not isinstance(self.tree, Auto):
             return Plan(draft=depth, tree=self.tree, width=self.tree_width)
-        times = self.controller.times
+        controller, times = self.controller, self.controller.times
+        deeper = max(1, min(depth + TREE_EXTRA_DEPTH, controller.config.max_gamma, remaining - 1))
         costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
+        level, whole = times.draft_step(), times.round_time(depth)
+        gain = level * controller.expected_tokens(depth) / whole if level and whole else 0.0
         return Plan(
-            draft=depth,
+            draft=deeper,
             tree=TREE_AUTO_MAX,
             width=self.tree_width,
             tree_costs=costs if costs[0] > 0 else (),
-            tree_calibration=tuple(self.controller.tree_calibration.factors(depth)),
+            tree_calibration=tuple(controller.tree_calibration.factors(deeper)),
+            tree_level_gain=gain,
         )
 
     def _timed(self, gamma: int) -> bool:
