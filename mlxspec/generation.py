@@ -175,10 +175,14 @@ def options_of(options: Options | None, overrides: dict) -> Options:
     return options.replace(**overrides) if overrides else options
 
 
+def looks_up(pair: Pair, options: Options) -> bool:
+    """Whether prompt lookup proposes: the options say so, else the pair does (--draft ngram)."""
+    return pair.ngram if options.ngram is None else options.ngram
+
+
 def check_drafting(pair: Pair, options: Options) -> None:
     """Refuse speculative options for a pair with nothing to draft with."""
-    ngram = pair.ngram if options.ngram is None else options.ngram
-    if options.speculative and pair.draft is None and not ngram:
+    if options.speculative and pair.draft is None and not looks_up(pair, options):
         raise InvalidOption(
             "speculative decoding needs a draft model or prompt lookup: name a --draft, use --draft ngram, or "
             "--no-draft"
@@ -193,7 +197,7 @@ def drafting_policy(
     if not options.speculative:
         return None
     check_drafting(pair, options)
-    ngram = pair.ngram if options.ngram is None else options.ngram
+    ngram = looks_up(pair, options)
     # beside a draft model only long matches are worth proposing: shorter ones are guesses the model makes better
     min_match = 3 if session.draft is not None else None
     if not ngram:

@@ -165,6 +165,28 @@ def test_the_top_of_the_package_holds_few_modules():
     assert len(top) <= 12, top
 
 
+MOST_POSITIONAL = 6  # beyond this a call reads as a row of values: name them (keyword-only)
+
+
+def many_positional(source: str) -> list[str]:
+    """Functions of `source` taking more than MOST_POSITIONAL positional parameters (self and
+    cls not counted)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            if len(names) > MOST_POSITIONAL:
+                found.append(f"{node.name}:{node.lineno}")
+    return found
+
+
+def test_no_function_takes_more_than_six_positional_parameters():
+    over = [f"{name} {where}" for name, (file, _) in modules().items() for where in many_positional(file.read_text())]
+    assert over == []
+    # the negative control
+    assert many_positional("def f(a, b, c, d, e, g, h): pass\ndef k(a, *, b, c, d, e, g, h): pass") == ["f:1"]
+
+
 def imported_mlx(modules: list[str]) -> list[str]:
     code = (
         "import importlib, pkgutil, sys\n"

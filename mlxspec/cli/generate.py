@@ -50,8 +50,6 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")
-    if models.no_draft:
-        options = options.replace(gamma=0)
     if grammar is not None:
         options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)

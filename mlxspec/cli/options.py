@@ -294,6 +294,15 @@ GRAMMAR_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
 }
 
 
+def decide_drafting(values: dict) -> None:
+    """Draft or not, decided once, where a command's options are built (by whichever of
+    @model_options and @decoding_options builds second): --no-draft is --gamma 0, so what
+    follows (the load, the engine, the server's defaults) reads `options.speculative` alone."""
+    models, options = values.get("models"), values.get("options")
+    if isinstance(models, Models) and isinstance(options, Options) and models.no_draft:
+        values["options"] = options.replace(gamma=0)
+
+
 def _inject(
     fn: Callable, target: str, declared: dict, defaults: dict, build: Callable[[dict], Any], exclude=()
 ) -> Callable:
@@ -319,6 +328,7 @@ def _inject(
     def command(**values):
         mine = {name: values.pop(name) for name in names}
         values[target] = build(mine)
+        decide_drafting(values)
         return fn(**values)
 
     params = [p for p in own if p.name != target] + added

@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from ..grammar import Matcher
+from .carry import Carry
 from .cursor import TOKEN, Cursor
 from .events import Prefill, Round
 from .plan import TARGET, Outcome, Planner
@@ -45,47 +46,24 @@ def decode(
     "length"). `policy` None: standard decoding, the target alone, through the same sampler.
     `grammar`: every id is drawn from logits it masks, in both (grammar.py)."""
     target.keep_features = policy is not None  # only a drafter reads them
+    carry = Carry(params=params, eos_ids=eos_ids, key=key, grammar=grammar)
     # mlx-lm's generation stream: on Metal, work queued here overlaps the host's.
     with mx.stream(generation_stream):
         yield prefill(target, drafter if policy else None, prompt)
         if policy is None:
-            return (
-                yield from standard(
-                    target, params=params, max_tokens=max_tokens, eos_ids=eos_ids, key=key, grammar=grammar
-                )
-            )
+            return (yield from standard(target, carry, max_tokens=max_tokens))
         policy.observe_prefill()
-        return (
-            yield from speculative(
-                target,
-                drafter,
-                policy=policy,
-                params=params,
-                max_tokens=max_tokens,
-                eos_ids=eos_ids,
-                key=key,
-                grammar=grammar,
-            )
-        )
+        return (yield from speculative(target, drafter, carry, policy=policy, max_tokens=max_tokens))
 
 
-def speculative(
-    target, drafter, *, policy: Planner, params, max_tokens: int, eos_ids, key, grammar: Matcher | None = None
-) -> Iterator[Round]:
+def speculative(target, drafter, carry: Carry, *, policy: Planner, max_tokens: int) -> Iterator[Round]:
     produced = rounds = 0
+    eos_ids = carry.eos_ids
     while produced < max_tokens:
-        key, round_key = mx.random.split(key)
+        carry, this_round = carry.split()
         plan = policy.plan(remaining=max_tokens - produced)
         if plan.plain:  # plain decoding wins for now: a pipelined stretch
-            for event in standard(
-                target,
-                params=params,
-                max_tokens=plan.plain,
-                eos_ids=eos_ids,
-                key=round_key,
-                index=rounds,
-                grammar=grammar,
-            ):
+            for event in standard(target, this_round, max_tokens=plan.plain, index=rounds):
                 policy.observe_plain(event.emitted[0], event.seconds)
                 if drafter is not None:
                     drafter.hear(event.emitted)
@@ -95,11 +73,9 @@ def speculative(
                     return "eos"
             continue
         if plan.reads_tree:
-            outcome = run_tree_round(
-                target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar
-            )
+            outcome = run_tree_round(target, drafter, plan, this_round)
         else:
-            outcome = run_round(target, drafter, plan, params=params, key=round_key, eos_ids=eos_ids, grammar=grammar)
+            outcome = run_round(target, drafter, plan, this_round)
         policy.observe_round(outcome)
         produced += len(outcome.emitted)
         yield round_event(outcome, index=rounds)
@@ -136,82 +112,113 @@ def prefill(target: Cursor, drafter: Cursor | None, prompt: list[int]) -> Prefil
     return Prefill(len(prompt), len(prompt) - reused, time.perf_counter() - start)
 
 
-def standard(
-    target: Cursor,
-    *,
-    params: SamplingParams,
-    max_tokens: int,
-    eos_ids: frozenset[int],
-    key: mx.array,
-    index: int = 0,
-    grammar: Matcher | None = None,
-) -> Iterator[Round]:
+def standard(target: Cursor, carry: Carry, *, max_tokens: int, index: int = 0) -> Iterator[Round]:
     """The target alone, through the same sampling code; returns "eos" or "length".
     Pipelined as mlx-lm's generate_step is: the step for token t+1 is queued before token t
     is read, so the host's graph building overlaps the device's work and the baseline is as
-    fast as plain mlx-lm. Under a grammar the forward for t+1 is queued before token t is
-    read, and only the draw waits for the mask, which the host computes meanwhile."""
+    fast as plain mlx-lm. Under a grammar (constrained) only the forward for t+1 is queued
+    before token t is read: the draw waits for the mask, which the host computes meanwhile."""
+    steps = plain if carry.grammar is None else constrained
+    return (yield from steps(target, carry, max_tokens=max_tokens, index=index))
 
-    def forward(inputs: mx.array) -> mx.array:
-        logits = target.forward(inputs)[-1]
-        if grammar is not None:
-            mx.async_eval(logits)
-        return logits
 
-    def draw(logits: mx.array, step_key: mx.array) -> mx.array:
-        allowed = grammar.allowed() if grammar is not None else None
-        return pick(constrain(logits, allowed), params, step_key)[0].astype(TOKEN)
+def plain(target: Cursor, carry: Carry, *, max_tokens: int, index: int = 0) -> Iterator[Round]:
+    keys = _keys(carry.key)
+    params = carry.params
 
-    def step(inputs: mx.array, step_key: mx.array) -> mx.array:
-        return draw(forward(inputs), step_key)
-
-    def next_key():
-        nonlocal key
-        key, sub = mx.random.split(key)
-        return sub
+    def step(inputs: mx.array) -> mx.array:
+        return pick(target.forward(inputs)[-1], params, next(keys))[0].astype(TOKEN)
 
     history = target.history  # plus each id read back: what the cache holds or will read
-    with target.atomic(history):
-        fed = list(target.pending)
-        target.pending = []
-        y = step(mx.array(fed, dtype=TOKEN), next_key())
-        mx.async_eval(y)
-        target.tokens += fed
+    y = _first(target, history, step)
     for produced in range(1, max_tokens + 1):
         start = time.perf_counter()
         queued = produced < max_tokens
         with target.atomic(history):
-            if queued and grammar is None:
-                following = step(y[None], next_key())
-                mx.async_eval(following)
-            elif queued:
-                logits, following_key = forward(y[None]), next_key()
-            token = y.item()
-            if grammar is not None:
-                grammar.consume(token)
-                grammar.forget_below(grammar.depth)
-                if queued and token not in eos_ids:  # after the end the grammar allows nothing
-                    following = draw(logits, following_key)
-                    mx.async_eval(following)
-            history.append(token)
             if queued:
-                target.tokens.append(token)
-            else:
-                target.pending = [token]
-        seconds = time.perf_counter() - start
-        yield Round(
-            index=index + produced - 1,
-            gamma=0,
-            drafted=(),
-            accepted=0,
-            emitted=(token,),
-            draft_seconds=None,
-            verify_seconds=None,
-            seconds=seconds,
-            source=TARGET,
-        )
-        if token in eos_ids:
+                following = step(y[None])
+                mx.async_eval(following)
+            token = y.item()
+            _keep(target, history, token, queued=queued)
+        yield _plain_round(index + produced - 1, token, time.perf_counter() - start)
+        if token in carry.eos_ids:
             return "eos"
         if queued:
             y = following
     return "length"
+
+
+def constrained(target: Cursor, carry: Carry, *, max_tokens: int, index: int = 0) -> Iterator[Round]:
+    keys, grammar = _keys(carry.key), carry.grammar
+    params = carry.params
+
+    def forward(inputs: mx.array) -> mx.array:
+        logits = target.forward(inputs)[-1]
+        mx.async_eval(logits)  # the device runs it while the host computes the mask
+        return logits
+
+    def draw(logits: mx.array, step_key: mx.array) -> mx.array:
+        return pick(constrain(logits, grammar.allowed()), params, step_key)[0].astype(TOKEN)
+
+    history = target.history
+    y = _first(target, history, lambda inputs: draw(forward(inputs), next(keys)))
+    for produced in range(1, max_tokens + 1):
+        start = time.perf_counter()
+        queued = produced < max_tokens
+        with target.atomic(history):
+            if queued:
+                logits, following_key = forward(y[None]), next(keys)
+            token = y.item()
+            grammar.consume(token)
+            grammar.forget_below(grammar.depth)
+            if queued and token not in carry.eos_ids:  # after the end the grammar allows nothing
+                following = draw(logits, following_key)
+                mx.async_eval(following)
+            _keep(target, history, token, queued=queued)
+        yield _plain_round(index + produced - 1, token, time.perf_counter() - start)
+        if token in carry.eos_ids:
+            return "eos"
+        if queued:
+            y = following
+    return "length"
+
+
+def _keys(key: mx.array) -> Iterator[mx.array]:
+    """One key per step, split off the last: key, sub = split(key), again and again."""
+    while True:
+        key, sub = mx.random.split(key)
+        yield sub
+
+
+def _first(target: Cursor, history: list[int], step) -> mx.array:
+    """The target reads its pending ids; the first id is queued."""
+    with target.atomic(history):
+        fed = list(target.pending)
+        target.pending = []
+        y = step(mx.array(fed, dtype=TOKEN))
+        mx.async_eval(y)
+        target.tokens += fed
+    return y
+
+
+def _keep(target: Cursor, history: list[int], token: int, *, queued: bool) -> None:
+    """An id read back: in the history; read by the target already (queued) or still pending."""
+    history.append(token)
+    if queued:
+        target.tokens.append(token)
+    else:
+        target.pending = [token]
+
+
+def _plain_round(index: int, token: int, seconds: float) -> Round:
+    return Round(
+        index=index,
+        gamma=0,
+        drafted=(),
+        accepted=0,
+        emitted=(token,),
+        draft_seconds=None,
+        verify_seconds=None,
+        seconds=seconds,
+        source=TARGET,
+    )

@@ -22,6 +22,7 @@ import time
 import mlx.core as mx
 
 from ..grammar import Matcher
+from .carry import Carry
 from .cursor import TOKEN, Cursor
 from .drafter import Drafter, Drafts, TreeDrafts
 from .plan import Outcome, Plan
@@ -64,19 +65,11 @@ def verify(
     return speculative_sample(drafted, draft_probs, warp(logits, params), key)
 
 
-def run_round(
-    target: Cursor,
-    drafter: Drafter | None,
-    plan: Plan,
-    *,
-    params: SamplingParams,
-    key: mx.array,
-    eos_ids: frozenset[int],
-    grammar: Matcher | None = None,
-) -> Outcome:
+def run_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: Carry) -> Outcome:
     """One propose-verify-rewind round. The drafter proposes when the plan says so; a
     prompt-lookup proposal is verified as point masses, and the drafter only hears what was
     emitted. On any exception both sides (and the grammar) are left as before the round."""
+    params, key, eos_ids, grammar = carry.params, carry.key, carry.eos_ids, carry.grammar
     use_model = plan.draft > 0 and drafter is not None
     caught_up = drafter.catch_up_if_behind() if use_model else 0.0
     start = time.perf_counter()
@@ -151,21 +144,13 @@ def run_round(
     )
 
 
-def run_tree_round(
-    target: Cursor,
-    drafter: Drafter | None,
-    plan: Plan,
-    *,
-    params: SamplingParams,
-    key: mx.array,
-    eos_ids: frozenset[int],
-    grammar: Matcher | None = None,
-) -> Outcome:
+def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: Carry) -> Outcome:
     """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes (or
     prompt lookup's trie is taken as it is), the target reads it in one forward (each node
     at its depth, seeing its ancestors), the rule walks it from the root (verify.py), and
     both sides keep the accepted path alone; a drafter that did not propose hears what was
     emitted. On any exception both sides are left as before the round."""
+    params, key, eos_ids, grammar = carry.params, carry.key, carry.eos_ids, carry.grammar
     grows = plan.proposal_tree is None
     caught_up = drafter.catch_up_if_behind() if grows else 0.0
     start = time.perf_counter()

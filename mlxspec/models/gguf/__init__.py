@@ -143,7 +143,9 @@ def import_gguf(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        quantized = _write_weights(reader, arch, meta, config, plans, partial, total, on_progress)
+        quantized = _write_weights(
+            reader, arch, meta, config, plans=plans, folder=partial, total=total, on_progress=on_progress
+        )
         config.update(tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors))
         config["eos_token_id"] = tokenizer.eos_ids
         if tokenizer.bos_id is not None:
@@ -245,7 +247,7 @@ def _check_room(reader, plans: dict, folder: Path, dtype: str) -> int:
 
 
 def _write_weights(
-    reader, arch, meta: dict, config: dict, plans: dict, folder: Path, total: int, on_progress
+    reader, arch, meta: dict, config: dict, *, plans: dict, folder: Path, total: int, on_progress
 ) -> set[int]:
     """Convert every tensor, in shards of at most SHARD_BYTES; returns the bit widths used."""
     import mlx.core as mx
