@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
-    from tests import real_models
+    from tests.support import real_models
 
     target = str(real_models.folder(real_models.SMOLLM2))
     pairs = {
