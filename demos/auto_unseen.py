@@ -8,7 +8,7 @@ standard decoding), and (2) its distilled draft, where auto must match the best 
         python demos/auto_unseen.py [--max-tokens 128] [--repeats 3] [--skip-distilled]
 
 The target is the registry's GGUF imported as float32 (fetched once into mlxspec's cache).
-Everything runs through `mlxspec.bench` at temperature 0: medians over repeats taken in turn
+Everything runs through `mlxspec.measure.bench` at temperature 0: medians over repeats taken in turn
 across settings, prompt processing and warm-up excluded.
 """
 
@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
-from mlxspec.bench import BenchConfig, run_bench  # noqa: E402
-from mlxspec.loading import import_gguf_once  # noqa: E402
-from mlxspec.presets import resolve_name  # noqa: E402
-from mlxspec.prompts import suite  # noqa: E402
-from mlxspec.registry import fetch  # noqa: E402
+from mlxspec.measure.bench import BenchConfig, run_bench  # noqa: E402
+from mlxspec.measure.prompts import suite  # noqa: E402
+from mlxspec.models.loading import import_gguf_once  # noqa: E402
+from mlxspec.models.presets import resolve_name  # noqa: E402
+from mlxspec.models.wheels import fetch  # noqa: E402
 
 DISTILLED = Path(resolve_name("bundled:smollm2-draft"))
 

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
-from mlxspec.bench import BenchConfig, run_bench  # noqa: E402
-from mlxspec.prompts import suite  # noqa: E402
+from mlxspec.measure.bench import BenchConfig, run_bench  # noqa: E402
+from mlxspec.measure.prompts import suite  # noqa: E402
 
 
 def main() -> None:

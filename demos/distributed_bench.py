@@ -36,10 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
-from mlxspec.events import Prefill  # noqa: E402
-from mlxspec.pairs import BUNDLED_DRAFT, BUNDLED_TARGET  # noqa: E402
-from mlxspec.prompts import suite  # noqa: E402
-from mlxspec.ranks import free_ring_ports  # noqa: E402
+from mlxspec.decoding.events import Prefill  # noqa: E402
+from mlxspec.distributed.ranks import free_ring_ports  # noqa: E402
+from mlxspec.measure.prompts import suite  # noqa: E402
+from mlxspec.models.pairs import BUNDLED_DRAFT, BUNDLED_TARGET  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def job(args) -> None:
     """Under mlx.launch: rank 0 measures the split pair; the other rank follows."""
     import mlx.core as mx
 
-    from mlxspec import distributed
+    from mlxspec.distributed import split as distributed
 
     pair = mlxspec.load_pair(args.target, args.draft, shard=args.shard)  # the others never return
     gammas = _gammas(args.gammas)
@@ -180,7 +180,7 @@ def _shared(args) -> list[str]:
 def random_qwen2_pair(folder: Path) -> tuple[str, str]:
     """Random qwen2 target (4 layers, so 2 per rank) and a noisy copy as its draft, on the
     bundled tokenizer."""
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
 
     base = dict(synthetic.ARCHITECTURES["qwen2"], hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     target, draft = folder / "qwen2-target", folder / "qwen2-draft"

@@ -7,7 +7,7 @@ Prompts come from standard-library files the pair never trained on (demos/stdlib
 holds the split): a file's text up to a function definition and its first body line. For
 greedy decoding and temperature 0.8 (seeded), the engine's own statistics give the
 acceptance rate α = accepted / tested pooled over all prompts; the cost ratio c and the
-verify curve come from `mlxspec.costs`, and the speedup from timing standard and
+verify curve come from `mlxspec.measure.costs`, and the speedup from timing standard and
 speculative decoding on the same prompts.
 """
 
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
 from demos.stdlib_corpus import continuation_prompts, split_files  # noqa: E402
-from mlxspec import costs  # noqa: E402
-from mlxspec.theory import expected_tokens_per_round  # noqa: E402
+from mlxspec.drafting.theory import expected_tokens_per_round  # noqa: E402
+from mlxspec.measure import costs  # noqa: E402
 
 
 def run(pair, prompts, *, gamma: int, temp: float, max_tokens: int) -> dict:

@@ -1,7 +1,7 @@
 """Damaged GGUF headers, prompt-cache metadata and train-draft's run files (shards,
 progress.json, state.json, run.json, vocabulary.npy, feature_scale.npy, the checkpoint's
 head.safetensors), and JSON schemas for the grammar engine (deep, wide, self-referring),
-many more than the CI run of tests/test_fuzz.py (needs the test extra: pip install -e
+many more than the CI run of tests/models/test_fuzz.py (needs the test extra: pip install -e
 ".[test]").
 
     python demos/fuzz_inputs.py [--examples 20000] [--fixed] [--only gguf|cache|grammar|run ...]
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from tests import fuzz_targets as fuzz  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
+from tests.support import fuzz_targets as fuzz  # noqa: E402
 
 TARGETS = ("gguf", "cache", "grammar", "run")  # run: train-draft's run files
 
@@ -42,10 +42,10 @@ def counted(seen: Counter, target_of):
 
 
 def train_run(target: Path, work: Path) -> tuple[Path, dict]:
-    """A finished tiny train-draft run (a few seconds), as tests/test_fuzz.py makes one."""
+    """A finished tiny train-draft run (a few seconds), as tests/models/test_fuzz.py makes one."""
     import subprocess
 
-    from tests.test_train_draft import _prompts
+    from tests.models.test_train_draft import _prompts
 
     out = work / "run"
     command = [sys.executable, "-m", "mlxspec", "train-draft", "--target", str(target), "--out", str(out)]
@@ -63,10 +63,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import mlxspec
-    from mlxspec import prompt_cache, synthetic
     from mlxspec.generation import Session
-    from tests.gguf_files import write_gguf
-    from tests.test_prompt_cache import TEXT
+    from mlxspec.models import synthetic
+    from mlxspec.prompt_cache import store as prompt_cache
+    from tests.models.test_prompt_cache import TEXT
+    from tests.support.gguf_files import write_gguf
 
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)

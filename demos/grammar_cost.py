@@ -19,7 +19,7 @@ import mlxspec
 from mlxspec import grammar as grammar_module
 from mlxspec.generation import encode_messages
 from mlxspec.grammar import GrammarSpec
-from mlxspec.presets import resolve_name
+from mlxspec.models.presets import resolve_name
 
 SCHEMA = {
     "type": "object",
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
-    from tests import real_models
+    from tests.support import real_models
 
     target = str(real_models.folder(real_models.SMOLLM2))
     pairs = {

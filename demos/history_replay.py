@@ -31,9 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from demos.agents_bench import WORKLOADS, Sizes, reply_of  # noqa: E402
+from mlxspec.decoding.tree import TokenTree  # noqa: E402
 from mlxspec.drafters.history import HistoryDrafter, HistoryStore  # noqa: E402
 from mlxspec.drafters.lookup import PromptLookup  # noqa: E402
-from mlxspec.tree import TokenTree  # noqa: E402
 
 
 @dataclass

@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests import mtp_models  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
-from tests.test_eagle3 import HOSTILE_CONFIGS  # noqa: E402
-from tests.test_train_draft import _prompts  # noqa: E402
-from tests.test_train_draft_inputs import DAMAGE, OUT_OF_RANGE, SLOW_TARGET  # noqa: E402
+from tests.models.test_eagle3 import HOSTILE_CONFIGS  # noqa: E402
+from tests.models.test_train_draft import _prompts  # noqa: E402
+from tests.models.test_train_draft_inputs import DAMAGE, OUT_OF_RANGE, SLOW_TARGET  # noqa: E402
+from tests.support import mtp_models  # noqa: E402
 
 ENV = os.environ | {"HF_HUB_OFFLINE": "1", "MLXSPEC_DEBUG": ""}
 CTRL_C_SECONDS = 5.0  # a Ctrl-C ends the command within this
@@ -112,8 +112,8 @@ def build(work: Path) -> dict:
     """Tiny models and folders the cases read: a pair, a finished train-draft run with its
     head removed (for --resume), an EAGLE-3 head, a Qwen3.5 model with its MTP head and a
     4-bit conversion without it."""
-    from mlxspec import synthetic
-    from tests.heads import make_head
+    from mlxspec.models import synthetic
+    from tests.support.heads import make_head
 
     synthetic.train_tokenizer(stdlib_texts(), 512, work / "tokenizer")
     factory = ModelFactory(work, work / "tokenizer")

@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import jsonschema  # noqa: E402
 
-from tests import fuzz_targets as fuzz  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
-from tests.test_server import running_server  # noqa: E402
-from tests.tool_models import QWEN3_MARKERS, QWEN3_TEMPLATE, build_tool_model  # noqa: E402
+from tests.server.test_server import running_server  # noqa: E402
+from tests.support import fuzz_targets as fuzz  # noqa: E402
+from tests.support.tool_models import QWEN3_MARKERS, QWEN3_TEMPLATE, build_tool_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one chain step instead of all")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from mlxspec import synthetic
+    from mlxspec.models import synthetic
 
     shapes = schemas(args.quick)
     totals, failures = Counter(), []

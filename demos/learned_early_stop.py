@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
 from mlxspec.generation import encode_prompt  # noqa: E402
-from mlxspec.prompts import suite  # noqa: E402
+from mlxspec.measure.prompts import suite  # noqa: E402
 
 SETTINGS = [("auto", 0.0), ("auto", "auto"), (4, 0.0), (4, 0.2), (4, "auto")]
 

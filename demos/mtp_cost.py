@@ -1,4 +1,4 @@
-"""What an MTP head costs beside its target, on the tests' tiny models (tests/mtp_models.py):
+"""What an MTP head costs beside its target, on the tests' tiny models (tests/support/mtp_models.py):
 a Qwen3.5, a Qwen3.5-MoE, a Qwen3-Next and a GLM-4.7-Flash-style (glm4_moe_lite) model of a
 few hundred thousand parameters, saved in the hub's layout with heads fitted for a few
 seconds to their own continuations.
@@ -23,9 +23,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 import mlxspec
-from mlxspec import capture, synthetic
+from mlxspec.decoding import capture
+from mlxspec.models import synthetic
 from tests.conftest import stdlib_texts
-from tests.mtp_models import write_hub_model
+from tests.support.mtp_models import write_hub_model
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4_moe_lite")
 PROMPT = list(range(10, 22))

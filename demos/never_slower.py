@@ -13,7 +13,7 @@
    5-layer model drafts for the 2-layer one, accepted often): `auto` against standard
    decoding (bar: >= 0.95x), where a fixed γ loses badly.
 
-Everything runs through `mlxspec.bench` (medians over repeats taken in turn across settings,
+Everything runs through `mlxspec.measure.bench` (medians over repeats taken in turn across settings,
 prompt processing and warm-up excluded), at temperature 0.
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
-from mlxspec import synthetic  # noqa: E402
-from mlxspec.bench import BenchConfig, run_bench  # noqa: E402
-from mlxspec.pairs import BUNDLED_DRAFT, BUNDLED_TARGET  # noqa: E402
-from mlxspec.prompts import BenchPrompt, suite  # noqa: E402
+from mlxspec.measure.bench import BenchConfig, run_bench  # noqa: E402
+from mlxspec.measure.prompts import BenchPrompt, suite  # noqa: E402
+from mlxspec.models import synthetic  # noqa: E402
+from mlxspec.models.pairs import BUNDLED_DRAFT, BUNDLED_TARGET  # noqa: E402
 
 _SNIPPETS = [
     'def clamp(value, low, high):\n    """Limit value to the range [low, high]."""\n    if value < low:\n      '

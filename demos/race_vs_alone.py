@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402
-from mlxspec import race as racing  # noqa: E402
-from mlxspec import sides  # noqa: E402
 from mlxspec.cli.race import DEFAULT_CODE_PROMPT  # noqa: E402
+from mlxspec.measure import race as racing  # noqa: E402
+from mlxspec.measure import sides  # noqa: E402
 from mlxspec.options import Options  # noqa: E402
 
 PROMPT = DEFAULT_CODE_PROMPT  # what `mlxspec race` shows a code model by default

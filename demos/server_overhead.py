@@ -36,9 +36,9 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 
 import mlxspec  # noqa: E402
-from mlxspec import prompts as suites  # noqa: E402
+from mlxspec.decoding.events import Done, Round  # noqa: E402
 from mlxspec.drafting import Controller, ControllerConfig  # noqa: E402
-from mlxspec.events import Done, Round  # noqa: E402
+from mlxspec.measure import prompts as suites  # noqa: E402
 
 
 def start_server(args, port: int, log) -> subprocess.Popen:

@@ -1,6 +1,6 @@
 """Sessions walked through many random sequences of calls, on every cache family and with
 EAGLE-3 heads on a plain and a sliding-window target: the longer run of
-tests/test_sessions.py (needs the test extra: pip install -e ".[test]").
+tests/exactness/test_sessions.py (needs the test extra: pip install -e ".[test]").
 
     python demos/session_fuzz.py [--examples 500] [--steps 8] [--family NAME ...] [--fixed]
     python demos/session_fuzz.py --sabotage --family RotatingKVCache
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import Phase, settings  # noqa: E402
 
 import mlxspec  # noqa: E402
-from mlxspec import synthetic  # noqa: E402
-from mlxspec.cursor import Cursor  # noqa: E402
+from mlxspec.decoding.cursor import Cursor  # noqa: E402
+from mlxspec.models import synthetic  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
-from tests.test_sessions import FAMILIES, HEAD_FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
+from tests.exactness.test_sessions import FAMILIES, HEAD_FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -36,7 +36,7 @@ from mlx.utils import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demos.stdlib_corpus import read, split_files  # noqa: E402
-from mlxspec import synthetic  # noqa: E402
+from mlxspec.models import synthetic  # noqa: E402
 
 VOCAB = 2048
 SEQ = 256

@@ -10,19 +10,19 @@ __version__ = "0.1.0"
 
 # Imported on first use, so `import mlxspec` (and `mlxspec --help`) stays fast.
 _EXPORTS = {
-    "load_pair": "pairs",
-    "Pair": "pairs",
+    "load_pair": "models.pairs",
+    "Pair": "models.pairs",
     "generate": "generation",
     "stream": "generation",
     "Session": "generation",
-    "CacheOptions": "caches",
+    "CacheOptions": "decoding.caches",
     "GenerationResult": "generation",
     "Options": "options",
-    "SamplingParams": "options",
+    "SamplingParams": "decoding.sampling",
     "GrammarSpec": "grammar",
-    "Prefill": "events",
-    "Round": "events",
-    "Done": "events",
+    "Prefill": "decoding.events",
+    "Round": "decoding.events",
+    "Done": "decoding.events",
     "Stats": "stats",
     "MlxspecError": "errors",
 }

@@ -24,16 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .caches import CacheOptions
+from .decoding.caches import CacheOptions
+from .decoding.events import ContextTrimmed, Done, Prefill, Round
 from .errors import InvalidOption, PromptTooLong
-from .events import ContextTrimmed, Done, Prefill, Round
-from .generation import Session, check_drafting, check_text, stream
+from .generation import Session, check_drafting, stream
+from .models.pairs import Pair
+from .models.presets import shown_name
+from .models.templates import render
 from .options import Options
-from .pairs import Pair
-from .presets import shown_name
 from .stats import Stats
-from .templates import render
-from .text import opens_thinking
+from .text import check_text, opens_thinking
 from .tool_calls import split_tool_calls, tool_format
 
 # A conversation samples by default, as chat front ends do.
@@ -81,7 +81,7 @@ class Conversation:
             self._restore()
 
     def _restore(self) -> None:
-        from . import prompt_cache
+        from .prompt_cache import store as prompt_cache
 
         prompt_cache.restore(self.prompt_cache, self.session)
 

@@ -16,23 +16,21 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import generation_stream, wired_limit
 
-from . import capture, engine
-from .caches import CacheOptions
-from .cursor import Cursor
-from .drafters import HEAD_KINDS, MTP
-from .drafters.base import Drafter
-from .drafters.eagle3 import Eagle3Drafter
+from .decoding import capture, engine
+from .decoding.caches import CacheOptions
+from .decoding.cursor import Cursor
+from .decoding.drafter import Drafter
+from .decoding.events import Done, Prefill, Round
+from .drafters import DRAFT_MODEL
 from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
-from .drafters.model import ModelDrafter
-from .drafters.mtp import MtpDrafter
-from .drafting import Controller, ControllerConfig, Policy, PromptLookup
-from .errors import InvalidOption, PromptTooLong
-from .events import Done, Prefill, Round
+from .drafters.lookup import PromptLookup
+from .drafting import Controller, ControllerConfig, Policy
+from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
+from .models.pairs import Pair, fit_context
 from .options import Auto, Options
-from .pairs import Pair
 from .stats import Stats
-from .text import StopFilter, TextStream
+from .text import StopFilter, TextStream, check_text
 
 Event = Prefill | Round | Done
 SESSION_HISTORY_TOKENS = 1 << 18  # a session's own history index: a long chat's worth (11 MB at most)
@@ -104,25 +102,21 @@ class Session:
 
 
 def make_cursors(pair: Pair, *, cache_options: CacheOptions) -> tuple[Cursor, Drafter | None]:
-    """The target's cursor and the pair's drafter over it: a draft model's own cursor, or a
-    head that reads the target's features (the target's cursor then keeps them)."""
-    width = pair.target.width
-    head = pair.draft is not None and pair.draft.kind in HEAD_KINDS
+    """The target's cursor and the drafter its kind makes over it (models/kinds.py): a draft
+    model's own cursor, or a head that reads the target's features (the target's cursor
+    then keeps them)."""
+    width, kind = pair.target.width, pair.kind
     target = Cursor(
         pair.target.model,
         f"target {pair.target.name}",
         width,
         width,
         cache_options=cache_options,
-        taps=capture.taps_of(pair.target.model) if head else None,
+        taps=capture.taps_of(pair.target.model) if kind is not None and kind.reads_features else None,
     )
-    if pair.draft is None:
+    if kind is None:
         return target, None
-    name = f"draft {pair.draft.name}"
-    if head:
-        drafter = MtpDrafter if pair.draft.kind == MTP else Eagle3Drafter
-        return target, drafter(pair.draft.model, target, name=name)
-    return target, ModelDrafter(pair.draft.model, name, pair.draft.width, width, cache_options=cache_options)
+    return target, kind.drafter(pair.draft, target, name=f"draft {pair.draft.name}", cache_options=cache_options)
 
 
 def _check_runs(cursor: Cursor, cache_options: CacheOptions) -> None:
@@ -156,7 +150,7 @@ def apply_template(
     extra = {} if think is None else {"enable_thinking": think}
     if tools:
         extra["tools"] = tools
-    from .templates import render
+    from .models.templates import render
 
     return render(tokenizer, messages, **extra)
 
@@ -182,10 +176,14 @@ def options_of(options: Options | None, overrides: dict) -> Options:
     return options.replace(**overrides) if overrides else options
 
 
+def looks_up(pair: Pair, options: Options) -> bool:
+    """Whether prompt lookup proposes: the options say so, else the pair does (--draft ngram)."""
+    return pair.ngram if options.ngram is None else options.ngram
+
+
 def check_drafting(pair: Pair, options: Options) -> None:
     """Refuse speculative options for a pair with nothing to draft with."""
-    ngram = pair.ngram if options.ngram is None else options.ngram
-    if options.speculative and pair.draft is None and not ngram:
+    if options.speculative and pair.draft is None and not looks_up(pair, options):
         raise InvalidOption(
             "speculative decoding needs a draft model or prompt lookup: name a --draft, use --draft ngram, or "
             "--no-draft"
@@ -200,7 +198,7 @@ def drafting_policy(
     if not options.speculative:
         return None
     check_drafting(pair, options)
-    ngram = pair.ngram if options.ngram is None else options.ngram
+    ngram = looks_up(pair, options)
     # beside a draft model only long matches are worth proposing: shorter ones are guesses the model makes better
     min_match = 3 if session.draft is not None else None
     if not ngram:
@@ -214,7 +212,7 @@ def drafting_policy(
     # auto's trees come from a head (a level costs one small forward) or lookup's tries; a
     # separate draft model's level reads the tree's frontier through all its layers, and on
     # the machines measured its trees never beat its chain (docs/trees.md): chains there
-    if isinstance(options.tree, Auto) and isinstance(session.draft, ModelDrafter):
+    if isinstance(options.tree, Auto) and session.draft is not None and session.draft.kind == DRAFT_MODEL:
         drafter_trees = False
     return Policy(
         gamma=options.gamma,
@@ -250,16 +248,6 @@ def stream(
     if session is not None:
         session.claim(events)
     return events
-
-
-def check_text(text: str | None, what: str) -> None:
-    """Refuse text that is not Unicode a tokenizer can read: a lone surrogate (from bytes
-    that were not UTF-8 on the command line) makes the tokenizer raise a TypeError."""
-    if isinstance(text, str):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidOption(f"{what} is not valid UTF-8 text (at character {e.start})") from None
 
 
 def _stream(
@@ -361,18 +349,6 @@ def _check_ids(pair: Pair, ids: list[int]) -> None:
     bad = [t for t in ids if not 0 <= t < pair.target.width]
     if bad:
         raise InvalidOption(f"token id {bad[0]} is outside the target's vocabulary (0..{pair.target.width - 1})")
-
-
-def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]:
-    """The tokens a prompt leaves room for, and the finish reason at that limit ("length", or
-    "context" where the context ends first); a prompt that fills the context is refused."""
-    context = pair.target.context_length
-    if context is None:
-        return max_tokens, "length"
-    if prompt_len >= context:
-        raise PromptTooLong(f"the prompt has {prompt_len} tokens and {pair.target.label} reads at most {context}")
-    room = context - prompt_len
-    return (max_tokens, "length") if max_tokens <= room else (room, "context")
 
 
 def generate(

@@ -9,52 +9,24 @@ strings, the seed and how to draft.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
-from .drafting import AUTO, Auto
+from .decoding.sampling import SamplingParams
 from .errors import InvalidOption
 from .grammar import GrammarSpec
 
 SEED_LIMIT = 2**64  # MLX's random keys take an unsigned 64-bit seed
-KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize accepts
-KV_GROUP_SIZES = (32, 64, 128)
-KEPT_TOKENS = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens past max_kv_size
-# Below float32's smallest normal number a temperature is subnormal: GPUs flush it to zero and
-# 1/temp overflows float32 (whose largest is just under 2^128), so logits/temp is inf or NaN.
-# Sampling at a temperature that small is greedy decoding in the limit, and is decoded so.
-GREEDY_BELOW = 2.0**-126  # about 1.18e-38
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How a token is drawn from a distribution (sampling.warp applies it); temp 0 is greedy,
-    and so is a temperature below GREEDY_BELOW (stored as 0)."""
+class Auto:
+    """A setting chosen as the run goes (the controller's draft length, the learned stop)."""
 
-    temp: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    def __repr__(self) -> str:
+        return "auto"
 
-    def __post_init__(self):
-        for name in ("temp", "top_p", "min_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidOption(f"{name.replace('_', '-')} must be a number, got {value!r}")
-        if not math.isfinite(self.temp) or self.temp < 0:
-            raise InvalidOption(f"temperature must be >= 0, got {self.temp}")
-        if self.temp < GREEDY_BELOW:
-            object.__setattr__(self, "temp", 0.0)  # frozen: set once, here
-        if not (0 < self.top_p <= 1):
-            raise InvalidOption(f"top-p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidOption(f"top-k must be a whole number >= 0, got {self.top_k}")
-        if not (0 <= self.min_p < 1):
-            raise InvalidOption(f"min-p must be in [0, 1), got {self.min_p}")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temp == 0
+AUTO = Auto()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,19 +198,3 @@ def parse_draft_min_p(value) -> float | Auto:
     if isinstance(value, bool) or number is None or not 0 <= number < 1:
         raise InvalidOption(f"draft min-p must be in [0, 1) or 'auto', got {value!r}")
     return number
-
-
-def check_cache_options(max_kv_size, kv_bits, kv_group_size: int = 64) -> None:
-    """The caches' options (caches.CacheOptions), checked as the caches will use them."""
-    whole = isinstance(max_kv_size, int) and not isinstance(max_kv_size, bool)
-    if max_kv_size is not None and not (whole and max_kv_size > KEPT_TOKENS):
-        raise InvalidOption(
-            f"max KV size must be a whole number above {KEPT_TOKENS} (the first {KEPT_TOKENS} tokens are always "
-            f"kept), got {max_kv_size!r}"
-        )
-    if kv_bits is not None and kv_bits not in KV_BITS:
-        raise InvalidOption(f"KV bits must be one of {', '.join(map(str, KV_BITS))}, got {kv_bits!r}")
-    if kv_group_size not in KV_GROUP_SIZES:
-        raise InvalidOption(
-            f"KV group size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got {kv_group_size!r}"
-        )

@@ -1,4 +1,4 @@
-"""Token ids to text, incrementally, and stop strings.
+"""Token ids to text, incrementally, and stop strings; a user's text checked and read.
 
 Decoding each new id alone breaks multi-byte characters and SentencePiece's leading spaces,
 and decoding the whole output every step is quadratic. Like vLLM's incremental detokenizer,
@@ -7,6 +7,10 @@ it no longer ends in a partial character.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import InvalidOption, MlxspecError
 
 _PARTIAL = "\ufffd"
 
@@ -138,3 +142,28 @@ class Reasoning:
             parts.append((piece[shown:], self.thinking))
         self._tail = text[-(len(THINK_CLOSE) - 1) :]
         return parts
+
+
+def check_text(text: str | None, what: str) -> None:
+    """Refuse text that is not Unicode a tokenizer can read: a lone surrogate (from bytes
+    that were not UTF-8 on the command line) makes the tokenizer raise a TypeError."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidOption(f"{what} is not valid UTF-8 text (at character {e.start})") from None
+
+
+def read_text_file(path: str | Path, what: str, error: type[MlxspecError] = InvalidOption) -> str:
+    """A text file a user names (`what`: the option or role), as UTF-8; one line naming it
+    when it is missing, a folder, unreadable or not text (a binary file)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a folder: give a file") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+    except OSError as e:
+        raise error(f"{what} {path} cannot be read ({e.strerror or e})") from None

@@ -20,7 +20,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never touch the network
 
-from mlxspec import synthetic  # noqa: E402
+from mlxspec.models import synthetic  # noqa: E402
 
 # Per architecture: how sharp the target's logits are and how far its draft is perturbed
 # from it, chosen so that greedy acceptance sits between ~0.3 and ~0.9: every round length
@@ -238,7 +238,8 @@ def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
     """A controller whose evidence says: the draft's second proposal, at confidence `doubt`,
     is always rejected, so stop below `threshold` (the smallest candidate above `doubt`). Its
     learned threshold is then on from the first round."""
-    from mlxspec.drafting import Controller, Outcome, Plan
+    from mlxspec.decoding.plan import Outcome, Plan
+    from mlxspec.drafting import Controller
 
     controller = Controller()
     pattern = [0.95, doubt, 0.95, 0.95, 0.95, 0.95]

@@ -21,10 +21,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from mlxspec import capture
-from mlxspec.pairs import load_pair
-from mlxspec.prompts import SUITE
-from mlxspec.sampling import SamplingParams, warp
+from mlxspec.decoding import capture
+from mlxspec.decoding.sampling import SamplingParams, warp
+from mlxspec.measure.prompts import SUITE
+from mlxspec.models.pairs import load_pair
 
 KS = (1, 2, 3, 4)
 

@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlxspec  # noqa: E402
-from mlxspec.drafters.heads import load_eagle3  # noqa: E402
 from mlxspec.generation import generate  # noqa: E402
-from mlxspec.prompts import suite  # noqa: E402
+from mlxspec.measure.prompts import suite  # noqa: E402
+from mlxspec.models.heads import load_eagle3  # noqa: E402
 from mlxspec.stats import Stats  # noqa: E402
 
 SHIPPED_HEAD = Path(mlxspec.__file__).parent / "assets" / "smollm2-eagle3"

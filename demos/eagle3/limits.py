@@ -30,7 +30,7 @@ import mlx_lm
 import numpy as np
 
 from mlxspec.drafters.eagle3_head import load_head, target_embedding
-from mlxspec.theory import predicted_speedup
+from mlxspec.drafting.theory import predicted_speedup
 from mlxspec.training.data import load_shards
 from mlxspec.training.trainer import evaluate, label
 

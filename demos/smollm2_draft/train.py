@@ -29,7 +29,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from mlxspec.subset_draft import write_subset  # noqa: E402
+from mlxspec.models.subset_draft import write_subset  # noqa: E402
 
 ROWS = 8192  # the draft's vocabulary: 8191 target ids and one row for all others
 HARD_WEIGHT = 0.1

@@ -14,8 +14,10 @@ from typing import Annotated
 
 import typer
 
-from .. import backend, blas, ranks
+from ..distributed import ranks
 from ..errors import MlxspecError
+from ..models import backend
+from . import blas
 from .bench import bench
 from .cache_prompt import cache_prompt
 from .chat import chat

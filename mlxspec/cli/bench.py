@@ -124,9 +124,9 @@ def bench(
 
     Example: mlxspec bench --pair smollm2 --temp 0,0.7 --plot speedup.png
     """
-    from .. import prompts as suites
-    from ..bench import BenchConfig, plan_size, run_bench
-    from ..options import SamplingParams
+    from ..decoding.sampling import SamplingParams
+    from ..measure import prompts as suites
+    from ..measure.bench import BenchConfig, plan_size, run_bench
     from ..views import bench as view
 
     config = BenchConfig(

@@ -40,7 +40,8 @@ def cache_prompt(
 
     Example: mlxspec cache-prompt --system "$(cat rules.txt)" -o rules.safetensors --pair qwen3-8b
     """
-    from .. import generation, prompt_cache
+    from .. import generation
+    from ..prompt_cache import store as prompt_cache
 
     if not out.endswith(".safetensors"):  # MLX would write OUT.safetensors beside the name given
         raise InvalidOption(f"--out {out}: a prompt cache is a .safetensors file: give a name ending in .safetensors")

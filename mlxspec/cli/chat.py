@@ -40,8 +40,6 @@ def chat(
     except ImportError:  # pragma: no cover
         pass
     lenient_stdin()
-    if models.no_draft:
-        options = options.replace(gamma=0)
     if grammar is not None:
         options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)

@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from .. import ranks
+from ..distributed import ranks
 from ..errors import InvalidOption
-from ..loading import Reporter
+from ..models.loading import Reporter
 from .options import Models
 
 err = Console(stderr=True, highlight=False)
@@ -66,7 +66,7 @@ class ConsoleReporter(Reporter):
 def lenient_stdin() -> None:
     """Bytes on standard input that are not UTF-8 arrive as lone surrogates, whatever the
     locale (a UTF-8 one decodes strictly and would raise mid-read), so that the text check
-    refuses them in one line (generation.check_text)."""
+    refuses them in one line (text.check_text)."""
     reconfigure = getattr(sys.stdin, "reconfigure", None)
     if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
         try:
@@ -78,7 +78,7 @@ def lenient_stdin() -> None:
 def bundled_by_name(message: str) -> str:
     """A step's words with a bundled model named as the presets name it (bundled:tiny-target),
     not by its folder deep inside the installed package."""
-    from ..presets import ASSETS
+    from ..models.presets import ASSETS
 
     return message.replace(f"{ASSETS}/", "bundled:")
 
@@ -97,19 +97,20 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
 
     Under mlx.launch with --shard, only rank 0 returns: the other ranks run their share of
     the target as rank 0 asks, and exit when it is done (pairs.load_pair)."""
-    from ..pairs import NGRAM, compatible_drafts, load_pair
+    from ..drafters import PROMPT_LOOKUP
+    from ..models.pairs import compatible_drafts, load_pair
 
     check_launch(models)
     reporter = ConsoleReporter() if ranks.is_main() else Reporter()
     lookup = speculative and models.target is not None and models.draft is None and not models.pair
     lookup = lookup and not models.no_draft
-    if speculative and models.ngram is False and not models.no_draft and (lookup or models.draft == NGRAM):
+    if speculative and models.ngram is False and not models.no_draft and (lookup or models.draft == PROMPT_LOOKUP):
         raise InvalidOption(
             "--no-ngram leaves nothing to draft with (no draft model): name a --draft, or use --no-draft"
         )
     loaded = load_pair(
         models.target,
-        NGRAM if lookup else models.draft,
+        PROMPT_LOOKUP if lookup else models.draft,
         pair=models.pair,
         no_draft=models.no_draft or not speculative,
         reporter=reporter,
@@ -138,7 +139,7 @@ def check_launch(models: Models) -> None:
     """--shard and mlx.launch go together; a window's rollback cannot be mirrored by trimming."""
     if models.shard is None:
         if ranks.launched():
-            from ..distributed import group_size
+            from ..distributed.split import group_size
 
             if group_size() > 1:
                 raise InvalidOption(

@@ -36,8 +36,8 @@ def generate(
     Example: mlxspec generate "Explain KV caches in two sentences." --pair qwen3-14b
     """
     from .. import generation
-    from ..events import Done, Prefill, Round
-    from ..presets import shown_name
+    from ..decoding.events import Done, Prefill, Round
+    from ..models.presets import shown_name
     from ..views.progress import reading, spinner_after
     from ..views.summary import estimated_speedup, plain_words, stats_line
 
@@ -50,15 +50,13 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")
-    if models.no_draft:
-        options = options.replace(gamma=0)
     if grammar is not None:
         options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)
     pair = load(models, speculative=options.speculative)
     session = generation.Session(pair, cache_options=models.cache_options())
     if cached:
-        from .. import prompt_cache
+        from ..prompt_cache import store as prompt_cache
 
         prompt_cache.restore(cached, session)
         prompt = prompt_cache.prompt_ids(cached, pair, prompt, think=options.think)
@@ -113,7 +111,7 @@ def read_prompt_cache(path: str | None, options: Options):
     the one the prompt follows."""
     if path is None:
         return None
-    from .. import prompt_cache
+    from ..prompt_cache import store as prompt_cache
 
     cached = prompt_cache.read(path)
     if options.system is not None and options.system != cached.system:

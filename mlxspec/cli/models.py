@@ -55,7 +55,7 @@ def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print the 
 
     Example: mlxspec models list --json
     """
-    from .. import disk
+    from ..models import disk
     from ..views.disk import disk_view
 
     listing = {
@@ -86,7 +86,7 @@ def models_rm(
 
     Example: mlxspec models rm SmolLM2-135M-Instruct.Q4_1-float32
     """
-    from .. import disk
+    from ..models import disk
     from ..views.disk import size
 
     entry = disk.find(name)
@@ -102,14 +102,16 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
 
     Example: mlxspec models download smollm2
     """
-    from ..pairs import MTP_DRAFT, check_memory, resolve_first
-    from ..presets import find_preset
+    from ..models import kinds
+    from ..models.memory import check_memory
+    from ..models.pairs import resolve_first
+    from ..models.presets import find_preset
 
     preset = find_preset(name)
     reporter = ConsoleReporter()
     targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
     for role, names in (("target", targets), ("draft", [preset.draft])):
-        if role == "draft" and preset.draft == MTP_DRAFT:
+        if role == "draft" and (own := kinds.named(preset.draft)) is not None and own.in_target:
             err.print(Text("draft: the model's own MTP head, in the target's checkpoint", style="dim"))
             continue
         if Path(names[0]).exists():
@@ -165,21 +167,21 @@ def models_import(
 
     Example: mlxspec models import ~/models/SmolLM2-135M-Instruct.Q4_1.gguf --dtype float32
     """
-    from .. import registry
-    from ..gguf_import import DTYPES, import_gguf
+    from ..models import wheels
+    from ..models.gguf import DTYPES, import_gguf
 
     if dtype not in DTYPES:
         raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     reporter = ConsoleReporter()
-    from ..gguf_import import default_dtype
-    from ..loading import fetch_registry
+    from ..models.gguf import default_dtype
+    from ..models.loading import fetch_registry
 
-    kept_here = registry.is_registry_name(file) and out is None  # the import mlxspec's cache keeps for it
+    kept_here = wheels.is_registry_name(file) and out is None  # the import mlxspec's cache keeps for it
     wanted = default_dtype() if dtype == "auto" else dtype
-    if kept_here and not force and (kept := registry.recorded_import(file, wanted)) is not None:
+    if kept_here and not force and (kept := wheels.recorded_import(file, wanted)) is not None:
         print(kept)
         return
-    path = fetch_registry(file, reporter) if registry.is_registry_name(file) else Path(file).expanduser()
+    path = fetch_registry(file, reporter) if wheels.is_registry_name(file) else Path(file).expanduser()
     if not path.is_file():
         raise InvalidOption(f"no GGUF file at {file}")
     folder = import_gguf(
@@ -190,7 +192,7 @@ def models_import(
         on_progress=lambda done, total, what: reporter.progress("Converting", done, total),
     )
     if kept_here:
-        registry.release(file, folder)  # the cache keeps the import alone
+        wheels.release(file, folder)  # the cache keeps the import alone
     print(folder)
 
 
@@ -210,8 +212,8 @@ def models_verify(
 
     Example: mlxspec models verify SmolLM2-135M-Instruct.Q4_1-float32
     """
-    from ..gguf_import.record import DamagedWeights, check_weights, source_changed
-    from ..imports import find_import
+    from ..models.gguf.record import DamagedWeights, check_weights, source_changed
+    from ..models.imports import find_import
 
     folder = find_import(name)
     checked = check_weights(folder, full=True)
@@ -250,7 +252,7 @@ def models_add_mtp(
 
     Example: mlxspec models add-mtp mlx-community/Qwen3.5-4B-4bit --from Qwen/Qwen3.5-4B
     """
-    from ..mtp_import import PRECISIONS, add_mtp
+    from ..models.mtp_import import PRECISIONS, add_mtp
 
     if precision not in PRECISIONS:
         raise InvalidOption(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")

@@ -13,8 +13,10 @@ from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 
+from ..decoding.cache_options import check_cache_options
+from ..drafters import MTP, PROMPT_LOOKUP
 from ..errors import InvalidOption
-from ..options import Options, check_cache_options
+from ..options import Options
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,12 @@ class Models:
     def __post_init__(self):
         check_cache_options(self.max_kv_size, self.kv_bits)  # before anything loads
         if self.pair:
-            from ..presets import find_preset  # a small TOML file: an unknown name fails at once
+            from ..models.presets import find_preset  # a small TOML file: an unknown name fails at once
 
             find_preset(self.pair)
 
     def cache_options(self):
-        from ..caches import CacheOptions  # MLX: loaded by the command, not by --help
+        from ..decoding.caches import CacheOptions  # MLX: loaded by the command, not by --help
 
         return CacheOptions(max_kv_size=self.max_kv_size, kv_bits=self.kv_bits)
 
@@ -71,9 +73,9 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             "-d",
             metavar="MODEL",
             help=(
-                "Draft model sharing the target's tokenizer (same kinds of name); 'ngram' drafts by prompt "
-                "lookup, no model; 'mtp' with the target's own MTP head (Qwen3.5, Qwen3-Next). With a --target "
-                "and no draft: prompt lookup."
+                f"Draft model sharing the target's tokenizer (same kinds of name); '{PROMPT_LOOKUP}' drafts by "
+                f"prompt lookup, no model; '{MTP}' with the target's own MTP head (Qwen3.5, Qwen3-Next). With a "
+                "--target and no draft: prompt lookup."
             ),
             show_default=False,
         ),
@@ -293,6 +295,15 @@ GRAMMAR_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
 }
 
 
+def decide_drafting(values: dict) -> None:
+    """Draft or not, decided once, where a command's options are built (by whichever of
+    @model_options and @decoding_options builds second): --no-draft is --gamma 0, so what
+    follows (the load, the engine, the server's defaults) reads `options.speculative` alone."""
+    models, options = values.get("models"), values.get("options")
+    if isinstance(models, Models) and isinstance(options, Options) and models.no_draft:
+        values["options"] = options.replace(gamma=0)
+
+
 def _inject(
     fn: Callable, target: str, declared: dict, defaults: dict, build: Callable[[dict], Any], exclude=()
 ) -> Callable:
@@ -318,6 +329,7 @@ def _inject(
     def command(**values):
         mine = {name: values.pop(name) for name in names}
         values[target] = build(mine)
+        decide_drafting(values)
         return fn(**values)
 
     params = [p for p in own if p.name != target] + added
@@ -370,7 +382,7 @@ def _build_grammar(values: dict):
 
 
 def _read_text(path: str, option: str) -> str:
-    from ..prompts import read_text_file
+    from ..text import read_text_file
 
     return read_text_file(path, option)
 

@@ -73,7 +73,7 @@ def race(
 
     Example: mlxspec race "What is the difference between a list and a tuple in Python?" --pair smollm2
     """
-    from .. import race as racing
+    from ..measure import race as racing
     from ..views import race as view
     from ..views.progress import reading, spinner_after
     from .generate import prompt_tokens

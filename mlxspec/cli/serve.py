@@ -121,8 +121,6 @@ def serve(
         raise InvalidOption(f"--cache-sessions must be >= 0, got {cache_sessions}")
     if not 0 <= port < 65536:
         raise InvalidOption(f"--port must be from 0 to 65535, got {port}")
-    if models.no_draft:
-        options = options.replace(gamma=0)
     if not run.is_loopback(host):
         guard = "requests need an API key" if api_keys else "no --api-key: anyone who can reach it can use it"
         err.print(Text(f"warning: listening on {host}: other machines can reach this server ({guard})", style="yellow"))

@@ -13,7 +13,7 @@ from typing import Annotated, get_type_hints
 import typer
 from rich.text import Text
 
-from .. import blas
+from . import blas
 from .common import err
 
 VERBOSE_ENV = "MLXSPEC_VERBOSE"

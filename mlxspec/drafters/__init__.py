@@ -1,8 +1,13 @@
-"""Drafters, one module per kind behind one interface (base.Drafter): a separate draft model
-(model.py), an EAGLE-3 head reading the target's hidden states (eagle3.py), the target's own
-MTP head reading its last hidden state (mtp.py), and prompt lookup (lookup.py), which needs
-only the interface's `propose` and `hear` (no cache, point-mass proposals) and proposes
-beside any of the others, through the drafting policy."""
+"""Drafters, one module per kind behind one interface (decoding/drafter.py): a separate draft
+model (model.py), an EAGLE-3 head reading the target's hidden states (eagle3.py), the
+target's own MTP head reading its last hidden state (mtp.py), prompt lookup over the text
+(lookup.py) and over earlier prompts and answers (history.py), which need only `propose`
+and `hear` and propose beside any of the others, through the drafting policy. chain.py is
+the step loop the model and head drafters share, tree_growth.py the trees they grow.
 
-MODEL_DRAFT, EAGLE3, MTP = "model", "eagle3", "mtp"  # LoadedModel.kind of a pair's draft
-HEAD_KINDS = (EAGLE3, MTP)  # drafters that read the target's hidden states
+The kinds' names, plain constants (no MLX); models/kinds.py registers what each is."""
+
+DRAFT_MODEL = "model"  # a separate draft model
+PROMPT_LOOKUP = "ngram"  # prompt lookup, no model (--draft ngram)
+EAGLE3 = "eagle3"  # an EAGLE-3 head over the target's hidden states
+MTP = "mtp"  # the target's own multi-token-prediction head (--draft mtp)

@@ -24,17 +24,17 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
-from ..cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
+from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
+from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.sampling import SamplingParams
 from ..grammar import Matcher
-from ..sampling import SamplingParams, constrain
-from .base import Drafts, TreeDrafts
+from . import EAGLE3
+from .chain import propose_chain, stack_drafts
 from .eagle3_head import Eagle3Head
-from .model import grammar_reads, stack_drafts
-from .sampling import confidence_of, pick
 
 
 class Eagle3Drafter:
-    kind = "eagle3"
+    kind = EAGLE3
 
     def __init__(self, head: Eagle3Head, target: Cursor, *, name: str):
         if target.features is None:
@@ -112,36 +112,28 @@ class Eagle3Drafter:
         tokens = mx.array(history[begin + 1 : end + 1], dtype=TOKEN)[None]
         hidden = self.target.features.read(begin, end)[None]
         self.ids = history[: end + 1]
-        keys = mx.random.split(key, count)
-        ids, rows, confidences = [], [], []
-        stopped = False
-        to_target = self.head.draft_to_target
-        for i in range(count):
-            logits, out = self.head(tokens, hidden, self.cache, chained=i > 0)
-            logits = logits[0, -1]
-            allowed = None
-            if grammar is not None:  # the target-id mask, read at the head's ids
-                mx.async_eval(logits)
-                allowed = grammar.allowed()
-                logits = constrain(logits, allowed[self._to_target_ids()])
-            choice, probs = pick(logits, params, keys[i])
-            if stop_below > 0 or read_confidences:
-                confidence = confidence_of(logits, probs)
-                if stop_below > 0 and confidence.item() < stop_below:
-                    stopped = True
-                    break
-                confidences.append(confidence)
-            token = choice if to_target is None else to_target[choice]
-            if grammar is not None and not grammar_reads(grammar, allowed, token, logits):
-                stopped = True
-                confidences = confidences[: len(ids)]
-                break
-            mx.async_eval(token)
-            ids.append(token)
-            rows.append(self._target_row(probs))
-            if i + 1 < count:
-                tokens, hidden = token.reshape(1, 1), out[:, -1:]
-        return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
+        reads = {"tokens": tokens, "hidden": hidden, "out": None}  # what the next step reads
+
+        def step(i: int) -> mx.array:
+            logits, reads["out"] = self.head(reads["tokens"], reads["hidden"], self.cache, chained=i > 0)
+            return logits[0, -1]
+
+        def feed(token: mx.array) -> None:  # chained on its own output
+            reads["tokens"], reads["hidden"] = token.reshape(1, 1), reads["out"][:, -1:]
+
+        return propose_chain(
+            step,
+            feed,
+            count=count,
+            params=params,
+            key=key,
+            stop_below=stop_below,
+            read_confidences=read_confidences,
+            grammar=grammar,
+            to_target=self.head.draft_to_target,
+            target_ids=self._to_target_ids() if grammar is not None else slice(None),  # the mask at the head's ids
+            target_row=self._target_row,
+        )
 
     @property
     def reads_trees(self) -> bool:
@@ -167,7 +159,7 @@ class Eagle3Drafter:
         then `width` children for each of the `width` surest frontier nodes per level, each
         level read in one forward of the head over its cache, each node attending to the
         context and its own ancestors. None when there is nothing to draft from."""
-        from ..tree_attention import TreeLayout
+        from ..decoding.tree_attention import TreeLayout
         from .tree_growth import grow_tree
 
         self._align()

@@ -286,7 +286,7 @@ class Attention(nn.Module):
             q, k, v = self.project(x, cache.offset)
             mask = "causal" if length > 1 else None
         else:
-            from ..tree_attention import rotate_at
+            from ..decoding.tree_attention import rotate_at
 
             q, k, v = self.project(x, cache.offset, rope=lambda t, offset: rotate_at(self.rope, t, layout))
             mask = layout.mask_for(cache)
@@ -508,6 +508,6 @@ def check_fits(config: HeadConfig, *, target_config: dict, target_layers: int, n
 
 
 def _default_ids(layers: int) -> tuple[int, ...]:
-    from ..capture import default_aux_layers
+    from ..decoding.capture import default_aux_layers
 
     return default_aux_layers(layers)

@@ -46,7 +46,7 @@ after turn neither fills the history nor counts its old turns again.
 
 Memory: 4 bytes per slot for the token, 4 per order for its chain link, and 8 per order per
 head bucket (a bucket for every one to two slots): 44 bytes per token of the limit at a power
-of two, 46 MB at the default 2**20 (`footprint()`; tests/test_history_index.py holds a long
+of two, 46 MB at the default 2**20 (`footprint()`; tests/unit/test_history_index.py holds a long
 stream of documents to it with tracemalloc), plus the 4 latest turns kept whole. A query
 costs about a hundred microseconds whatever the history's size (docs/drafting.md has the
 figures): the chain walk and the trie are bounded by `max_occurrences` and the tree's
@@ -76,8 +76,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decoding.plan import HISTORY, NGRAM
+from ..decoding.tree import TokenTree
 from ..errors import DamagedHistory
-from ..tree import TokenTree
 
 END = -1  # opens every document in the ring: no match reads back past it, no continuation on
 DEFAULT_LIMIT_TOKENS = 1 << 20  # 46 MB per namespace (footprint())
@@ -619,7 +620,7 @@ class HistoryDrafter:
         self._prompt: list[int] = []
         self._answer: list[int] = []
         self._context: deque[int] = deque(maxlen=self.max_match)
-        self.source = "ngram"  # where the latest proposal came from: the request's own text, or "history"
+        self.source = NGRAM  # where the latest proposal came from: the request's own text, or "history"
 
     def begin(self, prompt: Iterable[int]) -> HistoryDrafter:
         shape = self.history
@@ -653,7 +654,7 @@ class HistoryDrafter:
             with self._lock:
                 shared = self.history.propose(context, source="history", **options)
         found = local if shared is None or (local is not None and local.score >= shared.score) else shared
-        self.source = "history" if found is shared and found is not None else "ngram"
+        self.source = HISTORY if found is shared and found is not None else NGRAM
         return found
 
     def propose(self, gamma: int) -> tuple[int, ...]:
@@ -688,20 +689,6 @@ DEFAULT_NAMESPACE = "default"  # a session's own, or a server's without API keys
 def namespace_of(api_key: str | None) -> str:
     """A namespace for an API key that names nothing of the key: a digest of it."""
     return DEFAULT_NAMESPACE if api_key is None else "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
-
-
-def history_folder(tokenizer=None) -> Path:
-    """Where kept histories live: one folder per tokenizer (a digest of its vocabulary), so
-    that a server restarted on another model never reads ids it does not share."""
-    from ..disk import cache_root
-
-    folder = cache_root() / "history"
-    return folder / tokenizer_digest(tokenizer) if tokenizer is not None else folder
-
-
-def tokenizer_digest(tokenizer) -> str:
-    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()[:16]
 
 
 class HistoryStore:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..cursor import TOKEN, Cursor
+from ..decoding.cursor import TOKEN, Cursor
+from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.sampling import SamplingParams
 from ..grammar import Matcher
-from ..sampling import SamplingParams, constrain
-from .base import Drafts, TreeDrafts
-from .sampling import confidence_of, pick
+from . import DRAFT_MODEL
+from .chain import propose_chain
 
 
 class ModelDrafter(Cursor):
-    kind = "model"
+    kind = DRAFT_MODEL
 
     def begin(self, count: int):
         # the draft reads its pending ids and up to `count` drafts
@@ -39,34 +40,25 @@ class ModelDrafter(Cursor):
         Under a `grammar` each step is drawn from the logits masked by the matcher's state,
         which then reads the id drawn (one wait per step; the mask is computed while the
         forward runs); drafting stops where the grammar allows nothing the draft can say."""
-        keys = mx.random.split(key, count)
-        inputs = mx.array(self.pending, dtype=TOKEN)
+        inputs = [mx.array(self.pending, dtype=TOKEN)]  # what the next step reads
         self.pending, self.heard = [], 0
-        ids, rows, confidences = [], [], []
-        stopped = False
-        for i in range(count):
-            logits = self.forward(inputs)[-1]
-            allowed = None
-            if grammar is not None:
-                mx.async_eval(logits)  # the device runs the forward while the host computes the mask
-                allowed = grammar.allowed()
-            logits = constrain(logits, allowed)
-            token, probs = pick(logits, params, keys[i])
-            if stop_below > 0 or read_confidences:
-                confidence = confidence_of(logits, probs)
-                if stop_below > 0 and confidence.item() < stop_below:
-                    stopped = True
-                    break
-                confidences.append(confidence)
-            if grammar is not None and not grammar_reads(grammar, allowed, token, logits):
-                stopped = True  # nothing allowed within the draft's vocabulary
-                confidences = confidences[: len(ids)]
-                break
-            mx.async_eval(token)
-            ids.append(token)
-            rows.append(probs)
-            inputs = token[None]
-        return stack_drafts(ids, rows, confidences, params=params, stopped=stopped, read_confidences=read_confidences)
+
+        def step(i: int) -> mx.array:
+            return self.forward(inputs[0])[-1]
+
+        def feed(token: mx.array) -> None:
+            inputs[0] = token[None]
+
+        return propose_chain(
+            step,
+            feed,
+            count=count,
+            params=params,
+            key=key,
+            stop_below=stop_below,
+            read_confidences=read_confidences,
+            grammar=grammar,
+        )
 
     @property
     def reads_trees(self) -> bool:
@@ -99,7 +91,7 @@ class ModelDrafter(Cursor):
         levels' branches would push out context a node still sees. There each level goes
         back to the round's mark (`state`) and reads the pending ids and the whole tree so
         far again, in one block, as the target reads its tree."""
-        from .. import tree_attention
+        from ..decoding import tree_attention
         from .tree_growth import grow_tree
 
         mark, pending = state
@@ -163,27 +155,3 @@ class ModelDrafter(Cursor):
     def undo(self, state) -> None:
         mark, pending = state
         self.abandon(mark, pending)
-
-
-def grammar_reads(grammar: Matcher, allowed, token: mx.array, logits: mx.array) -> bool:
-    """The matcher reads a drafted id; False (and nothing read) when the grammar allows
-    nothing the drafter's masked `logits` cover: its row would be 0/0, and an id drawn from
-    it is no sample of q (the rule would accept it whatever p says)."""
-    covered = mx.isfinite(logits).any()
-    mx.eval(token, covered)
-    value = token.item()
-    if not covered.item() or not allowed[value]:
-        return False
-    grammar.consume(value)
-    return True
-
-
-def stack_drafts(ids, rows, confidences, *, params: SamplingParams, stopped: bool, read_confidences: bool) -> Drafts:
-    if not ids:
-        return Drafts(mx.array([], dtype=TOKEN), None, stopped, None)
-    return Drafts(
-        mx.stack(ids).astype(TOKEN),
-        None if params.greedy else mx.stack(rows),
-        stopped,
-        mx.stack(confidences) if read_confidences and confidences else None,
-    )

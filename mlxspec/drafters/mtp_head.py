@@ -140,7 +140,7 @@ def _reading_tree(head, layout):
     """The head's one layer reads its rows as `layout` says (no layout: as a chain)."""
     from contextlib import nullcontext
 
-    from ..tree_attention import install, reading
+    from ..decoding.tree_attention import install, reading
 
     if layout is None:
         return nullcontext()

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from ..sampling import SamplingParams, constrain, sample, warp
-from ..tree import TokenTree
-from .base import TreeDrafts
+from ..decoding.drafter import TreeDrafts
+from ..decoding.sampling import SamplingParams, constrain, sample, warp
+from ..decoding.tree import TokenTree
 
 
 @dataclass

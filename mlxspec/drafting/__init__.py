@@ -1,23 +1,9 @@
 """How each round's proposals are planned: a fixed or adaptive draft length, from the draft
-model or prompt lookup, with an optional early stop. Pure Python (no MLX): policies see the
-plain numbers of each round's outcome."""
+model or prompt lookup, with an optional early stop, and the cost model behind the choice
+(theory.py). Pure Python (no MLX): policies see the plain numbers of each round's outcome
+(decoding/plan.py: the Plan a policy hands the round loop, the Outcome it hears back)."""
 
-from ..drafters.lookup import NGramIndex, PromptLookup
 from .controller import Controller, ControllerConfig
-from .plan import MODEL, NGRAM, TARGET, Outcome, Plan
-from .policy import AUTO, Auto, Policy
+from .policy import Lookup, Policy
 
-__all__ = [
-    "AUTO",
-    "Auto",
-    "Controller",
-    "ControllerConfig",
-    "MODEL",
-    "NGRAM",
-    "NGramIndex",
-    "Outcome",
-    "Plan",
-    "Policy",
-    "PromptLookup",
-    "TARGET",
-]
+__all__ = ["Controller", "ControllerConfig", "Lookup", "Policy"]

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..theory import expected_tokens_by_position
+from ..decoding.plan import Outcome
 from .budget import ProbeBudget
 from .early_stop import StopLearner
-from .plan import Outcome
 from .probes import ProbeSchedule
+from .theory import expected_tokens_by_position
 from .timing import RoundTimes
 from .tree_budget import TreeCalibration
 

@@ -7,11 +7,11 @@ stays exactly the target's whatever is chosen."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from typing import Protocol
 
-from ..drafters.lookup import PromptLookup
+from ..decoding.plan import NGRAM, Outcome, Plan
+from ..options import AUTO, Auto
 from .controller import Controller
-from .plan import NGRAM, Outcome, Plan
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
 LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins
@@ -21,15 +21,14 @@ TREE_EXTRA_DEPTH = 2  # `--tree auto` levels beyond the chain the controller wou
 TREE_LOOKUP_NODES = 16  # the most nodes of a lookup trie under `--tree auto` (its own budget is its match)
 
 
-@dataclass(frozen=True)
-class Auto:
-    """A setting chosen as the run goes (the controller's draft length, the learned stop)."""
+class Lookup(Protocol):
+    """What the policy asks of prompt lookup (drafters/lookup.py; drafters/history.py adds
+    the session's history): ids that followed a match, and every id emitted. A lookup that
+    also has `propose_tree(nodes)` proposes tries where the target reads trees, and one with
+    `source` names where its latest proposal came from (NGRAM or HISTORY)."""
 
-    def __repr__(self) -> str:
-        return "auto"
-
-
-AUTO = Auto()
+    def propose(self, gamma: int) -> tuple[int, ...]: ...
+    def hear(self, ids) -> None: ...
 
 
 class Policy:
@@ -39,7 +38,7 @@ class Policy:
         gamma: int | Auto,
         stop: float | Auto,
         controller: Controller,
-        lookup: PromptLookup | None = None,
+        lookup: Lookup | None = None,
         draft_model: bool = True,
         tree: int | Auto = 0,
         tree_width: int = TREE_WIDTH,

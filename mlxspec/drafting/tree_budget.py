@@ -1,5 +1,6 @@
 """How big a tree to verify: each round, the number of nodes that maximises expected tokens
-per second, from the drafter's confidences and what a verify of that many ids costs here.
+per second, from the drafter's confidences and what a verify of that many ids costs here
+(the round sizes its tree with decoding/tree.py's `best_size`; here the calibration it reads).
 
 The drafter ranks its candidates best first, each with v, its probability of the whole path
 to it (the product of its confidences along the way); any prefix of that ranking is a tree.
@@ -25,26 +26,6 @@ from dataclasses import dataclass, field
 
 PRIOR_CALIBRATION = 0.8  # before any round: a drafter's confidence a little above its acceptance
 PRIOR_WEIGHT = 2.0  # how many rounds' worth the prior counts at each depth
-
-
-def best_size(
-    values: Sequence[float],
-    depths: Sequence[int],
-    *,
-    calibration: Sequence[float],
-    costs: Sequence[float],
-    drafting: float,
-) -> int:
-    """Nodes to keep of the ranked candidates (`values`, `depths` of each), given the seconds
-    of a round keeping k of them, `costs[k]` (verify and overhead; k up to len(costs) - 1)."""
-    best, best_rate, expected = 0, 1.0 / (drafting + costs[0]), 1.0
-    for k in range(1, min(len(values), len(costs) - 1) + 1):
-        depth = depths[k - 1]
-        expected += values[k - 1] * (calibration[depth - 1] if depth <= len(calibration) else calibration[-1])
-        rate = expected / (drafting + costs[k])
-        if rate > best_rate:
-            best, best_rate = k, rate
-    return best
 
 
 @dataclass

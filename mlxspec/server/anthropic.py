@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..events import Done
+from ..decoding.events import Done
 from ..stats import Stats
 from ..tool_calls import ToolCall
 from . import schema

@@ -13,7 +13,6 @@ round.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import itertools
 import json
@@ -21,27 +20,28 @@ import time
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..drafters.history import DEFAULT_NAMESPACE, namespace_of
+from ..decoding.events import Done, Round
+from ..drafters.history import namespace_of
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
-from ..events import Done, Round
-from ..generation import check_drafting, fit_context
+from ..generation import check_drafting
 from ..grammar import check_spec
-from ..loading import looks_like_path
+from ..models.loading import looks_like_path
+from ..models.pairs import fit_context
 from ..options import Options
 from ..tool_calls import ToolCallSplitter, split_tool_calls, tool_format
 from . import anthropic, encode, schema
+from .answer import answer, error_of, error_response, namespace, note_of
 from .formats import response_grammar
 from .length import bytes_per_token
 from .limits import Limits, read_body
+from .messages import Messages
 from .offload import Offload
 from .schema import Reply, RequestError, error_body
 from .tools import ToolUse, tool_use
-from .worker import END, Worker, job_note
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+from .worker import END, Worker
 
 
 def public_name(name: str) -> str:
@@ -63,8 +63,6 @@ def create_app(
     limits: Limits = Limits(),
     offload: Offload | None = None,
 ):
-    from .messages import Messages  # built on this module's pieces
-
     api = Api(worker, pair, defaults, limits=limits, offload=offload or Offload())
     messages = Messages(api)
     app = Starlette(
@@ -105,7 +103,7 @@ class Api:
                 "served": worker.served,
                 "stopped": worker.stopped,
                 # the caller's own history (a digest of its key names it): never another key's
-                "history": worker.history.describe(_namespace(request)) if worker.history is not None else None,
+                "history": worker.history.describe(namespace(request)) if worker.history is not None else None,
             }
         )
 
@@ -144,7 +142,7 @@ class Api:
             self._check(ids, options, "messages")
             return await self._answer(request, Reply(chat=True, model=self.model), ids, options, body, tools=tools)
         except (RequestError, MlxspecError) as e:
-            return _error_response(e)
+            return error_response(e)
 
     async def completions(self, request):
         try:
@@ -158,7 +156,7 @@ class Api:
             self._check(ids, options, "prompt")
             return await self._answer(request, Reply(chat=False, model=self.model), ids, options, body)
         except (RequestError, MlxspecError) as e:
-            return _error_response(e)
+            return error_response(e)
 
     def check_grammar(self, grammar, *, param: str) -> None:
         """A 400 naming `param` when the grammar engine rejects the grammar or gives up at
@@ -214,64 +212,6 @@ class Api:
         )
 
 
-def note_of(options: Options, tools: ToolUse | None) -> str | None:
-    """What the console line says was in force beside the prompt: tools, a grammar."""
-    grammar = options.grammar.describe() if options.grammar else None
-    return job_note(tools=tools.note() if tools else None, grammar=grammar)
-
-
-async def answer(request, worker, ids: list[int], options: Options, *, note, whole, stream):
-    """A generation's answer, for every route: `whole(job)` as one JSON body, or, where
-    `stream` is given, the server-sent events `stream(job, first_event)` yields. Refused with
-    a plain error until the generation has started; a client that leaves stops it."""
-    job = worker.submit(ids, options, asyncio.get_running_loop(), note=note, namespace=_namespace(request))
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-    streaming = False
-    try:
-        first = await job.next()  # the Prefill, once the generation has started
-        if isinstance(first, BaseException):
-            raise first
-        if first is END:
-            raise RequestError("the server is shutting down", status=503, kind="server_error")
-        if stream is None:
-            return JSONResponse(await whole(job))
-        # from here Starlette listens for the disconnect; two listeners would steal its message
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
-        streaming = True
-        return EventStream(stream(job, first), on_close=job.cancel)
-    finally:
-        watcher.cancel()
-        if not streaming:
-            job.cancel()  # no-op once it finished; stops it if this handler failed or was cancelled
-
-
-class EventStream(StreamingResponse):
-    """Server-sent events; `on_close` runs however the response ends (a client gone before
-    the first event included, where a generator's own `finally` would never run)."""
-
-    def __init__(self, events, *, on_close):
-        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.on_close = on_close
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
-
-
-def _namespace(request) -> str:
-    """Whose history a request drafts from: its API key's (RequireKey names it)."""
-    return request.scope.get("state", {}).get("namespace", DEFAULT_NAMESPACE)
-
-
-async def _cancel_on_disconnect(request, job) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    job.cancel()
-
-
 async def _whole(job, reply: Reply, *, tools: ToolUse | None) -> dict:
     pieces, done = [], None
     while (item := await job.next()) is not END:
@@ -320,7 +260,7 @@ async def _events(job, reply: Reply, *, include_usage: bool, tools: ToolUse | No
                 yield _sse(reply.usage_chunk(item.stats))
             ended = True
         elif isinstance(item, BaseException):
-            yield _sse(_error_body(item)[0])
+            yield _sse(error_of(item)[0])
             ended = True
     if not ended:
         yield _sse(error_body("the server is shutting down", kind="server_error"))
@@ -329,27 +269,6 @@ async def _events(job, reply: Reply, *, include_usage: bool, tools: ToolUse | No
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def _error_body(e: BaseException) -> tuple[dict, int]:
-    if isinstance(e, RequestError):
-        return e.body(), e.status
-    if isinstance(e, PromptTooLong):
-        return error_body(str(e), code="context_length_exceeded"), 400
-    if isinstance(e, InvalidOption):
-        return error_body(str(e)), 400
-    if isinstance(e, MlxspecError):
-        return error_body(str(e), kind="server_error"), 500
-    return error_body(f"internal error: {type(e).__name__}: {e}", kind="server_error"), 500
-
-
-# answered before the body was read to its end: the rest of it is not worth reading
-CLOSING = {408, 413}
-
-
-def _error_response(e: BaseException) -> JSONResponse:
-    body, status = _error_body(e)
-    return JSONResponse(body, status_code=status, headers={"Connection": "close"} if status in CLOSING else None)
 
 
 async def _http_error(request, exc: HTTPException) -> JSONResponse:
@@ -372,9 +291,9 @@ def anthropic_path(path: str) -> bool:
 
 async def _internal_error(request, exc: Exception) -> JSONResponse:
     if anthropic_path(request.url.path):
-        body, status = _error_body(exc)
+        body, status = error_of(exc)
         return JSONResponse(anthropic.error_body(body["error"]["message"], status), status_code=status)
-    return _error_response(exc)
+    return error_response(exc)
 
 
 class RequireKey:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from ..decoding.events import Done, Prefill, Round
 from ..errors import MlxspecError
-from ..events import Done, Prefill, Round
 from ..tool_calls import ToolCallSplitter
 from . import anthropic, encode, schema
+from .answer import CLOSING, answer, error_of, note_of
 from .anthropic import Blocks, Reply
-from .app import CLOSING, _error_body, answer, note_of
 from .limits import read_body
 from .schema import RequestError
 from .tools import ToolUse, tool_use
@@ -132,7 +132,7 @@ async def _events(job, reply: Reply, prefill: Prefill, *, tools: ToolUse | None)
 
 
 def error_body(e: BaseException) -> tuple[dict, int]:
-    body, status = _error_body(e)  # the chat route's message and status
+    body, status = error_of(e)  # the chat route's message and status
     return anthropic.error_body(body["error"]["message"], status), status
 
 

@@ -30,8 +30,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..decoding.events import Done
 from ..errors import MlxspecError
-from ..events import Done
 from ..options import Options
 
 # A template may render the end of the previous prompt differently once the reply follows it
@@ -80,7 +80,8 @@ class HistorySettings:
     def store(self, pair, *, warn):
         """The store for `pair`: kept under a folder of its tokenizer's, and no file's ids
         past its target's width read."""
-        from ..drafters.history import HistoryStore, history_folder
+        from ..drafters.history import HistoryStore
+        from ..models.paths import history_folder
 
         folder = history_folder(pair.tokenizer) if self.keep else None
         return HistoryStore(limit_tokens=self.tokens, folder=folder, warn=warn, vocab_size=pair.target.width)

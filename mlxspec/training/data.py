@@ -202,7 +202,7 @@ def encode_prompts(tokenizer, prompts: list[str], *, raw: bool = False) -> list[
 
 def read_prompt_file(path: Path) -> list[str]:
     """A JSONL file of prompts: each line {"prompt": "..."} (or a bare JSON string)."""
-    from ..prompts import read_text_file
+    from ..text import read_text_file
 
     prompts = []
     lines = read_text_file(path, "--prompts", TrainingError).splitlines()

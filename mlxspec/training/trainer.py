@@ -32,7 +32,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..drafters.eagle3_head import Eagle3Head, config_from_target, load_head, save_head, target_embedding
-from ..gguf_import.record import sha256
+from ..models.gguf.record import sha256
 from .data import Example, TrainingError, _write_json, is_number, is_whole
 
 CONTEXT = 64  # prompt rows kept before an answer's first target

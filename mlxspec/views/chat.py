@@ -11,8 +11,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..decoding.events import ContextTrimmed, Done, Prefill, Round
 from ..errors import MlxspecError
-from ..events import ContextTrimmed, Done, Prefill, Round
 from ..options import parse_gamma
 from ..text import Reasoning
 from .progress import reading, spinner_after

@@ -16,9 +16,10 @@ CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
 
 def inventory() -> list[dict]:
     """One dict per preset (also the --json output)."""
-    from ..loading import folder_bytes, local_copy
-    from ..pairs import MTP_DRAFT, machine_memory
-    from ..presets import load_presets, resolve_name
+    from ..models import kinds
+    from ..models.loading import folder_bytes, local_copy
+    from ..models.memory import machine_memory
+    from ..models.presets import load_presets, resolve_name
 
     memory = machine_memory()
     rows = []
@@ -34,7 +35,8 @@ def inventory() -> list[dict]:
             "suits": list(preset.suits),
             "description": preset.description,
         }
-        row["mtp_head"] = preset.draft == MTP_DRAFT  # the target's own head: nothing else to fetch
+        own = kinds.named(preset.draft)
+        row["mtp_head"] = own is not None and own.in_target  # the target's own head: nothing else to fetch
         for role, names in (("target", [preset.target, preset.target_fallback]), ("draft", [preset.draft])):
             if role == "draft" and row["mtp_head"]:  # read from the target's own files
                 row.update(draft_downloaded=row["target_downloaded"], draft_on_disk=None, draft_kind=None)
@@ -54,8 +56,8 @@ def copy_kind(name: str) -> str:
     """What kind of copy a preset's model name has on disk: hub (the Hugging Face cache's
     snapshot), import (a GGUF file's, or a registry package's, converted folder), bundled
     (shipped in the package) or folder."""
-    from ..loading import looks_like_path
-    from ..registry import is_registry_name
+    from ..models.loading import looks_like_path
+    from ..models.wheels import is_registry_name
 
     if name.startswith("bundled:"):
         return "bundled"

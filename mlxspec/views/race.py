@@ -12,7 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .. import sides as model
+from ..decoding.plan import NGRAM, TARGET
+from ..measure import sides as model
 from .bench import doubtful
 from .summary import SEPARATOR, PartsLine, alpha_part, counted, position_part
 from .tokens import fate_text, legend
@@ -43,11 +44,11 @@ def gamma_label(gamma, last) -> str:
         label = f"γ {gamma}"
     elif last is None:
         label = "γ auto"
-    elif last.source == "target":
+    elif last.source == TARGET:
         label = "γ auto→0 (plain)"
     else:
         label = f"γ auto→{last.gamma}"
-    if last is not None and last.source == "ngram":
+    if last is not None and last.source == NGRAM:
         label += " n-gram"
     return label
 

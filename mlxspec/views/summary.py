@@ -6,8 +6,8 @@ from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
-from ..events import Stats
-from ..theory import cost_ratio, predicted_speedup_of
+from ..decoding.events import Stats
+from ..drafting.theory import cost_ratio, predicted_speedup_of
 
 SEPARATOR = " · "
 

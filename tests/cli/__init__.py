@@ -1,0 +1,1 @@
+"""The commands end to end, and their views."""

@@ -1,0 +1,1 @@
+"""`mlxspec serve` in a subprocess, driven by real clients."""

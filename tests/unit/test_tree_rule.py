@@ -1,0 +1,205 @@
+"""The tree's rule alone, on hand-made distributions: recursive rejection over a node's
+point-mass children (the residual after several rejected siblings, by hand and in float64)
+is the target's own draw, which is why a tree walk follows the target's choice at every
+node; the walk's one-hot cases; and the joint law of two emitted ids over trees of any
+shape, with a walk that shares its draws across nodes as the negative control."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxspec.decoding import verify
+from mlxspec.decoding.sampling import SamplingParams
+from mlxspec.decoding.tree import TokenTree
+from mlxspec.decoding.verify import acceptance_probability, residual, walk_tree
+from tests.support.chisquare import critical_value, goodness_of_fit
+
+
+def f64(x):
+    return mx.array(np.array(x, dtype=np.float64), dtype=mx.float64)
+
+
+def test_residual_after_two_rejected_siblings_hand_computed():
+    """Children 1 and 3 tried as point masses at p = (.5, .3, .1, .1): child 1 is kept with
+    p(1) = .3; rejected, p becomes (.5, 0, .1, .1) / .7; child 3 is kept with (.1 / .7) = 1/7;
+    rejected, p becomes (.5, 0, .1, 0) / .6."""
+    p = [0.5, 0.3, 0.1, 0.1]
+    with mx.stream(mx.cpu):
+        one, three = f64(np.eye(4)[1]), f64(np.eye(4)[3])
+        assert float(np.array(acceptance_probability(f64(p)[1], one[1]))) == pytest.approx(0.3, abs=1e-15)
+        p2 = residual(f64(p), one)
+        assert np.allclose(np.array(p2), [5 / 7, 0.0, 1 / 7, 1 / 7], atol=1e-15)
+        assert float(np.array(acceptance_probability(p2[3], three[3]))) == pytest.approx(1 / 7, abs=1e-15)
+        p3 = residual(p2, three)
+        assert np.allclose(np.array(p3), [5 / 6, 0.0, 1 / 6, 0.0], atol=1e-15)
+
+
+def point_mass_law(p, children) -> np.ndarray:
+    """P(emitted = x) when the children are tried in turn as point masses, by the rule's own
+    functions in float64: accepted with p_i(x_i), else p_{i+1} = residual(p_i, one-hot)."""
+    p = np.array(p, dtype=np.float64)
+    out, reach = np.zeros_like(p), 1.0
+    with mx.stream(mx.cpu):
+        p_i = f64(p)
+        for x in children:
+            point = f64(np.eye(len(p))[x])
+            accept = float(np.array(acceptance_probability(p_i[x], point[x])))
+            out[x] += reach * accept
+            reach *= 1 - accept
+            p_i = residual(p_i, point)
+        out += reach * np.array(p_i)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_recursive_rejection_over_point_masses_is_the_targets_draw(seed):
+    """Whatever the children and their order, each id comes out with exactly p: trying them in
+    turn is the same as drawing from p and following the child drawn."""
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(3, 9))
+    p = rng.dirichlet(np.full(vocab, 0.5))
+    children = list(rng.permutation(vocab)[: int(rng.integers(1, vocab + 1))])
+    assert np.allclose(point_mass_law(p, children), p, atol=1e-12, rtol=0)
+
+
+def one_hot(i, n=5):
+    row = [0.0] * n
+    row[i] = 1.0
+    return row
+
+
+#       root
+#      /    \
+#   1:2      2:1
+#   |   \      \
+#  3:3  4:0    5:4
+TREE = TokenTree.of((2, 1, 3, 0, 4), (0, 0, 1, 1, 2))
+
+
+def walk(tree, target_rows, params=SamplingParams(temp=1.0), seed=0):
+    return walk_tree(tree, mx.log(mx.array(target_rows)), params, mx.random.key(seed))
+
+
+def test_one_hot_walks_take_the_branch_the_target_takes():
+    anything = one_hot(0)
+    for seed in range(5):
+        # the root's second child, its child, then the bonus after that leaf
+        target = [one_hot(1), anything, one_hot(4), anything, anything, one_hot(3)]
+        assert walk(TREE, target, seed=seed) == ([2, 5], 3)
+        # the root's first child, then that one's second child
+        target = [one_hot(2), one_hot(0), anything, anything, one_hot(1), anything]
+        assert walk(TREE, target, seed=seed) == ([1, 4], 1)
+        # no child at the root: the target's own id
+        target = [one_hot(3)] + [anything] * 5
+        assert walk(TREE, target, seed=seed) == ([], 3)
+
+
+def test_greedy_follows_the_argmax():
+    target_ids = [2, 0, 4, 1, 2, 1]
+    assert TREE.follow(target_ids) == ([1, 4], 2)
+    logits = mx.array([[5.0 if i == t else 0.0 for i in range(5)] for t in target_ids])
+    assert walk_tree(TREE, logits, SamplingParams(), mx.random.key(0)) == ([1, 4], 2)
+
+
+def test_a_chain_is_the_tree_whose_parents_count_up():
+    chain = TokenTree.chain([4, 4, 2])
+    assert chain.parents == (0, 1, 2) and chain.is_chain and chain.depth == 3
+    assert not TREE.is_chain and TREE.depths == (0, 1, 1, 2, 2, 2)
+
+
+def test_a_node_must_come_after_its_parent():
+    with pytest.raises(ValueError):
+        TokenTree.of((1, 2), (0, 2))
+
+
+# The joint law of the first two emitted ids over trees of random shape and ids (any shape
+# the drafter likes is exact), against p1(a) p2(b | a). With a spine, the root's first child
+# is drawn from q1 and its own first child from q2(. | it): both tried by min(1, p/q).
+VOCAB = 5
+RNG = np.random.default_rng(7)
+P1 = RNG.dirichlet(np.full(VOCAB, 0.6))
+P2 = RNG.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)
+Q1 = RNG.dirichlet(np.full(VOCAB, 0.6))
+Q2 = RNG.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)
+TRIALS = 4000
+
+
+def random_tree(rng, *, spine: bool, biased: bool = False) -> tuple[TokenTree, np.ndarray, list[int], np.ndarray]:
+    """Root children: (a drawn one, then) 1-3 distinct point masses; under each, 0-2 more (and
+    under the drawn one its own drawn child first). `biased`: the drawn child is kept only
+    when the draft was sure of it, a place that depends on the draw. Returns the tree, the
+    target's rows after every node, the spine's nodes and their q rows."""
+    ids, parents, spine_nodes, spine_rows = [], [], [], []
+    first = int(rng.choice(VOCAB, p=Q1)) if spine else None
+    if first is not None and not (biased and Q1[first] < Q1.max()):
+        ids.append(first), parents.append(0), spine_nodes.append(1), spine_rows.append(Q1)
+    for x in rng.permutation(VOCAB)[: int(rng.integers(1, 4))]:
+        if int(x) != first:
+            ids.append(int(x)), parents.append(0)
+    for node in range(1, len(ids) + 1):
+        if spine_nodes and node == 1:
+            y = int(rng.choice(VOCAB, p=Q2[ids[0]]))
+            ids.append(y), parents.append(1), spine_nodes.append(len(ids)), spine_rows.append(Q2[ids[0]])
+        for y in rng.permutation(VOCAB)[: int(rng.integers(0, 3))]:
+            if not any(parents[k] == node and ids[k] == int(y) for k in range(len(ids))):
+                ids.append(int(y)), parents.append(node)
+    tree = TokenTree.of(ids, parents)
+    rows = [P1] + [P2[ids[k - 1]] if tree.depths[k] == 1 else np.full(VOCAB, 1 / VOCAB) for k in range(1, len(ids) + 1)]
+    return tree, np.array(rows, dtype=np.float32), spine_nodes, np.array(spine_rows, dtype=np.float32)
+
+
+def joint_law_statistic(*, spine: bool = False, shared_draws: bool = False, biased: bool = False) -> float:
+    rng = np.random.default_rng(11)
+    counts = Counter()
+    walk_key = verify.node_choice
+    for trial in range(TRIALS):
+        tree, rows, spine_nodes, spine_rows = random_tree(rng, spine=spine, biased=biased)
+        drawn = {tree.parents[n - 1]: (n, mx.array(q)) for n, q in zip(spine_nodes, spine_rows)}
+        if shared_draws:  # one key at every node: the draws at a node and at its child are tied
+            verify.node_choice = lambda logits, params, key, fixed=mx.random.key(trial), **kw: walk_key(
+                logits, params, fixed, **kw
+            )
+        try:
+            path, token = walk_tree(
+                tree, mx.log(mx.array(rows)), SamplingParams(temp=1.0), mx.random.key(trial), drawn=drawn
+            )
+        finally:
+            verify.node_choice = walk_key
+        emitted = tree.path_ids(path) + [token]
+        if len(emitted) == 1:  # the next round draws the second id from p2(. | first)
+            emitted.append(int(rng.choice(VOCAB, p=P2[token])))
+        counts[tuple(emitted[:2])] += 1
+    expected = {(a, b): P1[a] * P2[a][b] for a in range(VOCAB) for b in range(VOCAB)}
+    statistic, df = goodness_of_fit(counts, expected)
+    return statistic / critical_value(df, 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spine", [False, True], ids=["point-masses", "spine"])
+def test_walks_over_trees_of_any_shape_keep_the_targets_joint_law(spine):
+    assert joint_law_statistic(spine=spine) < 1
+
+
+@pytest.mark.slow
+def test_the_harness_catches_draws_shared_across_nodes():
+    assert joint_law_statistic(shared_draws=True) > 1
+
+
+@pytest.mark.slow
+def test_the_harness_catches_a_drawn_child_kept_for_what_was_drawn():
+    """A drawn child whose place depends on its draw (kept only when the draft was sure of
+    it) is no sample of q: the rule's min(1, p/q) then favours it, and the law moves."""
+    assert joint_law_statistic(spine=True, biased=True) > 1
+
+
+def test_a_spine_child_accepted_is_taken_and_a_rejected_one_recovers():
+    """Hand-made: a drawn child that the rule accepts is taken even where the target's draw
+    at that row names another; a rejected one leaves the recovered id (never itself)."""
+    tree = TokenTree.of((2, 1), (0, 0))  # node 1 (id 2) drawn, node 2 (id 1) a point mass
+    assert tree.follow([1, 4, 4], {0: (1, True)}) == ([1], 4)
+    assert tree.follow([1, 4, 4], {0: (1, False)}) == ([2], 4)
+    assert tree.follow([3, 4, 4], {0: (1, False)}) == ([], 3)
