@@ -17,9 +17,9 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chisquare
-from mlxspec.drafters.tree_growth import grow_tree
 from mlxspec.decoding.sampling import SamplingParams, warp
 from mlxspec.decoding.verify import walk_tree
+from mlxspec.drafters.tree_growth import grow_tree
 
 V = 4
 

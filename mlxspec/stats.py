@@ -57,7 +57,6 @@ class Stats:
     finish_reason: str | None = None
     chains_only: str | None = None  # why a tree asked for (--tree N) was drafted as chains
 
-
     # --- accumulating ---------------------------------------------------------------
     def add_prefill(self, event) -> None:
         self.generations += 1

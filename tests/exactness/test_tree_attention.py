@@ -124,11 +124,26 @@ def test_tree_settings_cover_windows():
 ROPE_SCALINGS = [
     (None, True),
     ({"type": "linear", "factor": 2.0}, True),
-    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-      "original_max_position_embeddings": 64}, True),
+    (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        True,
+    ),
     ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, True),
-    ({"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-      "original_max_position_embeddings": 64}, True),
+    (
+        {
+            "type": "longrope",
+            "short_factor": [1.0] * 4,
+            "long_factor": [2.0] * 4,
+            "original_max_position_embeddings": 64,
+        },
+        True,
+    ),
     ({"type": "dynamic", "factor": 2.0}, False),
 ]
 
@@ -161,7 +176,11 @@ def test_a_target_whose_rope_reads_one_offset_drafts_chains_and_stays_exact(fact
     from mlxspec.generation import Session
 
     path = factory.model(
-        "llama-dynamic", arch="llama", seed=1, head_scale=4.0, overrides={"rope_scaling": {"type": "dynamic", "factor": 2.0}}
+        "llama-dynamic",
+        arch="llama",
+        seed=1,
+        head_scale=4.0,
+        overrides={"rope_scaling": {"type": "dynamic", "factor": 2.0}},
     )
     pair = mlxspec.load_pair(str(path), "ngram")
     assert "DynamicNTKScalingRoPE" in Session(pair).target.why_no_trees()

@@ -1,8 +1,9 @@
 """Token trees through the whole engine: greedy ids equal standard decoding's with trees of 4,
 8 and 16 nodes and `auto`, for draft-model and EAGLE-3-head trees on every family that takes
 trees (sliding windows that wrap inside a round included), a nextn (MTP) head's trees on an
-MLA target, MTP heads on hybrid targets and recurrent targets falling back to chains; sessions that trim back into an earlier tree; a Ctrl-C inside a
-tree round; a grammar that forbids some branches. (The sampled law: test_distribution.py.)"""
+MLA target, MTP heads on hybrid targets and recurrent targets falling back to chains;
+sessions that trim back into an earlier tree; a Ctrl-C inside a tree round; a grammar that
+forbids some branches. (The sampled law: test_distribution.py.)"""
 
 from __future__ import annotations
 

@@ -157,7 +157,9 @@ def test_drafting_after_a_shorter_standard_retry_reads_the_rows_it_needs(heads):
     retried = mlxspec.generate(pair, PROMPT, session=session, max_tokens=3, gamma=0).tokens
     history = PROMPT + retried
     rounds = [  # chains: each round's drafts are then one chain a fresh head would propose
-        e for e in mlxspec.stream(pair, history, session=session, max_tokens=6, gamma=3, tree=0) if hasattr(e, "drafted")
+        e
+        for e in mlxspec.stream(pair, history, session=session, max_tokens=6, gamma=3, tree=0)
+        if hasattr(e, "drafted")
     ]
     emitted = [i for r in rounds for i in r.emitted]
     assert emitted == mlxspec.generate(pair, history, max_tokens=6, gamma=0).tokens
