@@ -209,10 +209,13 @@ def drafting_policy(
         lookup = PromptLookup(ids, min_match=min_match)
     target_trees = session.target.why_no_trees() is None
     drafter_trees = session.draft is None or getattr(session.draft, "reads_trees", False)
-    # auto's trees come from a head (a level costs one small forward) or lookup's tries; a
-    # separate draft model's level reads the tree's frontier through all its layers, and on
-    # the machines measured its trees never beat its chain (docs/trees.md): chains there
-    if isinstance(options.tree, Auto) and session.draft is not None and session.draft.kind == DRAFT_MODEL:
+    # auto's trees come from a head (a level costs one small forward) or lookup's tries, at
+    # temperature 0. A separate draft model's level reads the tree's frontier through all its
+    # layers, and under sampling the walk decides node by node, a host wait and a warped row
+    # each: measured here, neither beat its chain (docs/trees.md), so auto drafts chains there
+    if isinstance(options.tree, Auto) and (
+        not options.sampling.greedy or (session.draft is not None and session.draft.kind == DRAFT_MODEL)
+    ):
         drafter_trees = False
     return Policy(
         gamma=options.gamma,

@@ -153,3 +153,13 @@ def test_tree_rounds_report_their_nodes_and_branches(load_pair):
     assert rounds and all(1 <= len(r.drafted) <= 4 and r.accepted <= 3 for r in rounds)
     assert any(r.branches for r in rounds) and all(r.nodes <= 8 for r in rounds)
     mx.synchronize()
+
+
+def test_auto_drafts_trees_at_temperature_0_and_chains_under_sampling(heads):
+    """Where auto grows trees (docs/trees.md): a head's at temperature 0; under sampling,
+    where the walk decides node by node, chains, unless a size is asked for."""
+    pair = heads.pair("llama")
+    greedy = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3)
+    sampled = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1)
+    asked = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1, tree=8)
+    assert greedy.stats.tree_rounds > 0 and sampled.stats.tree_rounds == 0 and asked.stats.tree_rounds > 0
