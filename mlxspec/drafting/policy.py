@@ -108,12 +108,14 @@ class Policy:
     def _tree_plan(self, depth: int, *, remaining: int) -> Plan:
         """A tree `depth` levels deep: a fixed size, or (auto) up to TREE_AUTO_MAX nodes sized
         each round from this machine's verify costs and the drafter's calibrated confidence,
-        and up to TREE_EXTRA_DEPTH levels deeper than the chain the controller would draft
+        and (under --gamma auto) up to TREE_EXTRA_DEPTH levels deeper than the chain the controller would draft
         (a tree raises each depth's acceptance), each level grown only while it pays."""
         if not isinstance(self.tree, Auto):
             return Plan(draft=depth, tree=self.tree, width=self.tree_width)
         controller, times = self.controller, self.controller.times
-        deeper = max(1, min(depth + TREE_EXTRA_DEPTH, controller.config.max_gamma, remaining - 1))
+        # deeper than the controller's chain under --gamma auto; a fixed --gamma is the longest path
+        extra = TREE_EXTRA_DEPTH if self.gamma is AUTO else 0
+        deeper = max(1, min(depth + extra, controller.config.max_gamma, remaining - 1))
         costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
         level, whole = times.draft_step(), times.round_time(depth)
         gain = level * controller.expected_tokens(depth) / whole if level and whole else 0.0
