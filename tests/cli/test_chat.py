@@ -437,9 +437,11 @@ class Terminal:
     # the child takes the pty as its controlling terminal (a new session), so that Ctrl-C on it
     # is a SIGINT, as in a shell; run in a fresh interpreter: forking this one (MLX's threads
     # running) could deadlock the child before its exec
+    # Ctrl-C as a terminal's user has it: a runner that ignores SIGINT (a test worker) would
+    # pass the ignoring on through exec, and the chat would never hear it
     ATTACH = (
-        "import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+        "import fcntl, os, signal, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+        "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
     )
 
     def __init__(self, *args: str):
