@@ -207,23 +207,24 @@ def drafting_policy(
         lookup = session.history.drafter(namespace, min_match=min_match).begin(ids)
     else:
         lookup = PromptLookup(ids, min_match=min_match)
-    target_trees = session.target.why_no_trees() is None
-    drafter_trees = session.draft is None or getattr(session.draft, "reads_trees", False)
+    why_chains = session.target.why_no_trees()
+    if why_chains is None and session.draft is not None and not getattr(session.draft, "reads_trees", False):
+        why_chains = "this drafter proposes chains only"
     # auto's trees come from a head (a level costs one small forward) or lookup's tries, at
     # temperature 0. A separate draft model's level reads the tree's frontier through all its
     # layers, and under sampling the walk decides node by node, a host wait and a warped row
     # each: measured here, neither beat its chain (docs/trees.md), so auto drafts chains there
-    if isinstance(options.tree, Auto) and (
+    auto_chains = isinstance(options.tree, Auto) and (
         not options.sampling.greedy or (session.draft is not None and session.draft.kind == DRAFT_MODEL)
-    ):
-        drafter_trees = False
+    )
     return Policy(
         gamma=options.gamma,
         stop=options.draft_min_p,
         controller=session.controller,
         lookup=lookup,
         draft_model=session.draft is not None,
-        tree=options.tree if target_trees and drafter_trees else 0,
+        tree=0 if why_chains or auto_chains else options.tree,
+        why_chains=why_chains,
     )
 
 
@@ -271,8 +272,8 @@ def _stream(
     grammar = grammar_for(pair, options)
 
     stats = Stats(gamma=_gamma_label(options.gamma), seed=seed)
-    if policy is not None and isinstance(options.tree, int) and options.tree and not policy.tree:
-        stats.chains_only = session.target.why_no_trees() or "this drafter proposes chains only"
+    if policy is not None and isinstance(options.tree, int) and options.tree:
+        stats.chains_only = policy.why_chains
     text = TextStream(pair.tokenizer, ids[-4:])
     stops = StopFilter(options.stop)
     eos = pair.eos_ids

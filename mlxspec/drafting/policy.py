@@ -42,12 +42,13 @@ class Policy:
         draft_model: bool = True,
         tree: int | Auto = 0,
         tree_width: int = TREE_WIDTH,
+        why_chains: str | None = None,  # why the target or drafter reads chains only (trees asked for)
     ):
         self.gamma, self.stop = gamma, stop
         self.controller = controller
         self.lookup = lookup
         self.draft_model = draft_model
-        self.tree, self.tree_width = tree, tree_width
+        self.tree, self.tree_width, self.why_chains = tree, tree_width, why_chains
         self._last_gamma, self._untimed = None, 0
         self._learning = stop is AUTO and draft_model
 

@@ -265,8 +265,8 @@ def sample_joint_with(
     from mlxspec.drafters.history import HistoryStore
 
     controller = primed_for_early_stop() if primed else None
-    store = HistoryStore(limit_tokens=1024)
-    for earlier in EARLIER:
+    store = HistoryStore(limit_tokens=1024) if history else None
+    for earlier in EARLIER if history else ():
         store.index("default").add_turn(earlier[:3], earlier[3:], keep_prompt=True)
     counts = Counter()
     counts.early_stops, counts.sources = 0, Counter()
