@@ -11,6 +11,7 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -472,6 +473,33 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
 
+    # the main thread blocked in select, pselect6, poll or ppoll (Linux x86_64 and arm64 numbers)
+    WAITING_FOR_KEYS = {"23", "270", "7", "271", "72", "73"}
+
+    def interrupt(self) -> None:
+        """Ctrl-C, once the chat waits for a key, as it always does when a person presses it.
+        Python's readline checks for signals when its select() is interrupted: a SIGINT that
+        lands in the microseconds between drawing the echo and the next select() is seen only
+        at the next key (CPython's readline_until_enter_or_signal). A person never hits that
+        gap; a test that types the moment the echo shows can, on a loaded machine."""
+        self._wait_for_keys()
+        self.type("\x03")
+
+    def _wait_for_keys(self, timeout: float = 30.0) -> None:
+        """Until the chat's main thread sits in select() or poll() twice in a row; a pause
+        where /proc cannot tell (not Linux)."""
+        syscall = Path(f"/proc/{self.process.pid}/syscall")
+        deadline, settled = time.monotonic() + timeout, 0
+        while settled < 2:
+            try:
+                number = syscall.read_text().split()[0]
+            except (OSError, IndexError):
+                time.sleep(0.5)
+                return
+            settled = settled + 1 if number in self.WAITING_FOR_KEYS else 0
+            assert time.monotonic() < deadline, f"the chat never waited for a key: {self.screen!r}"
+            time.sleep(0.05)
+
     def exit_code(self, timeout: float = 30.0) -> int | None:
         """The exit code once it ends (the terminal drained meanwhile), None if still running."""
         deadline = time.monotonic() + timeout
@@ -497,14 +525,14 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_the_chat_goes_on(factory):
             chat.wait_for(">>> ")
             chat.type("half a thought")
             chat.wait_for("half a thought")
-            chat.type("\x03")
+            chat.interrupt()
             after = chat.wait_for(">>> ")
             assert "Ctrl-D or /quit to leave" in after and "tokens" not in after
             chat.type('"""\r')
             chat.wait_for("... ")
             chat.type("a block\r")
             chat.wait_for("... ")
-            chat.type("\x03")
+            chat.interrupt()
             assert "tokens" not in chat.wait_for(">>> ")  # the block was dropped, not answered
             chat.type("def f():\r")
             assert "6 tokens" in chat.wait_for(">>> ")  # the chat still answers
