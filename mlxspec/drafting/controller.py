@@ -97,6 +97,9 @@ class Controller:
         self.config = config or ControllerConfig()
         self.times = RoundTimes(decay=self.config.decay, prior_slope=self.config.prior_slope)
         self.acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
+        # prompt lookup's and the history's own rates, beside a draft model: their matches are
+        # often far surer than the model, and would be cut to the model's length otherwise
+        self.lookup_acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
         self.probes = ProbeSchedule()
         self.budget = ProbeBudget(fraction=self.config.probe_budget)
         self.stop = StopLearner(self.times)
@@ -119,8 +122,11 @@ class Controller:
 
     def observe_verify(self, outcome: Outcome) -> None:
         """A round whose proposals did not come from the draft this controller models (prompt
-        lookup beside it): the verify's time, and ids the draft will catch up on."""
+        lookup beside it): the verify's time, the lookup's own rates, and ids the draft will
+        catch up on."""
         self._observe_verified(outcome, proposed_by_draft=False)
+        if outcome.drafted:
+            self.lookup_acceptance.observe(drafted=len(outcome.drafted), accepted=outcome.accepted)
 
     def _observe_verified(self, outcome: Outcome, *, proposed_by_draft: bool) -> None:
         """What every round tells: the verify's time, and the ids it emitted (they earn the
@@ -174,6 +180,24 @@ class Controller:
         scores = {g: self.throughput(g) for g in range(reach + 1)}
         if any(v is None for v in scores.values()):
             return self._first_size()  # nothing timed yet
+        return max(scores, key=lambda g: (scores[g], -g))
+
+    def lookup_length(self) -> int:
+        """How deep a lookup proposal beside the draft model may go: the length that
+        maximises its expected tokens per second of verifying (it costs no drafting), from
+        the lookup's own rates; the preset's length until a verify is timed."""
+        # one position beyond those tried, and the preset's length from the start: a lookup
+        # proposal costs no drafting, so trying a position costs only its verify
+        tried = len(self.lookup_acceptance.rates)
+        reach = min(max(tried + 1, self.config.start_gamma), self.config.max_gamma)
+        scores = {}
+        for gamma in range(1, reach + 1):
+            verify = self.times.verify_time(gamma + 1)
+            if verify is None:
+                return min(self.config.start_gamma, self.config.max_gamma)
+            scores[gamma] = expected_tokens_by_position(self.lookup_acceptance.at(gamma)) / (
+                verify + self.times.overhead
+            )
         return max(scores, key=lambda g: (scores[g], -g))
 
     def _plain_untimed_may_win(self, best: int) -> bool:

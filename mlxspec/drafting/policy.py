@@ -59,7 +59,7 @@ class Policy:
             # the draft model loses for now, but a prompt-lookup match beside it costs no
             # drafting (alone, lookup is what the controller judged, and it said no)
             beside = self.lookup is not None and self.draft_model
-            found = self._lookup(min(self.controller.config.start_gamma, remaining - 1)) if beside else None
+            found = self._lookup(self._lookup_depth(0, remaining=remaining)) if beside else None
             if found is not None:
                 return dataclasses.replace(found, timed=self._timed(found.gamma))
             # a pipelined stretch, as fast as standard decoding, until the controller wants
@@ -68,10 +68,12 @@ class Policy:
             self._last_gamma = 0
             stretch = self.controller.plain_stretch()
             return Plan(plain=min(stretch, LOOKUP_STRETCH if beside else stretch, remaining))
-        timed = self._timed(gamma)
-        found = self._lookup(gamma)
+        beside_auto = self.draft_model and self.gamma is AUTO  # a fixed --gamma is the longest path
+        depth = self._lookup_depth(gamma, remaining=remaining) if beside_auto else gamma
+        found = self._lookup(depth)
         if found is not None:
-            return dataclasses.replace(found, timed=timed)
+            return dataclasses.replace(found, timed=self._timed(depth))
+        timed = self._timed(gamma)
         if not self.draft_model or gamma == 0:
             return Plan(timed=timed)  # the target reads and emits one id
         if self.tree:
@@ -101,6 +103,12 @@ class Policy:
         else:
             proposal = self.lookup.propose(gamma)
         return Plan(proposal=tuple(proposal), lookup_source=self._lookup_source()) if proposal else None
+
+    def _lookup_depth(self, gamma: int, *, remaining: int) -> int:
+        """How deep a lookup proposal beside the draft model may go: as deep as its own rates
+        say pays, never shallower than the model's round (alone, the controller's gamma is
+        the lookup's own)."""
+        return min(max(gamma, self.controller.lookup_length()), remaining - 1)
 
     def _lookup_source(self) -> str:
         """Where the lookup's latest proposal came from (the history index names it)."""

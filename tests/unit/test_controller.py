@@ -563,3 +563,60 @@ def test_an_opening_round_that_costs_many_plain_steps_is_not_followed_by_another
     for _ in range(c.plain_stretch()):
         plain(c, 0.003)
     assert c.choose() == 0 and c.plain_stretch() == LONGEST
+
+
+def test_beside_a_draft_model_a_lookup_that_keeps_being_right_proposes_past_the_model_s_length():
+    """SuffixDecoding's point: a match that keeps being accepted is worth a long proposal,
+    whatever the model beside it is worth. Beside a draft model whose controller drafts one
+    id, lookup rounds that were accepted whole let lookup propose as deep as its own rates
+    and the verify's cost say pays; rounds it lost keep it short. A fixed --gamma stays the
+    longest path."""
+    from mlxspec.drafters.lookup import PromptLookup
+    from mlxspec.drafting import Policy
+    from mlxspec.options import AUTO
+
+    def model_drafting_one():
+        c = Controller(ControllerConfig(start_gamma=4, max_gamma=8))
+        for _ in range(24):  # one id pays, a second does not: its draft is dear and rarely right
+            drafted(c, drafted=1, accepted=1, draft=0.004, verify=0.020)
+            drafted(c, drafted=2, accepted=1, draft=0.008, verify=0.0202)
+        assert c.choose() == 1
+        return c
+
+    prompt = list(range(10, 30)) * 2 + list(range(10, 14))  # the text repeats: lookup finds 14, 15, ...
+
+    def lookup_round(policy, *, right: bool):
+        plan = policy.plan(remaining=100)
+        assert plan.proposal and not plan.draft
+        n = len(plan.proposal)
+        policy.observe_round(
+            Outcome(
+                plan=plan,
+                drafted=plan.proposal,
+                accepted=n if right else 0,
+                next_id=0,
+                emitted=(*plan.proposal, 0) if right else (0,),
+                verified=n + 1,
+                seconds=0.021,
+                draft_seconds=None,
+                verify_seconds=0.020 + 0.0002 * n,  # a flat verify: depth is cheap
+            )
+        )
+        return n
+
+    sure = Policy(gamma=AUTO, stop=0.0, controller=model_drafting_one(), lookup=PromptLookup(prompt, min_match=3))
+    lengths = []
+    for _ in range(12):
+        lengths.append(lookup_round(sure, right=True))
+        sure.lookup = PromptLookup(prompt, min_match=3)  # the same match again next round
+    assert lengths[-1] == 8 and lengths[-1] > lengths[0] >= 1, lengths
+    assert sure.controller.choose() == 1  # the model's own length is untouched
+
+    unsure = Policy(gamma=AUTO, stop=0.0, controller=model_drafting_one(), lookup=PromptLookup(prompt, min_match=3))
+    for _ in range(12):
+        last = lookup_round(unsure, right=False)
+        unsure.lookup = PromptLookup(prompt, min_match=3)
+    assert last == 1
+
+    fixed = Policy(gamma=2, stop=0.0, controller=sure.controller, lookup=PromptLookup(prompt, min_match=3))
+    assert len(fixed.plan(remaining=100).proposal) == 2
