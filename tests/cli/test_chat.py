@@ -473,8 +473,9 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
 
-    # the main thread blocked in select, pselect6, poll or ppoll (Linux x86_64 and arm64 numbers)
-    WAITING_FOR_KEYS = {"23", "270", "7", "271", "72", "73"}
+    # the main thread blocked in select, pselect6, poll or ppoll (readline), or read (a Python
+    # without readline), by their Linux x86_64 and arm64 numbers
+    WAITING_FOR_KEYS = {"23", "270", "7", "271", "0", "72", "73", "63"}
 
     def interrupt(self) -> None:
         """Ctrl-C, once the chat waits for a key, as it always does when a person presses it.
