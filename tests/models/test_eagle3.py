@@ -83,7 +83,7 @@ def test_the_heads_proposals_are_what_a_fresh_head_proposes(heads, gamma, ngram)
     rounds and auto's plain steps: each round's greedy proposals equal a fresh head's over
     the same ids (a stale row costs only acceptance, so the output alone cannot see it).
     Under auto this head (rarely right) soon loses to plain decoding, and drafts again only
-    when a probe is due (every 32 plain ids, then 64): a longer reply, and a probe budget
+    when a probe is due (every 32 plain ids, then 64, 128): a longer reply, and a probe budget
     that never holds one back, so that probes come after plain stretches whatever the
     timings."""
     pair = heads.pair("gemma3_text")
@@ -91,7 +91,7 @@ def test_the_heads_proposals_are_what_a_fresh_head_proposes(heads, gamma, ngram)
     controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint, probe_budget=1.0)) if auto else None
     session = Session(pair, controller=controller)
     prompt = PROMPT + PROMPT[:6] if ngram else PROMPT
-    max_tokens = MAX_TOKENS * 4 if auto else MAX_TOKENS
+    max_tokens = MAX_TOKENS * 8 if auto else MAX_TOKENS
     rounds = [
         e
         # chains: a round's drafted ids are then one chain a fresh head would propose
@@ -109,7 +109,7 @@ def test_the_heads_proposals_are_what_a_fresh_head_proposes(heads, gamma, ngram)
             after_plain += previous == "target"
         previous = r.source
         history += list(r.emitted)
-    assert checked >= 3
+    assert checked > 3
     assert not auto or after_plain >= 1, [r.source for r in rounds]
 
 
