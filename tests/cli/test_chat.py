@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import platform
 import pty
 import re
 import select
@@ -474,8 +475,11 @@ class Terminal:
         os.write(self.fd, keys.encode())
 
     # the main thread blocked in select, pselect6, poll or ppoll (readline), or read (a Python
-    # without readline), by their Linux x86_64 and arm64 numbers
-    WAITING_FOR_KEYS = {"23", "270", "7", "271", "0", "72", "73", "63"}
+    # without readline), by their Linux numbers on this machine (none known: a pause instead)
+    WAITING_FOR_KEYS = {
+        "x86_64": {"23", "270", "7", "271", "0"},
+        "aarch64": {"72", "73", "63"},
+    }.get(platform.machine(), set())
 
     def interrupt(self) -> None:
         """Ctrl-C, once the chat waits for a key, as it always does when a person presses it.
@@ -488,13 +492,15 @@ class Terminal:
 
     def _wait_for_keys(self, timeout: float = 30.0) -> None:
         """Until the chat's main thread sits in select() or poll() twice in a row; a pause
-        where /proc cannot tell (not Linux)."""
+        where /proc cannot tell (not Linux, or an architecture not listed)."""
         syscall = Path(f"/proc/{self.process.pid}/syscall")
         deadline, settled = time.monotonic() + timeout, 0
         while settled < 2:
             try:
                 number = syscall.read_text().split()[0]
             except (OSError, IndexError):
+                number = None
+            if number is None or not self.WAITING_FOR_KEYS:
                 time.sleep(0.5)
                 return
             settled = settled + 1 if number in self.WAITING_FOR_KEYS else 0
