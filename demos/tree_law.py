@@ -3,7 +3,7 @@
 (TreeDrafts.best) and the real walk (verify.walk_tree), on drafter and target logits that
 depend on the whole path (a 4-id vocabulary), against the warped target's exact law of the
 first two ids, chi-square at 1e-3. Written by the independent review of issue 31; the suite's
-law tests (tests/test_distribution.py) run the whole engine on fewer settings.
+law tests (tests/exactness/test_distribution.py) run the whole engine on fewer settings.
 
     python demos/tree_law.py 15000     # about 10 minutes on 2 cores
 """
@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chisquare
+from mlxspec.decoding.carry import Carry
 from mlxspec.decoding.sampling import SamplingParams, warp
 from mlxspec.decoding.verify import walk_tree
 from mlxspec.drafters.tree_growth import grow_tree
@@ -48,8 +49,7 @@ def run(params, trials, budget, depth, width, level_gain, best_count, seed=0):
             depth=depth,
             width=width,
             budget=budget,
-            params=params,
-            key=dk,
+            carry=Carry(params=params, eos_ids=frozenset(), key=dk),
             level_gain=level_gain,
         )
         if best_count is not None and drafts is not None:

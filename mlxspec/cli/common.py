@@ -115,9 +115,8 @@ def load(models: Models, *, speculative: bool = True, note_bundled: bool = True)
         no_draft=models.no_draft or not speculative,
         reporter=reporter,
         shard=models.shard,
+        ngram=models.ngram,
     )
-    if models.ngram is not None and not models.no_draft and loaded.draft is not None:
-        loaded.ngram = models.ngram  # --ngram / --no-ngram beside a draft model
     if lookup:
         drafts = compatible_drafts(loaded.target)
         hint = (

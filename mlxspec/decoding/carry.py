@@ -23,4 +23,8 @@ class Carry:
         """(what the rest of the generation carries, what this round carries): the key split
         in two, as `key, round_key = mx.random.split(key)`."""
         key, round_key = mx.random.split(self.key)
-        return dataclasses.replace(self, key=key), dataclasses.replace(self, key=round_key)
+        return self.keyed(key), self.keyed(round_key)
+
+    def keyed(self, key: mx.array) -> Carry:
+        """The same with another key (a round's drafter draws with a key of its own)."""
+        return dataclasses.replace(self, key=key)

@@ -4,10 +4,11 @@ A round asks `catch_up_if_behind` (read a backlog in a forward of its own, outsi
 round's timing), `begin` (a state to come back to), `propose` (up to `count` ids with the
 distributions q they were drawn from), then `settle` (keep what the rule accepted) or, on
 any exception, `undo`. Ids emitted without the drafter (plain steps, prompt lookup) are
-`hear`d. Under a grammar, `propose` masks each position with the matcher's state and
-advances it through its own proposals (grammar.py), stopping where nothing is allowed. A
-session also `sync`s it to each prompt, `prefill`s and `reset`s it. Exactness
-never depends on a drafter: the rule needs only that q is what the ids were drawn from.
+`hear`d. `propose` draws with the round's `Carry` (sampling, a key of its own, the grammar);
+under a grammar it masks each position with the matcher's state and advances it through its
+own proposals (grammar.py), stopping where nothing is allowed. A session also `sync`s it to
+each prompt, `prefill`s and `reset`s it. Exactness never depends on a drafter: the rule
+needs only that q is what the ids were drawn from.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from ..grammar import Matcher
-from .sampling import SamplingParams
+from .carry import Carry
 from .tree import TokenTree
 
 
@@ -84,15 +84,21 @@ class Drafter(Protocol):
     def hear(self, ids) -> None: ...
     def catch_up_if_behind(self) -> float: ...
     def begin(self, count: int): ...
-    def propose(
-        self,
-        *,
-        count: int,
-        params: SamplingParams,
-        key: mx.array,
-        stop_below: float,
-        read_confidences: bool,
-        grammar: Matcher | None = None,
-    ) -> Drafts: ...
+    def propose(self, *, count: int, carry: Carry, stop_below: float, read_confidences: bool) -> Drafts: ...
     def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None: ...
     def undo(self, state) -> None: ...
+
+
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that can also grow a tree of at most `budget` nodes and `depth` levels, up to
+    `width` children a node (drafters/tree_growth.py), inside a state from `begin_tree`, and
+    keep the accepted path of it in `settle_tree`. `reads_trees` is False where its cache
+    cannot hold a tree (a recurrent state): it then drafts chains."""
+
+    reads_trees: bool
+
+    def begin_tree(self, nodes: int): ...
+    def propose_tree(
+        self, *, depth: int, budget: int, width: int, carry: Carry, state, level_gain: float = 0.0
+    ) -> TreeDrafts | None: ...
+    def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None: ...

