@@ -8,7 +8,6 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ..grammar import GrammarSpec
 from ..options import Options
 from .common import lenient_stdin, load
 from .generate import read_prompt_cache
@@ -22,7 +21,6 @@ def chat(
     *,
     models: Models,
     options: Options,
-    grammar: GrammarSpec | None,
     show_drafts: Annotated[
         bool, typer.Option("--show-drafts", help="Colour each token by its fate (accepted, recovered, bonus).")
     ] = False,
@@ -40,8 +38,6 @@ def chat(
     except ImportError:  # pragma: no cover
         pass
     lenient_stdin()
-    if grammar is not None:
-        options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)
     pair = load(models, speculative=options.speculative, note_bundled=False)  # the banner says it
     console = Console(highlight=False)

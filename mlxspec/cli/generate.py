@@ -11,7 +11,6 @@ import typer
 from rich.text import Text
 
 from ..errors import InvalidOption
-from ..grammar import GrammarSpec
 from ..options import Options
 from .common import err, lenient_stdin, load
 from .options import Models, PromptCacheOption, decoding_options, grammar_options, model_options
@@ -25,7 +24,6 @@ def generate(
     *,
     models: Models,
     options: Options,
-    grammar: GrammarSpec | None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.")
     ] = False,
@@ -50,8 +48,6 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidOption("the prompt is empty")
-    if grammar is not None:
-        options = options.replace(grammar=grammar)
     cached = read_prompt_cache(prompt_cache_file, options)
     pair = load(models, speculative=options.speculative)
     session = generation.Session(pair, cache_options=models.cache_options())

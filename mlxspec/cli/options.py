@@ -296,13 +296,20 @@ GRAMMAR_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
 }
 
 
-def decide_drafting(values: dict) -> None:
-    """Draft or not, decided once, where a command's options are built (by whichever of
-    @model_options and @decoding_options builds second): --no-draft is --gamma 0, so what
-    follows (the load, the engine, the server's defaults) reads `options.speculative` alone."""
-    models, options = values.get("models"), values.get("options")
-    if isinstance(models, Models) and isinstance(options, Options) and models.no_draft:
-        values["options"] = options.replace(gamma=0)
+def settle_options(values: dict) -> None:
+    """What the options say, decided once where a command's options are built (by whichever
+    of the decorators builds last): --no-draft is --gamma 0, so what follows (the load, the
+    engine, the server's defaults) reads `options.speculative` alone; a grammar given by
+    @grammar_options becomes `options.grammar`."""
+    options = values.get("options")
+    if not isinstance(options, Options):
+        return
+    models = values.get("models")
+    if isinstance(models, Models) and models.no_draft:
+        options = options.replace(gamma=0)
+    if "grammar" in values and (grammar := values.pop("grammar")) is not None:
+        options = options.replace(grammar=grammar)
+    values["options"] = options
 
 
 def _inject(
@@ -330,7 +337,7 @@ def _inject(
     def command(**values):
         mine = {name: values.pop(name) for name in names}
         values[target] = build(mine)
-        decide_drafting(values)
+        settle_options(values)
         return fn(**values)
 
     params = [p for p in own if p.name != target] + added
@@ -361,7 +368,7 @@ def decoding_options(fn: Callable | None = None, *, exclude: tuple[str, ...] = (
 
 
 def grammar_options(fn: Callable):
-    """The command gets `grammar: GrammarSpec | None` from --json-schema, --regex or --grammar."""
+    """The command's `options.grammar` comes from --json-schema, --regex or --grammar."""
     return _inject(fn, "grammar", GRAMMAR_OPTIONS, {}, _build_grammar)
 
 
