@@ -2,7 +2,8 @@
 point-mass children (the residual after several rejected siblings, by hand and in float64)
 is the target's own draw, which is why a tree walk follows the target's choice at every
 node; the walk's one-hot cases; and the joint law of two emitted ids over trees of any
-shape, with a walk that shares its draws across nodes as the negative control."""
+shape, with a walk that shares its draws across nodes as the negative control; and a chain
+verified by the chain's rule or walked as a tree, against Leviathan et al.'s law by hand."""
 
 from __future__ import annotations
 
@@ -203,3 +204,48 @@ def test_a_spine_child_accepted_is_taken_and_a_rejected_one_recovers():
     assert tree.follow([1, 4, 4], {0: (1, True)}) == ([1], 4)
     assert tree.follow([1, 4, 4], {0: (1, False)}) == ([2], 4)
     assert tree.follow([3, 4, 4], {0: (1, False)}) == ([], 3)
+
+
+def chain_outcome_law(p3: np.ndarray) -> dict[tuple, float]:
+    """Leviathan et al.'s rule over a chain x1 ~ Q1, x2 ~ Q2(. | x1), by hand in float64:
+    the probability of each (accepted drafts, emitted ids)."""
+    law = Counter()
+    for x1 in range(VOCAB):
+        a1 = min(1.0, P1[x1] / Q1[x1])
+        r1 = np.maximum(P1 - Q1, 0) / np.maximum(P1 - Q1, 0).sum()
+        for x2 in range(VOCAB):
+            drafted = Q1[x1] * Q2[x1][x2]
+            a2 = min(1.0, P2[x1][x2] / Q2[x1][x2])
+            r2 = np.maximum(P2[x1] - Q2[x1], 0) / np.maximum(P2[x1] - Q2[x1], 0).sum()
+            for y in range(VOCAB):
+                law[(0, (y,))] += drafted * (1 - a1) * r1[y]
+                law[(1, (x1, y))] += drafted * a1 * (1 - a2) * r2[y]
+                law[(2, (x1, x2, y))] += drafted * a1 * a2 * p3[y]
+    return law
+
+
+@pytest.mark.parametrize("rule", ["chain rule", "tree walk"])
+def test_the_chain_rule_is_the_tree_walk_over_a_chain_whose_every_node_is_drawn(rule):
+    """The two paths a round may take agree: a chain of two ids drawn from q, verified by the
+    chain's rule (speculative_sample) or walked as a tree whose spine is the whole chain, is
+    accepted and recovered with the same law, Leviathan et al.'s, computed by hand."""
+    rng = np.random.default_rng(5)
+    p3 = RNG.dirichlet(np.full(VOCAB, 0.6))
+    counts = Counter()
+    for trial in range(TRIALS):
+        x1 = int(rng.choice(VOCAB, p=Q1))
+        x2 = int(rng.choice(VOCAB, p=Q2[x1]))
+        target = mx.array(np.array([P1, P2[x1], p3], dtype=np.float32))
+        key = mx.random.key(trial)
+        if rule == "chain rule":
+            q = mx.array(np.array([Q1, Q2[x1]], dtype=np.float32))
+            accepted, token = verify.speculative_sample(mx.array([x1, x2]), q, target, key)
+            accepted, token = int(accepted.item()), int(token.item())
+        else:
+            chain = TokenTree.chain([x1, x2])
+            drawn = {0: (1, mx.array(Q1.astype(np.float32))), 1: (2, mx.array(Q2[x1].astype(np.float32)))}
+            path, token = walk_tree(chain, mx.log(target), SamplingParams(temp=1.0), key, drawn=drawn)
+            accepted = len(path)
+        counts[(accepted, (x1, x2)[:accepted] + (token,))] += 1
+    statistic, df = goodness_of_fit(counts, chain_outcome_law(p3))
+    assert statistic < critical_value(df, 1e-4)
