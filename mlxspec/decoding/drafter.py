@@ -56,7 +56,7 @@ class TreeDrafts:
             fed=tuple(self.fed[n - 1] for n in kept),
             ranked=tuple(number[n] for n in self.ranked[:count]),
             spine=tuple(number[n] for n in self.spine),
-            spine_rows=self.spine_rows,
+            spine_rows=self.spine_rows,  # whole: the cut above never drops a spine node
         )
 
     def depths_ranked(self) -> list[int]:

@@ -201,7 +201,7 @@ def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: C
             drafter.hear(path_ids + [next_id])
         emitted = _cut_at_eos(path_ids + [next_id], eos_ids)
         if grammar is not None:
-            grammar.settle(grammar.depth, emitted)
+            grammar.settle(grammar_mark, emitted)
     except BaseException:
         target.abandon(target_mark, target_pending)
         if grows:

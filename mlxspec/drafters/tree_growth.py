@@ -38,7 +38,7 @@ class Candidate:
     token: int  # target id
     choice: int  # the drafter's own id (its vocabulary may be a subset of the target's)
     depth: int
-    score: float  # log of the drafter's probability of the path, capped (see module)
+    score: float  # log of the drafter's probability of the path (its warped q along it)
     rank: int  # among its siblings, most probable first (a drawn child first)
     fed: int = -1  # its row in the drafter's tree block, once the drafter has read it
     drawn: bool = False  # on the spine: drawn from q, whose row at its parent is kept
