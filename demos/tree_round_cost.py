@@ -1,12 +1,12 @@
 """Where a round's time goes, chain against tree: the target's forward, and the rule after it
-(the chain's `speculative_sample`, the tree's `walk_tree`), per round, from one sampled generation
-each. The forward is waited for before the rule, so the two are timed apart (a real round
-queues them together, so its total is a little lower).
+(the chain's warp of its rows and `speculative_sample`, the tree's `walk_tree`), per round,
+from one sampled generation each. The forward is waited for before the rule, so the two are
+timed apart (a real round queues them together, so its total is a little lower).
 
     python demos/tree_round_cost.py --pair gemma3-270m --temp 0.7 --tree 0,4,8
 
-Under sampling the walk warps and draws a full row at every node it reaches, with a host
-wait each; the chain's rule warps its rows in one graph and draws once (verify.py).
+Under sampling the walk warps and draws a full row at each node it reaches, a host wait
+each; the chain's rule warps all its rows in one graph and draws once (verify.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 
 def timed(seconds: dict):
-    """Wrap the two rules as the round loop calls them, adding each part's seconds."""
-    walk, chain_rule = rounds.walk_tree, rounds.speculative_sample
+    """Wrap the rules as the round loop calls them, adding each part's seconds: the chain's
+    rule is the warp of its rows and speculative_sample, the tree's the walk (which warps
+    the rows it reaches)."""
+    walk, chain_rule, warp = rounds.walk_tree, rounds.speculative_sample, rounds.warp
+    started = {}
 
     def walk_tree(tree, logits, params, key, **kw):
         start = time.perf_counter()
@@ -38,18 +41,21 @@ def timed(seconds: dict):
         seconds["nodes"] += len(tree)
         return out
 
-    def speculative_sample(drafted, draft_probs, target_probs, key):
+    def warp_rows(logits, params):
         start = time.perf_counter()
-        mx.eval(drafted, draft_probs, target_probs)
-        read = time.perf_counter()
+        mx.eval(logits)
+        started["rule"] = time.perf_counter()
+        seconds["forward"] += started["rule"] - start
+        return warp(logits, params)
+
+    def speculative_sample(drafted, draft_probs, target_probs, key):
         accepted, next_id = chain_rule(drafted, draft_probs, target_probs, key)
         mx.eval(accepted, next_id)
-        seconds["forward"] += read - start
-        seconds["rule"] += time.perf_counter() - read
+        seconds["rule"] += time.perf_counter() - started.pop("rule")
         seconds["nodes"] += drafted.shape[0]
         return accepted, next_id
 
-    rounds.walk_tree, rounds.speculative_sample = walk_tree, speculative_sample
+    rounds.walk_tree, rounds.speculative_sample, rounds.warp = walk_tree, speculative_sample, warp_rows
 
 
 def main() -> None:
