@@ -111,6 +111,7 @@ class Eagle3Drafter:
         def feed(token: mx.array) -> None:  # chained on its own output
             reads["tokens"], reads["hidden"] = token.reshape(1, 1), reads["out"][:, -1:]
 
+        masked_at = self._to_target_ids() if carry.grammar is not None else slice(None)  # the mask at the head's ids
         return propose_chain(
             step,
             feed,
@@ -119,9 +120,7 @@ class Eagle3Drafter:
             stop_below=stop_below,
             read_confidences=read_confidences,
             to_target=self.head.draft_to_target,
-            target_ids=self._to_target_ids()
-            if carry.grammar is not None
-            else slice(None),  # the mask at the head's ids
+            target_ids=masked_at,
             target_row=self._target_row,
         )
 

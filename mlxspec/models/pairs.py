@@ -141,10 +141,12 @@ def load_pair(
     if draft_name:
         reporter.status(f"Loading draft {draft_name}")
         draft_model = (kind or kinds.of_folder(draft_path)).load(draft_name, draft_path, target_model)
+        if ngram is not None:  # --ngram / --no-ngram beside a draft model
+            lookup = ngram
     return Pair(
         target_model,
         draft_model,
-        ngram=(ngram if ngram is not None and draft_model is not None else lookup) and not no_draft,
+        ngram=lookup and not no_draft,
         gamma_hint=hint,
         raw_prompts=bool(preset and preset.raw),
     )
