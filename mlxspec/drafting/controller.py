@@ -7,8 +7,9 @@ The controller picks the gamma that maximises expected emitted tokens per second
 against 1 / plain_step for gamma = 0 (plain decoding), with the costs of `timing` and the
 per-position acceptance rates a_i below (recent rounds weighted more).
 
-Early on: each position's rate starts from the prior as one pseudo-observation, so one
-lucky round does not send gamma to the maximum. The first round drafts half the preset's
+Early on: each position's rate starts from the prior as three pseudo-observations, so one
+lucky round does not send gamma to the maximum, nor a few unlucky ones (common under
+sampling) gamma to 0. The first round drafts half the preset's
 length: it runs blind, so a draft dearer than expected costs little. When its first
 proposal was accepted and what it cost says a round of the preset's length pays even against
 the cheapest plain step plausible, the second round drafts that length, so both cost lines
@@ -52,6 +53,9 @@ class ControllerConfig:
     start_gamma: int = 4  # before anything is timed (a preset's recommendation)
     decay: float = 0.92  # weight of the past per observation
     prior_acceptance: float = 0.6
+    # the prior counts as this many rounds: under sampling a draft is accepted about as often
+    # as a coin lands heads, and a few early rejections in a row are common where drafting pays
+    prior_weight: float = 3.0
     prior_slope: float = 0.05  # verify cost growth per extra token, until two sizes are seen
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
@@ -64,6 +68,7 @@ class AcceptanceModel:
 
     prior: float
     decay: float
+    prior_weight: float = 1.0  # pseudo-observations the prior counts as (ControllerConfig's)
     rates: list[float] = field(default_factory=list)
     # observations per position; a dict, not a second list beside `rates`, so that an
     # interrupt between two appends cannot leave them out of step
@@ -75,9 +80,9 @@ class AcceptanceModel:
         for i in range(min(accepted + 1, drafted)):  # positions tested: up to the first rejection
             while len(self.rates) <= i:
                 self.rates.append(self.prior)
-            # a running mean (the prior counting once) until the decay takes over
+            # a running mean (the prior counting `prior_weight` times) until the decay takes over
             self._seen[i] = seen = self._seen.get(i, 0) + 1
-            weight = max(1 / (seen + 1), 1 - keep)
+            weight = max(1 / (seen + self.prior_weight), 1 - keep)
             self.rates[i] += weight * ((i < accepted) - self.rates[i])
 
     def at(self, gamma: int) -> list[float]:
@@ -96,7 +101,9 @@ class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
         self.times = RoundTimes(decay=self.config.decay, prior_slope=self.config.prior_slope)
-        self.acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
+        self.acceptance = AcceptanceModel(
+            prior=self.config.prior_acceptance, decay=self.config.decay, prior_weight=self.config.prior_weight
+        )
         # prompt lookup's and the history's own rates, beside a draft model: their matches are
         # often far surer than the model, and would be cut to the model's length otherwise
         self.lookup_acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
