@@ -25,6 +25,7 @@ from .drafters import DRAFT_MODEL
 from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
 from .drafters.lookup import PromptLookup
 from .drafting import Controller, ControllerConfig, Policy
+from .drafting.policy import TREE_EXTRA_DEPTH
 from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
 from .models.pairs import Pair, fit_context
@@ -210,13 +211,10 @@ def drafting_policy(
     why_chains = session.target.why_no_trees()
     if why_chains is None and session.draft is not None and not getattr(session.draft, "reads_trees", False):
         why_chains = "this drafter proposes chains only"
-    # auto's trees come from a head (a level costs one small forward) or lookup's tries, at
-    # temperature 0. A separate draft model's level reads the tree's frontier through all its
-    # layers, and under sampling the walk decides node by node, a host wait and a warped row
-    # each: measured here, neither beat its chain (docs/trees.md), so auto drafts chains there
-    auto_chains = isinstance(options.tree, Auto) and (
-        not options.sampling.greedy or (session.draft is not None and session.draft.kind == DRAFT_MODEL)
-    )
+    # auto's trees come from a head (a level costs one small forward) or lookup's tries. A
+    # separate draft model's level reads the tree's frontier through all its layers: measured
+    # here, its trees never beat its chain (docs/trees.md), so auto drafts chains there
+    auto_chains = isinstance(options.tree, Auto) and session.draft is not None and session.draft.kind == DRAFT_MODEL
     return Policy(
         gamma=options.gamma,
         stop=options.draft_min_p,
@@ -224,6 +222,8 @@ def drafting_policy(
         lookup=lookup,
         draft_model=session.draft is not None,
         tree=0 if why_chains or auto_chains else options.tree,
+        # under sampling the drawn spine is kept whole, so a tree as deep as the controller's chain
+        tree_extra_depth=TREE_EXTRA_DEPTH if options.sampling.greedy else 0,
         why_chains=why_chains,
     )
 

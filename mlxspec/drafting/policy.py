@@ -42,6 +42,7 @@ class Policy:
         draft_model: bool = True,
         tree: int | Auto = 0,
         tree_width: int = TREE_WIDTH,
+        tree_extra_depth: int = TREE_EXTRA_DEPTH,
         why_chains: str | None = None,  # why the target or drafter reads chains only (trees asked for)
     ):
         self.gamma, self.stop = gamma, stop
@@ -49,6 +50,7 @@ class Policy:
         self.lookup = lookup
         self.draft_model = draft_model
         self.tree, self.tree_width, self.why_chains = tree, tree_width, why_chains
+        self.tree_extra_depth = tree_extra_depth
         self._last_gamma, self._untimed = None, 0
         self._learning = stop is AUTO and draft_model
 
@@ -123,7 +125,7 @@ class Policy:
             return Plan(draft=depth, tree=self.tree, width=self.tree_width)
         controller, times = self.controller, self.controller.times
         # deeper than the controller's chain under --gamma auto; a fixed --gamma is the longest path
-        extra = TREE_EXTRA_DEPTH if self.gamma is AUTO else 0
+        extra = self.tree_extra_depth if self.gamma is AUTO else 0
         deeper = max(1, min(depth + extra, controller.config.max_gamma, remaining - 1))
         costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
         level, whole = times.draft_step(), times.round_time(depth)

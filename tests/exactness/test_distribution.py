@@ -22,10 +22,11 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
-from mlxspec.decoding import engine, verify
+from mlxspec.decoding import engine, rounds, verify
 from mlxspec.decoding.caches import ModelCache
 from mlxspec.decoding.events import Round
 from mlxspec.decoding.sampling import SamplingParams, warp
+from mlxspec.decoding.tree import best_size as size_by_costs
 from mlxspec.drafters.lookup import NGramIndex, PromptLookup
 from mlxspec.drafting import Policy
 from mlxspec.generation import Session
@@ -243,28 +244,61 @@ def test_harness_rejects_a_walk_that_shares_its_draws_across_nodes(small_pair, m
     assert not ok, f"a walk with shared draws passed: chi2 {statistic:.1f} <= {threshold:.1f}"
 
 
+def primed_for_trees():
+    """A controller that has timed verifies of 2 to 9 ids, each id a fifth of a one-id verify
+    more, and plain steps, so `--tree auto` drafts and sizes its trees (tree.best_size) from
+    the first round."""
+    from mlxspec.decoding.plan import Outcome, Plan
+    from mlxspec.drafting import Controller
+
+    controller = Controller()
+    for r in range(24):
+        size = 1 + r % 8
+        ids, accepted = tuple(range(size)), size // 2
+        verify = 0.01 * (1 + 0.2 * size)
+        controller.observe_round(
+            Outcome(
+                plan=Plan(draft=size),
+                drafted=ids,
+                accepted=accepted,
+                next_id=0,
+                emitted=ids[:accepted] + (0,),
+                verified=size + 1,
+                seconds=size * 0.002 + verify,
+                draft_seconds=size * 0.002,
+                verify_seconds=verify,
+            )
+        )
+    for _ in range(8):  # a plain step dearer than such a round: drafting wins
+        controller.observe_plain(0.02)
+    assert controller.choose() > 0
+    return controller
+
+
 ADAPTIVE = {
     "auto": dict(gamma="auto"),
     "early-stop": dict(gamma=GAMMA, min_p=0.7),
     "ngram+model": dict(gamma=GAMMA, ngram=True),
     "ngram-only": dict(gamma=GAMMA, ngram=True, no_model=True),
-    "learned-stop": dict(gamma=GAMMA, min_p="auto", primed=True),
+    "learned-stop": dict(gamma=GAMMA, min_p="auto", primed=primed_for_early_stop),
     # the history of earlier answers proposing beside the model: chains, and tries
     "history+model": dict(gamma=GAMMA, history=True),
     "history-tries+model": dict(gamma=GAMMA, history=True, tree=8),
+    # trees sized each round from the measured costs (a timing, never a draw, decides the cut)
+    "tree-auto": dict(gamma="auto", tree=AUTO, primed=primed_for_trees),
 }
 # earlier prompts and answers for the history: the prompt continued several ways
 EARLIER = [[1, 4, 2, 3, 3, 0], [1, 4, 2, 5, 1, 4], [1, 4, 2, 3, 5, 2], [0, 1, 4, 2, 3, 1], [4, 2, 5, 1, 0]]
 
 
 def sample_joint_with(
-    pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False, primed=False, history=False, tree=0
+    pair, params, runs, seed, gamma, ngram=False, min_p=0.0, no_model=False, primed=None, history=False, tree=0
 ):
     import copy
 
     from mlxspec.drafters.history import HistoryStore
 
-    controller = primed_for_early_stop() if primed else None
+    controller = primed() if primed else None
     store = HistoryStore(limit_tokens=1024) if history else None
     for earlier in EARLIER if history else ():
         store.index("default").add_turn(earlier[:3], earlier[3:], keep_prompt=True)
@@ -305,22 +339,32 @@ def sample_joint_with(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(ADAPTIVE))
-def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode):
-    """Auto draft lengths, early stops and point-mass (prompt lookup) proposals, through the
-    whole engine: the joint law is still the target's (temperature 1). "learned-stop" runs
-    the learned threshold's path (confidences read back, rounds that wait at each step); in
-    3-id runs the threshold primed from past rounds stays as it is, which is the point: one
-    chosen from the past, like gamma, leaves each round exact."""
+def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode, monkeypatch):
+    """Auto draft lengths, early stops, point-mass (prompt lookup) proposals and trees sized
+    each round, through the whole engine: the joint law is still the target's (temperature
+    1). "learned-stop" runs the learned threshold's path (confidences read back, rounds that
+    wait at each step); in 3-id runs the threshold primed from past rounds stays as it is,
+    which is the point: one chosen from the past, like gamma, leaves each round exact."""
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
+    sized = Counter()  # (nodes grown, nodes kept) of each tree auto sized
+
+    def best_size(values, depths, **costs):
+        kept = size_by_costs(values, depths, **costs)
+        sized[len(values), kept] += 1
+        return kept
+
+    monkeypatch.setattr(rounds, "best_size", best_size)
     counts = sample_joint_with(small_pair, params, RUNS, 9000, **ADAPTIVE[mode])
+    if mode == "tree-auto":  # trees cut by their costs, the drawn spine kept whole
+        assert sum(n for (grown, kept), n in sized.items() if kept < grown) > RUNS / 4, sized
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"{mode}: chi2 {statistic:.1f} > {threshold:.1f}"
     if "stop" in mode:
         assert counts.early_stops > RUNS / 10, counts.early_stops
     if "history" in mode:  # the history proposed (from the store, not only the run's own ids)
         assert counts.sources["history"] > RUNS / 4, counts.sources
-    if "tries" in mode:
+    if "tries" in mode or "tree" in mode:
         assert counts.sources["tree"] > RUNS / 4, counts.sources
 
 

@@ -156,11 +156,21 @@ def test_tree_rounds_report_their_nodes_and_branches(load_pair):
     mx.synchronize()
 
 
-def test_auto_drafts_trees_at_temperature_0_and_chains_under_sampling(heads):
-    """Where auto grows trees (docs/trees.md): a head's at temperature 0; under sampling,
-    where the walk decides node by node, chains, unless a size is asked for."""
+def test_auto_drafts_a_head_s_trees_at_every_temperature_as_deep_as_its_chain_under_sampling(load_pair, heads):
+    """Where auto grows trees (docs/trees.md): a head's, at temperature 0 up to two levels
+    deeper than the controller's chain, and under sampling (where the drawn spine is kept
+    whole) no deeper than it; beside a separate draft model, chains."""
+    from mlxspec.generation import Session, drafting_policy
+    from mlxspec.options import Options
+
     pair = heads.pair("llama")
     greedy = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3)
     sampled = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1)
-    asked = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1, tree=8)
-    assert greedy.stats.tree_rounds > 0 and sampled.stats.tree_rounds == 0 and asked.stats.tree_rounds > 0
+    assert greedy.stats.tree_rounds > 0 and sampled.stats.tree_rounds > 0
+    ids = mlxspec.generation.encode_prompt(pair, PROMPT)
+    for temp, extra in ((0.0, 2), (0.7, 0)):
+        policy = drafting_policy(pair, Session(pair), Options.build(gamma="auto", temp=temp), ids)
+        assert policy.tree_extra_depth == extra and policy._tree_plan(3, remaining=100).draft == 3 + extra
+    beside_model = load_pair("llama")
+    chained = mlxspec.generate(beside_model, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1)
+    assert chained.stats.model_rounds > 0 and chained.stats.tree_rounds == 0
