@@ -43,7 +43,7 @@ class Options:
     think: bool | None = None  # enable_thinking for templates that take it; None: the template's default
     grammar: GrammarSpec | None = None  # what the reply must match (constrained decoding)
     # at most this many proposals verified per round as a tree (0: a chain), or sized per
-    # round (auto: a head's and prompt lookup's trees at temperature 0; else chains)
+    # round (auto: a head's and prompt lookup's trees; beside a separate draft model, chains)
     tree: int | Auto = AUTO
     history: bool = True  # prompt lookup reads the session's (server's) earlier prompts and answers too
 

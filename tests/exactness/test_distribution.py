@@ -245,7 +245,7 @@ def test_harness_rejects_a_walk_that_shares_its_draws_across_nodes(small_pair, m
 
 
 def primed_for_trees():
-    """A controller that has timed verifies of 2 to 9 ids, each id a fifth of a one-id verify
+    """A controller that has timed verifies of 2 to 9 ids, each id 4% of a one-id verify
     more, and plain steps, so `--tree auto` drafts and sizes its trees (tree.best_size) from
     the first round."""
     from mlxspec.decoding.plan import Outcome, Plan
@@ -255,7 +255,7 @@ def primed_for_trees():
     for r in range(24):
         size = 1 + r % 8
         ids, accepted = tuple(range(size)), size // 2
-        verify = 0.01 * (1 + 0.2 * size)
+        verify = 0.01 * (1 + 0.04 * size)
         controller.observe_round(
             Outcome(
                 plan=Plan(draft=size),
@@ -284,7 +284,8 @@ ADAPTIVE = {
     # the history of earlier answers proposing beside the model: chains, and tries
     "history+model": dict(gamma=GAMMA, history=True),
     "history-tries+model": dict(gamma=GAMMA, history=True, tree=8),
-    # trees sized each round from the measured costs (a timing, never a draw, decides the cut)
+    # trees sized each round from the measured costs: the cut reads the drafts' values, and
+    # stays exact because the drawn spine is always kept whole (only point masses are cut)
     "tree-auto": dict(gamma="auto", tree=AUTO, primed=primed_for_trees),
 }
 # earlier prompts and answers for the history: the prompt continued several ways
@@ -354,10 +355,20 @@ def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode, monkeyp
         sized[len(values), kept] += 1
         return kept
 
+    followed = Counter()  # tree rounds whose accepted path took a point mass, not the drawn child
+
+    def walk_tree(tree, logits, params, key, *, drawn=None):
+        path, next_id = verify.walk_tree(tree, logits, params, key, drawn=drawn)
+        spine = {child for child, _ in (drawn or {}).values()}
+        followed[any(node not in spine for node in path)] += 1
+        return path, next_id
+
     monkeypatch.setattr(rounds, "best_size", best_size)
+    monkeypatch.setattr(rounds, "walk_tree", walk_tree)
     counts = sample_joint_with(small_pair, params, RUNS, 9000, **ADAPTIVE[mode])
-    if mode == "tree-auto":  # trees cut by their costs, the drawn spine kept whole
+    if mode == "tree-auto":  # trees cut by their costs, the drawn spine kept whole, point masses taken
         assert sum(n for (grown, kept), n in sized.items() if kept < grown) > RUNS / 4, sized
+        assert followed[True] > RUNS / 10, followed
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"{mode}: chi2 {statistic:.1f} > {threshold:.1f}"
     if "stop" in mode:

@@ -260,6 +260,55 @@ def test_sampling_with_a_head_has_the_targets_joint_law(factory, draft_vocab):
     assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
 
 
+@pytest.mark.slow
+def test_a_head_s_auto_trees_under_sampling_have_the_targets_joint_law(factory, monkeypatch):
+    """`--tree auto` under sampling as generate builds it for a head: trees no deeper than the
+    controller's chain, cut each round by their costs (a primed controller), the drawn spine
+    kept whole; the walk takes point masses as well as drawn children."""
+    import copy
+
+    from mlxspec.decoding import engine, rounds, verify
+    from mlxspec.decoding.events import Round
+    from mlxspec.drafting import Policy
+    from mlxspec.models.synthetic import ARCHITECTURES
+    from mlxspec.options import AUTO
+    from tests.exactness.test_distribution import LENGTH, fits, primed_for_trees
+
+    vocab, prompt, runs = 6, [1, 4, 2], 3000
+    config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    target = factory.model("dist-target", arch=config, vocab_size=vocab, seed=11, head_scale=5.0)
+    pair = mlxspec.load_pair(str(target), str(make_head(target, factory.root / "dist-eagle3-1.0", seed=3)))
+    params = SamplingParams(temp=1.0)
+    law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
+    taken = Counter()  # tree rounds by whether the accepted path took a point mass
+
+    def walk_tree(tree, logits, params, key, *, drawn=None):
+        path, next_id = verify.walk_tree(tree, logits, params, key, drawn=drawn)
+        spine = {child for child, _ in (drawn or {}).values()}
+        taken[any(node not in spine for node in path)] += 1
+        return path, next_id
+
+    monkeypatch.setattr(rounds, "walk_tree", walk_tree)
+    primed, counts = primed_for_trees(), Counter()
+    for i in range(runs):
+        session = Session(pair)
+        policy = Policy(gamma=AUTO, stop=0.0, controller=copy.deepcopy(primed), tree=AUTO, tree_extra_depth=0)
+        events = engine.decode(
+            session.target,
+            session.draft,
+            prompt,
+            policy=policy,
+            params=params,
+            max_tokens=LENGTH,
+            eos_ids=frozenset(),
+            key=mx.random.key(7000 + i),
+        )
+        counts[tuple(t for e in events if isinstance(e, Round) for t in e.emitted)] += 1
+    assert taken[True] > runs / 10 and taken[False] > runs / 10, taken
+    ok, statistic, threshold = fits(counts, law)
+    assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
+
+
 def exact_law_of(model, params, prompt, vocab, length) -> dict:
     import itertools
 
