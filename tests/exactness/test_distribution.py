@@ -34,6 +34,7 @@ from mlxspec.models.synthetic import ARCHITECTURES
 from mlxspec.options import AUTO
 from tests.conftest import primed_for_early_stop
 from tests.support.chisquare import critical_value, goodness_of_fit
+from tests.support.tree_walks import count_point_mass_paths
 
 VOCAB = 6
 PROMPT = [1, 4, 2]
@@ -355,16 +356,8 @@ def test_adaptive_drafting_keeps_the_targets_joint_law(small_pair, mode, monkeyp
         sized[len(values), kept] += 1
         return kept
 
-    followed = Counter()  # tree rounds whose accepted path took a point mass, not the drawn child
-
-    def walk_tree(tree, logits, params, key, *, drawn=None):
-        path, next_id = verify.walk_tree(tree, logits, params, key, drawn=drawn)
-        spine = {child for child, _ in (drawn or {}).values()}
-        followed[any(node not in spine for node in path)] += 1
-        return path, next_id
-
     monkeypatch.setattr(rounds, "best_size", best_size)
-    monkeypatch.setattr(rounds, "walk_tree", walk_tree)
+    followed = count_point_mass_paths(monkeypatch)
     counts = sample_joint_with(small_pair, params, RUNS, 9000, **ADAPTIVE[mode])
     if mode == "tree-auto":  # trees cut by their costs, the drawn spine kept whole, point masses taken
         assert sum(n for (grown, kept), n in sized.items() if kept < grown) > RUNS / 4, sized

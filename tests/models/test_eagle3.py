@@ -267,12 +267,13 @@ def test_a_head_s_auto_trees_under_sampling_have_the_targets_joint_law(factory, 
     kept whole; the walk takes point masses as well as drawn children."""
     import copy
 
-    from mlxspec.decoding import engine, rounds, verify
+    from mlxspec.decoding import engine
     from mlxspec.decoding.events import Round
     from mlxspec.drafting import Policy
     from mlxspec.models.synthetic import ARCHITECTURES
     from mlxspec.options import AUTO
     from tests.exactness.test_distribution import LENGTH, fits, primed_for_trees
+    from tests.support.tree_walks import count_point_mass_paths
 
     vocab, prompt, runs = 6, [1, 4, 2], 3000
     config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
@@ -280,15 +281,7 @@ def test_a_head_s_auto_trees_under_sampling_have_the_targets_joint_law(factory, 
     pair = mlxspec.load_pair(str(target), str(make_head(target, factory.root / "dist-eagle3-1.0", seed=3)))
     params = SamplingParams(temp=1.0)
     law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
-    taken = Counter()  # tree rounds by whether the accepted path took a point mass
-
-    def walk_tree(tree, logits, params, key, *, drawn=None):
-        path, next_id = verify.walk_tree(tree, logits, params, key, drawn=drawn)
-        spine = {child for child, _ in (drawn or {}).values()}
-        taken[any(node not in spine for node in path)] += 1
-        return path, next_id
-
-    monkeypatch.setattr(rounds, "walk_tree", walk_tree)
+    taken = count_point_mass_paths(monkeypatch)
     primed, counts = primed_for_trees(), Counter()
     for i in range(runs):
         session = Session(pair)
