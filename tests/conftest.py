@@ -238,27 +238,14 @@ def primed_for_early_stop(doubt: float = 0.75, threshold: float = 0.8):
     """A controller whose evidence says: the draft's second proposal, at confidence `doubt`,
     is always rejected, so stop below `threshold` (the smallest candidate above `doubt`). Its
     learned threshold is then on from the first round."""
-    from mlxspec.decoding.plan import Outcome, Plan
     from mlxspec.drafting import Controller
+    from tests.support.controllers import drafted
 
     controller = Controller()
     pattern = [0.95, doubt, 0.95, 0.95, 0.95, 0.95]
     for r in range(32):
         size = len(pattern) - r % 2
-        ids = tuple(range(size))
-        controller.observe_round(
-            Outcome(
-                plan=Plan(draft=size),
-                drafted=ids,
-                accepted=1,
-                next_id=0,
-                emitted=(0, 0),
-                verified=size + 1,
-                seconds=size * 0.004 + 0.01,
-                draft_seconds=size * 0.004,
-                verify_seconds=0.01,
-            )
-        )
+        drafted(controller, drafted=size, accepted=1, draft=size * 0.004, verify=0.01)
         controller.stop.observe(
             threshold=0.0, confidences=tuple(pattern[:size]), accepted=1, forwards=size, draft_seconds=size * 0.004
         )

@@ -10,8 +10,8 @@ per-position acceptance rates a_i below (recent rounds weighted more).
 Early on: each of the draft's position rates starts from the prior as three
 pseudo-observations (a lookup's beside it, as one), so one lucky round does not send gamma
 to the maximum, nor a few unlucky ones (common under sampling) gamma to 0. The first round
-drafts half the preset's length: it runs blind, so a draft dearer than expected costs little. When its first
-proposal was accepted and what it cost says a round of the preset's length pays even against
+drafts half the preset's length: it runs blind, so a draft dearer than expected costs
+little. When its first proposal was accepted and what it cost says a round of the preset's length pays even against
 the cheapest plain step plausible, the second round drafts that length, so both cost lines
 are fitted; gamma grows at most one position beyond those tried (an untried position borrows
 the last measured rate).

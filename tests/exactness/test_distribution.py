@@ -34,6 +34,7 @@ from mlxspec.models.synthetic import ARCHITECTURES
 from mlxspec.options import AUTO
 from tests.conftest import primed_for_early_stop
 from tests.support.chisquare import critical_value, goodness_of_fit
+from tests.support.controllers import drafted
 from tests.support.tree_walks import count_point_mass_paths
 
 VOCAB = 6
@@ -249,27 +250,12 @@ def primed_for_trees():
     """A controller that has timed verifies of 2 to 9 ids, each id 4% of a one-id verify
     more, and plain steps, so `--tree auto` drafts and sizes its trees (tree.best_size) from
     the first round."""
-    from mlxspec.decoding.plan import Outcome, Plan
     from mlxspec.drafting import Controller
 
     controller = Controller()
     for r in range(24):
         size = 1 + r % 8
-        ids, accepted = tuple(range(size)), size // 2
-        verify = 0.01 * (1 + 0.04 * size)
-        controller.observe_round(
-            Outcome(
-                plan=Plan(draft=size),
-                drafted=ids,
-                accepted=accepted,
-                next_id=0,
-                emitted=ids[:accepted] + (0,),
-                verified=size + 1,
-                seconds=size * 0.002 + verify,
-                draft_seconds=size * 0.002,
-                verify_seconds=verify,
-            )
-        )
+        drafted(controller, drafted=size, accepted=size // 2, draft=size * 0.002, verify=0.01 * (1 + 0.04 * size))
     for _ in range(8):  # a plain step dearer than such a round: drafting wins
         controller.observe_plain(0.02)
     assert controller.choose() > 0

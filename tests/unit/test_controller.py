@@ -10,38 +10,11 @@ from mlxspec.drafters.lookup import NGramIndex
 from mlxspec.drafting import Controller, ControllerConfig
 from mlxspec.drafting.probes import LONGEST
 from mlxspec.drafting.theory import expected_tokens_per_round
+from tests.support.controllers import drafted
 
 
 def controller(**config) -> Controller:
     return Controller(ControllerConfig(**config))
-
-
-def drafted(
-    c,
-    *,
-    drafted: int,
-    accepted: int,
-    draft: float | None,
-    verify: float | None,
-    verified: int | None = None,
-    waited: bool = False,
-):
-    """One drafting round, as the loop reports it (draft and verify seconds None: not timed apart)."""
-    ids = tuple(range(drafted))
-    c.observe_round(
-        Outcome(
-            plan=Plan(draft=drafted),
-            drafted=ids,
-            accepted=accepted,
-            next_id=0,
-            emitted=ids[:accepted] + (0,),
-            verified=verified or drafted + 1,
-            seconds=(draft or 0.0) + (verify or 0.0),
-            draft_seconds=draft,
-            verify_seconds=verify,
-        ),
-        waited=waited,
-    )
 
 
 def plain(c, seconds: float) -> None:
