@@ -1,5 +1,5 @@
 """The sampled law of trees end to end, outside the engine: the real tree growth
-(drafters/tree_growth.grow_tree, with its budget cut and level gain), the real size cut
+(drafters/tree_growth.grow_tree, with its budget cut and level price), the real size cut
 (TreeDrafts.best) and the real walk (verify.walk_tree), on drafter and target logits that
 depend on the whole path (a 4-id vocabulary), against the warped target's exact law of the
 first two ids, chi-square at 1e-3. Written by the independent review of issue 31; the suite's
@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chisquare
 from mlxspec.decoding.carry import Carry
 from mlxspec.decoding.sampling import SamplingParams, warp
+from mlxspec.decoding.tree import LevelPrice
 from mlxspec.decoding.verify import walk_tree
 from mlxspec.drafters.tree_growth import grow_tree
 
@@ -31,7 +32,7 @@ def logits_for(kind, path):
     return (r.normal(size=V) * 1.5).astype(np.float32)
 
 
-def run(params, trials, budget, depth, width, level_gain, best_count, seed=0):
+def run(params, trials, budget, depth, width, price, best_count, seed=0):
     rng = np.random.default_rng(seed)
     counts = Counter()
     keys = mx.random.split(mx.random.key(seed), trials)
@@ -50,7 +51,7 @@ def run(params, trials, budget, depth, width, level_gain, best_count, seed=0):
             width=width,
             budget=budget,
             carry=Carry(params=params, eos_ids=frozenset(), key=dk),
-            level_gain=level_gain,
+            price=price,
         )
         if best_count is not None and drafts is not None:
             # a size chosen from the values (as best_size does): here keep nodes while value > 0.2
@@ -84,14 +85,15 @@ if __name__ == "__main__":
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
     from tests.chisquare import critical_value
 
-    for name, params, budget, depth, width, gain, bc in [
-        ("t1 plain", SamplingParams(temp=1.0), 6, 3, 2, 0.0, None),
-        ("t0.7 topk3 topp.9", SamplingParams(temp=0.7, top_k=3, top_p=0.9), 6, 3, 3, 0.0, None),
-        ("t1 budget2 gain", SamplingParams(temp=1.0), 2, 3, 3, 0.5, None),
-        ("t1 best>0.2", SamplingParams(temp=1.0), 8, 3, 3, 0.0, 0.2),
-        ("t1 minp", SamplingParams(temp=1.0, min_p=0.2), 6, 3, 2, 0.3, 0.1),
+    for name, params, budget, depth, width, price, bc in [
+        ("t1 plain", SamplingParams(temp=1.0), 6, 3, 2, None, None),
+        ("t0.7 topk3 topp.9", SamplingParams(temp=0.7, top_k=3, top_p=0.9), 6, 3, 3, None, None),
+        ("t1 budget2 gain", SamplingParams(temp=1.0), 2, 3, 3, LevelPrice(level=0.5), None),
+        ("t1 best>0.2", SamplingParams(temp=1.0), 8, 3, 3, None, 0.2),
+        ("t1 minp", SamplingParams(temp=1.0, min_p=0.2), 6, 3, 2, LevelPrice(level=0.3), 0.1),
+        ("t1 node cost", SamplingParams(temp=1.0), 8, 4, 3, LevelPrice(level=0.1, node=0.1, calibration=(0.9,)), None),
     ]:
-        chi, df, small = run(params, trials, budget, depth, width, gain, bc)
+        chi, df, small = run(params, trials, budget, depth, width, price, bc)
         print(
             f"{name:22s} chi2={chi:8.2f} df={df} crit(1e-3)={critical_value(df, 1e-3):.1f} (cells<5 count={small})",
             flush=True,

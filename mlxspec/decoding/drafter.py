@@ -19,7 +19,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from .carry import Carry
-from .tree import TokenTree
+from .tree import LevelPrice, TokenTree
 
 
 @dataclass
@@ -42,6 +42,7 @@ class TreeDrafts:
     # rows (len(spine), target vocab) each was drawn from at its parent
     spine: tuple[int, ...] = ()
     spine_rows: mx.array | None = None
+    levels: int = 0  # levels the drafter grew, one forward each (what its drafting cost)
 
     def best(self, count: int) -> TreeDrafts:
         """The tree of the `count` surest nodes, renumbered in order."""
@@ -57,6 +58,7 @@ class TreeDrafts:
             ranked=tuple(number[n] for n in self.ranked[:count]),
             spine=tuple(number[n] for n in self.spine),
             spine_rows=self.spine_rows,  # whole: the cut above never drops a spine node
+            levels=self.levels,
         )
 
     def depths_ranked(self) -> list[int]:
@@ -99,6 +101,6 @@ class TreeDrafter(Drafter, Protocol):
 
     def begin_tree(self, nodes: int): ...
     def propose_tree(
-        self, *, depth: int, budget: int, width: int, carry: Carry, state, level_gain: float = 0.0
+        self, *, depth: int, budget: int, width: int, carry: Carry, state, price: LevelPrice | None = None
     ) -> TreeDrafts | None: ...
     def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None: ...

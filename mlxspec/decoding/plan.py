@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .tree import TokenTree
+from .tree import LevelPrice, TokenTree
 
 # who proposed a round's ids: the draft model, prompt lookup (the current prompt and answer),
 # the history index (earlier prompts and answers), or nobody ("target")
@@ -33,9 +33,9 @@ class Plan:
     # confidence correction per depth; the round keeps the k that pays best (tree.best_size)
     tree_costs: tuple[float, ...] = ()
     tree_calibration: tuple[float, ...] = ()
-    # and a level is grown only while its frontier may add this many tokens (what a level's
-    # drafting costs, in the round's tokens): deep levels of little promise are not drafted
-    tree_level_gain: float = 0.0
+    # and a level is grown only while its frontier may add the tokens its drafting and its
+    # nodes' verify cost: deep levels of little promise are not drafted (None: every level)
+    tree_price: LevelPrice | None = None
 
     @property
     def gamma(self) -> int:
@@ -67,6 +67,11 @@ class Outcome:
     nodes: int = 0  # a tree's nodes verified (0: a chain, whose nodes are its drafts)
     reach_predicted: tuple[float, ...] = ()  # a tree's summed confidence per depth (drafting/tree_budget.py)
     branches: tuple[tuple[int, ...], ...] = ()  # a tree's paths not taken, each from the path's fork
+    # a drafter's tree: its first choices' chain (Tree.first_choices), and how many of them
+    # the walk accepted, leading: what a chain of them would have shown in this round
+    first_choices: int = 0
+    first_choices_accepted: int = 0
+    levels: int = 0  # a drafter's tree: the levels it grew, one forward each
 
     @property
     def source(self) -> str:

@@ -166,7 +166,7 @@ def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: C
                 width=plan.width,
                 carry=carry.keyed(draft_key),
                 state=draft_state,
-                level_gain=plan.tree_level_gain,
+                price=plan.tree_price,
             )
         else:
             drafts = TreeDrafts(tree=plan.proposal_tree)
@@ -211,6 +211,7 @@ def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: C
         raise
     stop = path[-1] if path else 0
     tried = tree.children[stop][:1]  # the first child the walk tried where it stopped
+    first = tree.first_choices if grows else ()
     return Outcome(
         plan=plan,
         drafted=tuple(path_ids + tree.path_ids(list(tried))),
@@ -225,7 +226,20 @@ def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: C
         nodes=len(tree),
         branches=_branches(tree, path),
         reach_predicted=tuple(drafts.reach()) if drafts is not None and drafts.values else (),
+        first_choices=len(first),
+        levels=drafts.levels if grows and drafts is not None else 0,
+        first_choices_accepted=_leading(path, first),
     )
+
+
+def _leading(path: list[int], chain: tuple[int, ...]) -> int:
+    """How many leading nodes of the accepted `path` are the `chain`'s."""
+    count = 0
+    for node, link in zip(path, chain):
+        if node != link:
+            break
+        count += 1
+    return count
 
 
 def _branches(tree: TokenTree, path: list[int]) -> tuple[tuple[int, ...], ...]:

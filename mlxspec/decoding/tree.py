@@ -65,6 +65,16 @@ class Tree:
             kids[parent].append(node)
         return tuple(tuple(k) for k in kids)
 
+    @cached_property
+    def first_choices(self) -> tuple[int, ...]:
+        """The chain of first children from the root: a drafter's first choice at every step
+        (under sampling its drawn spine), the chain it would have proposed alone."""
+        chain, node = [], ROOT
+        while self.children[node]:
+            node = self.children[node][0]
+            chain.append(node)
+        return tuple(chain)
+
     def ancestors(self, node: int) -> list[int]:
         """node's ancestors and itself, the root excluded, root side first."""
         path = []
@@ -136,6 +146,34 @@ def _drawn_at(drawn: dict[int, tuple[int, bool]], node: int) -> dict:
     return {"drawn": drawn[node][0], "accepted": drawn[node][1]} if node in drawn else {}
 
 
+@dataclass(frozen=True)
+class LevelPrice:
+    """What reading one more level of a drafter's tree must earn, in the round's tokens: the
+    level's drafting (`level`: a forward of the drafter over its frontier) and the verify of
+    each node it adds (`node`: the verify curve's slope; near 0 where it is flat). A frontier
+    node of value v (its path's probability) puts its children on the accepted path with
+    probability at most c_d v (`calibration` by depth, as in `best_size`), and a child is kept
+    only where that beats its verify: so a level can add at most the sum over the frontier of
+    max(0, c_d v - node), and is read only while that covers `level`. On a steep curve (a
+    CPU, a small target) deep levels whose nodes `best_size` would cut are not drafted."""
+
+    level: float = 0.0
+    node: float = 0.0
+    calibration: tuple[float, ...] = ()
+
+    def pays(self, *, depth: int, values: Sequence[float]) -> bool:
+        """A level of children at `depth` under frontier nodes of these `values` pays."""
+        factor = _at_depth(self.calibration, depth)
+        return sum(max(0.0, factor * v - self.node) for v in values) >= self.level
+
+
+def _at_depth(calibration: Sequence[float], depth: int) -> float:
+    """The correction at `depth` (beyond those known, the deepest; none known: 1)."""
+    if not calibration:
+        return 1.0
+    return calibration[depth - 1] if depth <= len(calibration) else calibration[-1]
+
+
 def best_size(
     values: Sequence[float],
     depths: Sequence[int],
@@ -151,7 +189,7 @@ def best_size(
     best, best_rate, expected = 0, 1.0 / (drafting + costs[0]), 1.0
     for k in range(1, min(len(values), len(costs) - 1) + 1):
         depth = depths[k - 1]
-        expected += values[k - 1] * (calibration[depth - 1] if depth <= len(calibration) else calibration[-1])
+        expected += values[k - 1] * _at_depth(calibration, depth)
         rate = expected / (drafting + costs[k])
         if rate > best_rate:
             best, best_rate = k, rate

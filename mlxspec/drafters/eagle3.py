@@ -27,6 +27,7 @@ import numpy as np
 from ..decoding.carry import Carry
 from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.tree import LevelPrice
 from . import EAGLE3
 from .chain import propose_chain, stack_drafts
 from .eagle3_head import Eagle3Head
@@ -139,7 +140,7 @@ class Eagle3Drafter:
         width: int,
         carry: Carry,
         state=None,
-        level_gain: float = 0.0,
+        price: LevelPrice | None = None,
     ) -> TreeDrafts | None:
         """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
         (tree_growth.py): the first level from the rows for the target's newest positions,
@@ -184,7 +185,7 @@ class Eagle3Drafter:
             carry=carry,
             to_target=to_target,
             to_row=self._target_row,
-            level_gain=level_gain,
+            price=price,
         )
 
     def _target_row(self, probs: mx.array | None) -> mx.array | None:

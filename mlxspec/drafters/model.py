@@ -8,6 +8,7 @@ import mlx.core as mx
 from ..decoding.carry import Carry
 from ..decoding.cursor import TOKEN, Cursor
 from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.tree import LevelPrice
 from . import DRAFT_MODEL
 from .chain import propose_chain
 
@@ -66,7 +67,7 @@ class ModelDrafter(Cursor):
         width: int,
         carry: Carry,
         state,
-        level_gain: float = 0.0,
+        price: LevelPrice | None = None,
     ) -> TreeDrafts | None:
         """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
         each level's frontier read in one forward, every node at its depth's position seeing
@@ -111,7 +112,7 @@ class ModelDrafter(Cursor):
             width=width,
             budget=budget,
             carry=carry,
-            level_gain=level_gain,
+            price=price,
         )
 
     def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from ..decoding.carry import Carry
 from ..decoding.drafter import TreeDrafts
 from ..decoding.sampling import SamplingParams, constrain, sample, warp
-from ..decoding.tree import TokenTree
+from ..decoding.tree import LevelPrice, TokenTree
 
 
 @dataclass
@@ -130,19 +130,21 @@ def grow_tree(
     carry: Carry,
     to_target=None,
     to_row=lambda row: row,
-    level_gain: float = 0.0,
+    price: LevelPrice | None = None,
 ) -> TreeDrafts | None:
     """Grow a tree from `first` (vocab,), the drafter's logits after the root; `expand(growth,
     frontier)` reads the frontier candidates (marked fed, in order) and returns their logits
     (len(frontier), vocab). `to_target`: the target id of each drafter id (host), None when
     they are the same; `to_row` places a q row on the target's ids. Under the carry's grammar
     (grammar.Matcher) each node's children are ids it allows after the node's path (a path
-    it refuses grows nothing). `level_gain`: a level is read only while the frontier it would
-    expand holds at least that much of the drafter's confidence (the tokens it could add)."""
+    it refuses grows nothing). `price`: a level is read only while the frontier it would
+    expand may add the tokens its drafting and verifying cost (LevelPrice); None: every level."""
     params, grammar = carry.params, carry.grammar
     growth, frontier, rows = Growth(), [-1], first[None]
     keys = None if params.greedy else mx.random.split(carry.key, depth)
+    levels = 0
     for level in range(depth):
+        levels += 1
         if grammar is not None:
             rows = constrain(rows, _masks(growth, frontier, grammar, to_target))
         choices, logps = top_children(rows, params, width)
@@ -164,7 +166,10 @@ def grow_tree(
         if level + 1 == depth:
             break
         frontier = growth.frontier(level + 1, width)
-        if not frontier or sum(math.exp(growth.candidates[c].score) for c in frontier) < level_gain:
+        if not frontier:
+            break
+        values = [math.exp(growth.candidates[c].score) for c in frontier]
+        if price is not None and not price.pays(depth=level + 2, values=values):
             break
         growth.feed(frontier)
         rows = expand(growth, frontier)
@@ -183,6 +188,7 @@ def grow_tree(
         ranked=tuple(number[c] for c in ranked),
         spine=tuple(number[c] for c in spine),
         spine_rows=mx.stack(rows) if rows else None,
+        levels=levels,
     )
 
 

@@ -158,17 +158,21 @@ class Controller:
         if not outcome.drafted:
             self.probes.observe_empty()
             return
-        drafted, probing = len(outcome.drafted), self.probes.probing
+        # the rates of a chain: a drafter's tree tells what its first choices, a chain, would
+        # have shown (the tree only adds nodes where they pay; tree_calibration models those)
+        drafted, accepted = len(outcome.drafted), outcome.accepted
+        if outcome.first_choices:
+            drafted, accepted = outcome.first_choices, outcome.first_choices_accepted
+        probing = self.probes.probing
         self.acceptance.observe(
-            drafted=drafted, accepted=outcome.accepted, fresh_weight=self.config.probe_weight if probing else None
+            drafted=drafted, accepted=accepted, fresh_weight=self.config.probe_weight if probing else None
         )
         self.rounds += 1  # after the rates: a Ctrl-C in between leaves no round without one
         if outcome.draft_seconds is not None:
             if not waited:  # a drafter's tree costs its levels, one forward each (a lookup trie: none)
-                levels = outcome.plan.draft if outcome.nodes and outcome.plan.draft else drafted
-                self.times.observe_draft(levels, outcome.draft_seconds)
+                self.times.observe_draft(outcome.levels or drafted, outcome.draft_seconds)
             self.times.observe_overhead(outcome.seconds - outcome.draft_seconds - outcome.verify_seconds)
-        self.probes.observe_round(all_accepted=outcome.accepted == drafted, drafting_wins=probing and self.best() > 0)
+        self.probes.observe_round(all_accepted=accepted == drafted, drafting_wins=probing and self.best() > 0)
 
     # --- the model ------------------------------------------------------------------
     def expected_tokens(self, gamma: int) -> float:

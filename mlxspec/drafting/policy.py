@@ -10,6 +10,7 @@ import dataclasses
 from typing import Protocol
 
 from ..decoding.plan import NGRAM, Outcome, Plan
+from ..decoding.tree import LevelPrice
 from ..options import AUTO, Auto
 from .controller import Controller
 
@@ -128,16 +129,27 @@ class Policy:
         extra = self.tree_extra_depth if self.gamma is AUTO else 0
         deeper = max(1, min(depth + extra, controller.config.max_gamma, remaining - 1))
         costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
-        level, whole = times.draft_step(), times.round_time(depth)
-        gain = level * controller.expected_tokens(depth) / whole if level and whole else 0.0
+        calibration = tuple(controller.tree_calibration.factors(deeper))
         return Plan(
             draft=deeper,
             tree=TREE_AUTO_MAX,
             width=self.tree_width,
             tree_costs=costs if costs[0] > 0 else (),
-            tree_calibration=tuple(controller.tree_calibration.factors(deeper)),
-            tree_level_gain=gain,
+            tree_calibration=calibration,
+            tree_price=self._level_price(depth, calibration=calibration),
         )
+
+    def _level_price(self, depth: int, *, calibration: tuple[float, ...]) -> LevelPrice | None:
+        """What a tree's level must earn (LevelPrice), in tokens at the rate a round of
+        `depth` is expected to emit them: its drafting (a draft step) and each node's verify
+        (the verify curve's slope). None before the costs are timed: every level is read."""
+        times = self.controller.times
+        level, whole = times.draft_step(), times.round_time(depth)
+        one, two = times.verify_time(1), times.verify_time(2)
+        if not level or not whole or one is None or two is None:
+            return None
+        rate = self.controller.expected_tokens(depth) / whole  # tokens a second
+        return LevelPrice(level=level * rate, node=max(two - one, 0.0) * rate, calibration=calibration)
 
     def _timed(self, gamma: int) -> bool:
         """Time a round apart when the length changes, and every few rounds of one length:

@@ -174,3 +174,32 @@ def test_auto_drafts_a_head_s_trees_at_every_temperature_as_deep_as_its_chain_un
     beside_model = load_pair("llama")
     chained = mlxspec.generate(beside_model, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1)
     assert chained.stats.model_rounds > 0 and chained.stats.tree_rounds == 0
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_a_tree_round_reports_what_its_first_choices_would_have_accepted_as_a_chain(heads, monkeypatch, temp):
+    """What the controller learns from a head's tree rounds (it models a chain: docs/trees.md):
+    the chain of the head's first choices in the tree, as long as the tree holds it, and how
+    many of them led the accepted path, never more than the path; the levels the head grew,
+    at most those planned and at least the tree's first-choice chain."""
+    from mlxspec.drafting.controller import Controller
+
+    seen = []
+    observe = Controller.observe_round
+
+    def spy(self, outcome, **kw):
+        seen.append(outcome)
+        return observe(self, outcome, **kw)
+
+    monkeypatch.setattr(Controller, "observe_round", spy)
+    pair = heads.pair("llama")
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0, temp=temp, seed=3)
+    result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma="auto", tree="auto", temp=temp, seed=3)
+    trees = [o for o in seen if o.nodes]
+    assert trees
+    for o in trees:
+        assert 1 <= o.first_choices <= o.levels <= o.plan.draft
+        assert 0 <= o.first_choices_accepted <= min(o.accepted, o.first_choices)
+    assert any(o.first_choices_accepted < o.accepted for o in trees) or temp == 0.7
+    if not temp:
+        assert result.tokens == standard.tokens

@@ -608,3 +608,43 @@ def test_a_few_early_rejections_under_sampling_do_not_turn_drafting_off(prior_we
     for gamma in (1, 2, 1):
         drafted(c, drafted=gamma, accepted=0, draft=0.005 + 0.006 * gamma, verify=0.27 + 0.013 * gamma)
     assert (c.choose() > 0) == drafts
+
+
+def test_a_tree_round_teaches_the_rates_its_first_choices_would_have_shown_as_a_chain():
+    """A drafter's tree accepted three ids, but only the first through the drafter's first
+    choices: the controller models a chain, so it learns what a chain of those choices (a
+    tree's first children) would have shown, one of three; and the draft line is timed by
+    the levels the tree grew."""
+    tree_fed, chain_fed = Controller(), Controller()
+    ids = (1, 2, 3)
+    chain = Outcome(
+        plan=Plan(draft=3),
+        drafted=ids,
+        accepted=1,
+        next_id=0,
+        emitted=(1, 0),
+        verified=4,
+        seconds=0.3,
+        draft_seconds=0.03,
+        verify_seconds=0.25,
+    )
+    chain_fed.observe_round(chain)
+    tree = Outcome(
+        plan=Plan(draft=5, tree=32, width=3),
+        drafted=ids,
+        accepted=3,
+        next_id=0,
+        emitted=ids + (0,),
+        verified=9,
+        seconds=0.3,
+        draft_seconds=0.03,
+        verify_seconds=0.25,
+        nodes=8,
+        first_choices=3,
+        first_choices_accepted=1,
+        levels=3,
+    )
+    tree_fed.observe_round(tree)
+    assert tree_fed.acceptance.rates == chain_fed.acceptance.rates
+    assert tree_fed.acceptance.rates[0] > tree_fed.acceptance.rates[1]  # the second choice was wrong
+    assert tree_fed.times.draft_time(3) == pytest.approx(chain_fed.times.draft_time(3))  # 3 levels, not 5

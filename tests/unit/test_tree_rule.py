@@ -15,7 +15,7 @@ import pytest
 
 from mlxspec.decoding import verify
 from mlxspec.decoding.sampling import SamplingParams
-from mlxspec.decoding.tree import TokenTree
+from mlxspec.decoding.tree import LevelPrice, TokenTree
 from mlxspec.decoding.verify import acceptance_probability, residual, walk_tree
 from tests.support.chisquare import critical_value, goodness_of_fit
 
@@ -249,3 +249,65 @@ def test_the_chain_rule_is_the_tree_walk_over_a_chain_whose_every_node_is_drawn(
         counts[(accepted, (x1, x2)[:accepted] + (token,))] += 1
     statistic, df = goodness_of_fit(counts, chain_outcome_law(p3))
     assert statistic < critical_value(df, 1e-4)
+
+
+def test_first_choices_follow_every_node_s_first_child():
+    """Parents (0, 0, 1, 1, 2, 4): the root's first child is 1, 1's is 3, 3 has none."""
+    tree = TokenTree.of([7, 8, 9, 10, 11, 12], [0, 0, 1, 1, 2, 4])
+    assert tree.first_choices == (1, 3)
+    assert TokenTree.chain([5, 6, 7]).first_choices == (1, 2, 3)
+    assert TokenTree.chain([]).first_choices == ()
+
+
+def test_a_level_is_read_only_while_its_frontier_covers_its_drafting_and_its_nodes():
+    """LevelPrice(level .2, node .1, calibration .9, .5): children at depth 2 of frontier nodes
+    worth .5 and .36 may add max(0, .5 * .5 - .1) + max(0, .5 * .36 - .1) = .15 + .08 = .23
+    tokens, more than the level's .2; with .2 for the second, .15 + 0, less; a node worth no
+    more than its verify adds nothing, however many there are; depths past those calibrated
+    borrow the deepest."""
+    price = LevelPrice(level=0.2, node=0.1, calibration=(0.9, 0.5))
+    assert price.pays(depth=2, values=[0.5, 0.36])
+    assert not price.pays(depth=2, values=[0.5, 0.2])
+    # the same frontier at depth 1 adds .17 + .08 and pays; at depth 2 .05 + 0 and does not
+    assert price.pays(depth=1, values=[0.3, 0.2]) and not price.pays(depth=2, values=[0.3, 0.2])
+    assert not price.pays(depth=2, values=[0.2] * 50)  # .5 * .2 = .1: each exactly its verify
+    assert price.pays(depth=3, values=[0.5, 0.36]) and not price.pays(depth=3, values=[0.5, 0.2])
+    assert LevelPrice().pays(depth=4, values=[])  # nothing to pay for: the old "every level"
+    flat = LevelPrice(level=0.2, calibration=())  # a flat curve, no calibration yet: v as it is
+    assert flat.pays(depth=1, values=[0.1, 0.1]) and not flat.pays(depth=1, values=[0.1, 0.09])
+
+
+def _grow(price, *, depth=4, temp=0.0):
+    """A tree grown from fixed drafter rows over 4 ids (each level's rows the same): the head
+    sure of id 0, at .7."""
+    from mlxspec.decoding.carry import Carry
+    from mlxspec.drafters.tree_growth import grow_tree
+
+    row = mx.log(mx.array([0.7, 0.2, 0.06, 0.04]))
+    levels_read = []
+
+    def expand(growth, frontier):
+        levels_read.append(len(frontier))
+        return mx.broadcast_to(row, (len(frontier), 4))
+
+    carry = Carry(params=SamplingParams(temp=temp), eos_ids=frozenset(), key=mx.random.key(0))
+    drafts = grow_tree(row, expand, depth=depth, width=3, budget=32, carry=carry, price=price)
+    assert drafts.levels == len(levels_read) + 1  # the first level comes from the caller's forward
+    return drafts
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_a_tree_grows_only_the_levels_its_price_pays_for(temp):
+    """Greedy, frontier values by level (surest three): .7 .2 .06, then .49 .14 .14, then .343
+    .098 .098. With no price every level of four is read; with a level worth .3 tokens and
+    each node .1 (calibration 1), level 2 may add .6 + .1 = .7 and is read, level 3 .39 + .04
+    + .04 = .47 and is read, level 4 .243 and is not; a dear level reads the first alone, and
+    under sampling the drawn spine stops where the levels stop."""
+    assert _grow(None, temp=temp).levels == 4
+    if not temp:
+        priced = _grow(LevelPrice(level=0.3, node=0.1, calibration=(1.0,)))
+        assert priced.levels == 3 and priced.tree.depth == 3
+    dear = _grow(LevelPrice(level=5.0), temp=temp)
+    assert dear.levels == 1 and dear.tree.depth == 1
+    if temp:
+        assert len(dear.spine) == 1
