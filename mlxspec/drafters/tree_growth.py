@@ -210,5 +210,9 @@ def top_children(logits: mx.array, params: SamplingParams, count: int) -> tuple[
     count = min(count, logits.shape[-1])
     logits = logits.astype(mx.float32)
     logq = mx.log(warp(logits, params)) if not params.greedy else logits - mx.logsumexp(logits, -1, keepdims=True)
-    ids = mx.argsort(-logq, axis=-1)[..., :count]
-    return ids, mx.take_along_axis(logq, ids, axis=-1)
+    # the top `count` by a partition, then those alone sorted: a whole row's sort costs ~4x
+    # (a full vocabulary's, an MTP head's 150k+ ids, tens of milliseconds a level on a CPU)
+    top = mx.argpartition(-logq, kth=count - 1, axis=-1)[..., :count]
+    top_logq = mx.take_along_axis(logq, top, axis=-1)
+    order = mx.argsort(-top_logq, axis=-1)
+    return mx.take_along_axis(top, order, axis=-1), mx.take_along_axis(top_logq, order, axis=-1)
