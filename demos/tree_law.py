@@ -83,7 +83,7 @@ def run(params, trials, budget, depth, width, price, best_count, seed=0):
 
 if __name__ == "__main__":
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
-    from tests.chisquare import critical_value
+    from tests.support.chisquare import critical_value
 
     for name, params, budget, depth, width, price, bc in [
         ("t1 plain", SamplingParams(temp=1.0), 6, 3, 2, None, None),

@@ -42,6 +42,9 @@ class Candidate:
     rank: int  # among its siblings, most probable first (a drawn child first)
     fed: int = -1  # its row in the drafter's tree block, once the drafter has read it
     drawn: bool = False  # on the spine: drawn from q, whose row at its parent is kept
+    # on the chain of first children from the root (the drafter's own chain; under sampling
+    # the spine): the controller learns a chain's rates from it, so it is always expanded
+    first: bool = False
 
 
 @dataclass
@@ -60,19 +63,22 @@ class Growth:
         `drawn` (id, log q, q row): a child drawn from q, first, and the others without it."""
         base = 0.0 if parent < 0 else self.candidates[parent].score
         depth = 1 if parent < 0 else self.candidates[parent].depth + 1
+        on_first = parent < 0 or self.candidates[parent].first
         if drawn is not None:
             choice, logp, row = drawn
             token = choice if to_target is None else int(to_target[choice])
             self.spine.append(len(self.candidates))
             self.spine_rows.append(row)
-            self.candidates.append(Candidate(parent, token, choice, depth, base + logp, 0, drawn=True))
+            self.candidates.append(Candidate(parent, token, choice, depth, base + logp, 0, drawn=True, first=on_first))
             others = [(c, lp) for c, lp in zip(choices, logps) if c != choice][: len(choices) - 1]
             choices, logps = [c for c, _ in others], [lp for _, lp in others]
         for rank, (choice, logp) in enumerate(zip(choices, logps), start=int(drawn is not None)):
             if not math.isfinite(logp):
                 break  # nothing more it would say (a warped row narrower than the width asked)
             token = choice if to_target is None else int(to_target[choice])
-            self.candidates.append(Candidate(parent, token, choice, depth, base + logp, rank))
+            self.candidates.append(
+                Candidate(parent, token, choice, depth, base + logp, rank, first=on_first and rank == 0)
+            )
 
     def path(self, candidate: int) -> list[int]:
         """The candidates from the root's child down to `candidate`."""
@@ -86,10 +92,14 @@ class Growth:
         return [i for i, c in enumerate(self.candidates) if c.depth == depth]
 
     def frontier(self, depth: int, count: int) -> list[int]:
-        """The `count` candidates at `depth` to expand next: the spine's, then those the
-        drafter is surest of."""
-        best = sorted(self.at_depth(depth), key=lambda i: (not self.candidates[i].drawn, -self.candidates[i].score, i))
-        return sorted(best[:count])
+        """The `count` candidates at `depth` to expand next: the spine's, the first choices'
+        (at temperature 0 the same as a chain's draft), then those the drafter is surest of."""
+
+        def key(i: int):
+            candidate = self.candidates[i]
+            return (not candidate.drawn, not candidate.first, -candidate.score, i)
+
+        return sorted(sorted(self.at_depth(depth), key=key)[:count])
 
     def feed(self, nodes: list[int]) -> None:
         """Mark `nodes` read by the drafter, in this order, after those read before."""

@@ -146,8 +146,8 @@ class Policy:
         times = self.controller.times
         level, whole = times.draft_step(), times.round_time(depth)
         one, two = times.verify_time(1), times.verify_time(2)
-        if not level or not whole or one is None or two is None:
-            return None
+        if level is None or whole is None or one is None or two is None or level <= 0 or whole <= 0:
+            return None  # a line fitted on too few rounds may slope down: no price rather than a negative one
         rate = self.controller.expected_tokens(depth) / whole  # tokens a second
         return LevelPrice(level=level * rate, node=max(two - one, 0.0) * rate, calibration=calibration)
 

@@ -311,3 +311,26 @@ def test_a_tree_grows_only_the_levels_its_price_pays_for(temp):
     assert dear.levels == 1 and dear.tree.depth == 1
     if temp:
         assert len(dear.spine) == 1
+
+
+def test_at_temperature_0_the_drafter_s_own_chain_is_always_expanded():
+    """Two children a level, two expanded: after the root (.5, .45, .05) the argmax 0 is unsure
+    (.34, .33, .33) while 1 is sure (.5, .45): the surest two at depth 2 are 1's children
+    (.225, .2025), not 0's first (.17). The chain of first choices, the drafter's own chain
+    that the controller learns a chain's rates from, is expanded anyway, as deep as the tree."""
+    from mlxspec.decoding.carry import Carry
+    from mlxspec.drafters.tree_growth import grow_tree
+
+    rows = {(): [0.5, 0.45, 0.05], (0,): [0.34, 0.33, 0.33], (1,): [0.5, 0.45, 0.05]}
+
+    def row(path):
+        return np.log(np.array(rows.get(tuple(path), [0.9, 0.05, 0.05]), dtype=np.float32))
+
+    def expand(growth, frontier):
+        return mx.array(np.stack([row([growth.candidates[n].token for n in growth.path(c)]) for c in frontier]))
+
+    carry = Carry(params=SamplingParams(temp=0.0), eos_ids=frozenset(), key=mx.random.key(0))
+    drafts = grow_tree(mx.array(row([])), expand, depth=3, width=2, budget=32, carry=carry)
+    tree = drafts.tree
+    assert tree.depth == 3 and drafts.levels == 3
+    assert tree.path_ids(list(tree.first_choices)) == [0, 0, 0]
