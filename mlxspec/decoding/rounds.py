@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from ..grammar import Matcher
 from .carry import Carry
-from .cursor import TOKEN, Cursor
+from .cursor import TOKEN, Cursor, common_prefix
 from .drafter import Drafter, Drafts, TreeDrafts
 from .plan import Outcome, Plan
 from .sampling import SamplingParams, constrain, pick, warp
@@ -228,18 +228,8 @@ def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: C
         reach_predicted=tuple(drafts.reach()) if drafts is not None and drafts.values else (),
         first_choices=len(first),
         levels=drafts.levels if grows and drafts is not None else 0,
-        first_choices_accepted=_leading(path, first),
+        first_choices_accepted=common_prefix(path, list(first)),  # the chain's leading ids the walk took
     )
-
-
-def _leading(path: list[int], chain: tuple[int, ...]) -> int:
-    """How many leading nodes of the accepted `path` are the `chain`'s."""
-    count = 0
-    for node, link in zip(path, chain):
-        if node != link:
-            break
-        count += 1
-    return count
 
 
 def _branches(tree: TokenTree, path: list[int]) -> tuple[tuple[int, ...], ...]:
