@@ -12,8 +12,10 @@ def drafted(
     verify: float | None,
     verified: int | None = None,
     waited: bool = False,
+    catch_up: float = 0.0,
 ):
-    """One drafting round, as the loop reports it (draft and verify seconds None: not timed apart)."""
+    """One drafting round, as the loop reports it (draft and verify seconds None: not timed apart;
+    `catch_up`: the draft's reading of ids it did not propose, before the round)."""
     from mlxspec.decoding.plan import Outcome, Plan
 
     ids = tuple(range(drafted))
@@ -28,6 +30,7 @@ def drafted(
             seconds=(draft or 0.0) + (verify or 0.0),
             draft_seconds=draft,
             verify_seconds=verify,
+            catch_up_seconds=catch_up,
         ),
         waited=waited,
     )

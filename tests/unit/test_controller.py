@@ -422,21 +422,7 @@ def run_on_machine(
         hits = min(accepted(rounds, gamma), gamma)
         caught_up = catch_up(unheard) if unheard > 4 else 0.0
         drafting, verifying = draft(gamma), verify(gamma + 1)
-        ids_drafted = tuple(range(gamma))
-        c.observe_round(
-            Outcome(
-                plan=Plan(draft=gamma),
-                drafted=ids_drafted,
-                accepted=hits,
-                next_id=0,
-                emitted=ids_drafted[:hits] + (0,),
-                verified=gamma + 1,
-                seconds=drafting + verifying,
-                draft_seconds=drafting,
-                verify_seconds=verifying,
-                catch_up_seconds=caught_up,
-            )
-        )
+        drafted(c, drafted=gamma, accepted=hits, draft=drafting, verify=verifying, catch_up=caught_up)
         seconds += drafting + verifying + caught_up
         emitted, rounds, unheard = emitted + hits + 1, rounds + 1, 0
     return seconds, plain_ids
