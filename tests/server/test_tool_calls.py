@@ -54,7 +54,16 @@ ROME = [{"role": "user", "content": "And in Rome?"}]
 ROME_REPLY = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
 BROKEN = [{"role": "user", "content": "Break the format."}]
 BROKEN_REPLY = '<tool_call>\n{"name": get_weather, city}\n</tool_call>'
-QWEN3_LESSONS = [(PARIS, PARIS_CALL), (AFTER_CALL, ANSWER), (ROME, ROME_REPLY), (BROKEN, BROKEN_REPLY)]
+# a number past a double's range: valid JSON, infinity as a Python float
+HUGE = [{"role": "user", "content": "How hot is a star's core?"}]
+HUGE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 1e999}}\n</tool_call>'
+QWEN3_LESSONS = [
+    (PARIS, PARIS_CALL),
+    (AFTER_CALL, ANSWER),
+    (ROME, ROME_REPLY),
+    (BROKEN, BROKEN_REPLY),
+    (HUGE, HUGE_CALL),
+]
 
 OSLO = "Weather in Oslo?"  # Mistral, no tools given: as `mlxspec generate` asks
 MISTRAL_PARIS = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'
@@ -413,7 +422,7 @@ OPEN = {
     "properties": {
         "city": {"type": "string", "maxLength": 8},
         "units": {"enum": ["C", "F"]},
-        "where": {"type": "object", "properties": {"country": {"type": "string", "maxLength": 4}}},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
     },
     "required": ["city"],
 }
