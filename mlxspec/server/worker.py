@@ -71,7 +71,7 @@ class Job:
 
 @dataclass(frozen=True)
 class HistorySettings:
-    """The server's history of prompts and answers (drafters/history.py): one index per API
+    """The server's history of prompts and answers (drafters/history/): one index per API
     key, each at most `tokens` ids, kept on disk under mlxspec's cache when `keep`."""
 
     tokens: int = 1 << 20
