@@ -558,12 +558,16 @@ def test_a_fifo_is_refused_without_blocking_and_a_slow_read_is_abandoned(tmp_pat
 
 
 def test_a_namespace_that_cannot_be_saved_leaves_the_others_saved(tmp_path):
+    tmp_path.chmod(0o755)
+    folder = tmp_path / "cache" / "history"
     warnings = []
-    store = HistoryStore(limit_tokens=256, folder=tmp_path, warn=warnings.append)
+    store = HistoryStore(limit_tokens=256, folder=folder, warn=warnings.append)
     for name in ("a", "b", "c"):
         answered(store.drafter(name), [1, 2, 3], [4, 5])
-    (tmp_path / "a.npz").mkdir()
+    folder.mkdir(parents=True)
+    (folder / "a.npz").mkdir()
     store.save()
-    assert [p.name for p in sorted(tmp_path.iterdir())] == ["a.npz", "b.npz", "c.npz"]  # no .partial left
+    assert [p.name for p in sorted(folder.iterdir())] == ["a.npz", "b.npz", "c.npz"]  # no .partial left
     assert len(warnings) == 1 and "a.npz: the history could not be saved" in warnings[0]
-    assert (tmp_path / "b.npz").stat().st_mode & 0o777 == 0o600 and tmp_path.stat().st_mode & 0o777 == 0o700
+    assert (folder / "b.npz").stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
+    assert tmp_path.stat().st_mode & 0o777 == 0o755  # a folder above that was there already is left as it was

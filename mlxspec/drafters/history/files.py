@@ -117,10 +117,15 @@ def write_documents(path: Path, lengths: np.ndarray, tokens: np.ndarray) -> None
 
 
 def private_folder(folder: Path) -> None:
-    """`folder` and any parent missing made 0700; the folder itself set 0700."""
-    if not folder.is_dir():
-        private_folder(folder.parent)
-        folder.mkdir(mode=_PRIVATE_FOLDER, exist_ok=True)
+    """`folder` set 0700, made (with any parents missing, each 0700) if it is not there; a
+    parent that exists is left as it is."""
+    missing, above = [], folder
+    while not above.is_dir() and above != above.parent:
+        missing.append(above)
+        above = above.parent
+    for made in reversed(missing):
+        made.mkdir(mode=_PRIVATE_FOLDER, exist_ok=True)
+        os.chmod(made, _PRIVATE_FOLDER)  # mkdir's mode passes through the umask
     os.chmod(folder, _PRIVATE_FOLDER)
 
 

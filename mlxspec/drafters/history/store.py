@@ -92,7 +92,10 @@ class HistoryStore:
         namespace = namespace_of(api_key, secret=self._secret)
         if api_key is not None and self.folder is not None:
             old, new = self.path("key-" + unkeyed_digest(api_key)), self.path(namespace)
-            within(LOAD_SECONDS, lambda: _rename_once(old, new), what=str(old))
+            try:
+                within(LOAD_SECONDS, lambda: _rename_once(old, new), what=str(old))
+            except OSError as e:
+                self.warn(f"warning: {old}: not renamed to {new.name} ({e.strerror or e}); that key starts empty")
         return namespace
 
     def preload(self, namespaces: Iterable[str]) -> None:
@@ -179,9 +182,6 @@ class HistoryStore:
 
 def _rename_once(old: Path, new: Path) -> None:
     """A file under its old name moved to its new one, unless the new one exists already."""
-    try:
-        if old.is_file() and not new.exists():
-            old.replace(new)
-            new.chmod(0o600)
-    except OSError:
-        pass  # left where it is: the new name starts empty
+    if old.is_file() and not new.exists():
+        old.replace(new)
+        new.chmod(0o600)
