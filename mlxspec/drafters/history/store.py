@@ -79,24 +79,26 @@ class HistoryStore:
     def path(self, namespace: str) -> Path | None:
         return self.folder / f"{namespace}.npz" if self.folder is not None else None
 
-    def namespace_of(self, api_key: str | None) -> str:
+    def namespace_of(self, api_key: str) -> str:
         """An API key's namespace: its digest keyed by the folder's secret (files.folder_secret;
         without a folder, one made for this store alone). A file named by the old unkeyed
         digest of this key is renamed to the new name (the key is needed to know it)."""
-        if self._secret is None:
-            if self.folder is None:
-                self._secret = secrets.token_bytes(32)
-            else:
-                folder = self.folder
-                self._secret = within(LOAD_SECONDS, lambda: folder_secret(folder), what=str(folder))
-        namespace = namespace_of(api_key, secret=self._secret)
-        if api_key is not None and self.folder is not None:
+        namespace = namespace_of(api_key, secret=self._key_secret())
+        if self.folder is not None:
             old, new = self.path("key-" + unkeyed_digest(api_key)), self.path(namespace)
             try:
                 within(LOAD_SECONDS, lambda: _rename_once(old, new), what=str(old))
             except OSError as e:
                 self.warn(f"warning: {old}: not renamed to {new.name} ({e.strerror or e}); that key starts empty")
         return namespace
+
+    def _key_secret(self) -> bytes:
+        folder = self.folder
+        if self._secret is None and folder is None:
+            self._secret = secrets.token_bytes(32)  # nothing on disk: names for this process alone
+        elif self._secret is None:
+            self._secret = within(LOAD_SECONDS, lambda: folder_secret(folder), what=str(folder))
+        return self._secret
 
     def preload(self, namespaces: Iterable[str]) -> None:
         """Read these namespaces' files now (at most max_namespaces), so that /health counts
