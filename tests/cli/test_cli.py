@@ -228,6 +228,15 @@ def test_the_installed_command_runs_as_a_process(folders):
     assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder or .gguf file at /no/such"
 
 
+def test_a_bare_command_prints_its_usage_and_commands_and_succeeds():
+    """`mlxspec` alone, as a newcomer first types it: the usage and the commands on stdout,
+    exit 0 (click 8.2 and later make it a usage error, exit 2, the help on stderr)."""
+    done = subprocess.run([sys.executable, "-m", "mlxspec"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("Usage: mlxspec ")
+    assert all(f"  {command} " in done.stdout for command in ("generate", "chat", "race", "serve", "models"))
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
