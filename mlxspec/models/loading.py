@@ -74,6 +74,12 @@ class Reporter:
         """A step of unknown length (a download whose size is not known), for the `with` block."""
         return nullcontext()
 
+    def quick_steps(self, what: str) -> AbstractContextManager:
+        """Steps that are quick once their models are on this machine (finding `what`), for
+        the `with` block: a reporter may show them in full the first time and their last alone
+        after."""
+        return nullcontext()
+
 
 def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None = None) -> Path:
     """A local model folder for `name`: a folder as is, a .gguf file or a registry package

@@ -119,16 +119,18 @@ def load_pair(
         draft_name = None
     main = shard is None or ranks.is_main()
 
-    target_name, target_path = resolve_first(targets, offline, reporter)
-    draft_path = None
-    if draft_name and main and kind is None:  # a kind its name says has nothing to find
-        reporter.status(f"Finding {draft_name}")
-        draft_path = _resolve_checked(draft_name, offline, reporter)
+    # the CLI shows these steps in full once per cache, then "Loading ..." alone
+    with reporter.quick_steps(f"finding {targets} and {draft_name if main and kind is None else None}"):
+        target_name, target_path = resolve_first(targets, offline, reporter)
+        draft_path = None
+        if draft_name and main and kind is None:  # a kind its name says has nothing to find
+            reporter.status(f"Finding {draft_name}")
+            draft_path = _resolve_checked(draft_name, offline, reporter)
+        reporter.status(f"Loading target {target_name}" + (f", draft {draft_name}" if draft_name else ""))
     draft_bytes = loading.weight_bytes(draft_path) if draft_path else 0
 
     from ..decoding import caches
 
-    reporter.status(f"Loading target {target_name}")
     if shard:
         what = _names(target_name, draft_name if draft_path else None)
         target_model = _load_share(target_name, target_path, shard, draft_bytes, what)
@@ -139,7 +141,6 @@ def load_pair(
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
     if draft_name:
-        reporter.status(f"Loading draft {draft_name}")
         draft_model = (kind or kinds.of_folder(draft_path)).load(draft_name, draft_path, target_model)
         if ngram is not None:  # --ngram / --no-ngram beside a draft model
             lookup = ngram

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -235,6 +236,34 @@ def test_a_bare_command_prints_its_usage_and_commands_and_succeeds():
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("Usage: mlxspec ")
     assert all(f"  {command} " in done.stdout for command in ("generate", "chat", "race", "serve", "models"))
+
+
+def loading_steps(cache, *args) -> list[str]:
+    """The loading steps (lines ending in "…") the real command shows on a terminal's stderr
+    (rich takes TTY_COMPATIBLE=1 for one), with mlxspec's cache at `cache`."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLXSPEC_CACHE=str(cache), TTY_COMPATIBLE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", *args, "-m", "2"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr).splitlines()
+    return [line for line in lines if line.endswith("…")]
+
+
+@pytest.mark.parametrize("pair", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_finding_a_pair_is_said_in_full_once_per_cache_then_in_one_line(tmp_path, pair):
+    """The first command with a cache shows each step of finding the pair (smollm2's: its hub
+    repo, then its registry fallback and why); the next ones only what loads."""
+    if pair == "smollm2":  # the tests' import of it, in a cache of this test's own
+        from tests.support import real_models
+
+        real = real_models.folder(real_models.SMOLLM2).parent.parent
+        for folder in ("models", "registry"):
+            (tmp_path / folder).symlink_to(real / folder)
+    first = loading_steps(tmp_path, "Hello", "--pair", pair)
+    assert len(first) >= 3 and first[0].startswith("Finding ")
+    again = loading_steps(tmp_path, "Hello", "--pair", pair)
+    assert again == [first[-1]] and again[0].startswith("Loading target ")
 
 
 @pytest.mark.parametrize(
