@@ -248,11 +248,12 @@ def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]
 
 
 def compatible_drafts(target: LoadedModel) -> list[str]:
-    """How to draft for this target with a preset's draft that shares its tokenizer, among
-    those already on this machine (bundled, a folder, or in the Hugging Face cache): `--pair
-    NAME` where the preset's target is this one, else `--draft PATH`. Nothing downloaded, no
-    model loaded, only their tokenizer.json read and compared entry by entry."""
-    from .presets import load_presets, resolve_name
+    """How to draft for this target with a preset's draft already on this machine (bundled, a
+    folder, or in the Hugging Face cache): `--pair NAME` where the preset's target is this one
+    (its draft, a head included, made for it), else `--draft NAME` for a draft that shares its
+    tokenizer (a bundled one as bundled:NAME). Nothing downloaded, no model loaded, only
+    tokenizer.json files read and compared entry by entry."""
+    from .presets import load_presets, resolve_name, shown_name
 
     try:
         presets = load_presets()
@@ -267,13 +268,9 @@ def compatible_drafts(target: LoadedModel) -> list[str]:
         if path is None or path.resolve() == Path(target.path).resolve():
             continue
         if _same_target(preset, target):
-            suggestion = f"--pair {preset.name}"
-        elif name not in seen:
-            suggestion = f"--draft {name}"
-        else:
-            continue
-        if suggestion not in found and _tokenizer_vocab(path / "tokenizer.json") == vocab:
-            found.append(suggestion)
+            found.append(f"--pair {preset.name}")
+        elif name not in seen and _tokenizer_vocab(path / "tokenizer.json") == vocab:
+            found.append(f"--draft {shown_name(name)}")
             seen.add(name)
     # a preset that names the whole pair says it shortest
     return sorted(found, key=lambda option: not option.startswith("--pair"))

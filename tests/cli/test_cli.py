@@ -302,6 +302,30 @@ def test_a_target_alone_drafts_by_prompt_lookup_and_says_so(capsys, folders, tmp
     assert code == 0 and "on this machine: --pair mine;" in err and draft not in err
 
 
+@pytest.mark.slow
+def test_smollm2_under_another_name_is_its_import_and_the_tip_names_the_preset(tmp_path):
+    """SmolLM2's GGUF copied under another name, as a newcomer downloads it: no second import,
+    and the prompt-lookup tip names `--pair smollm2`, not a folder inside the package."""
+    from tests.support import real_models
+
+    cache = tmp_path / "cache"
+    imported = real_models.folder(real_models.SMOLLM2)
+    (cache / "models").mkdir(parents=True)
+    shutil.copytree(imported, cache / "models" / imported.name, copy_function=os.link)  # the tests' own, linked
+    (cache / "registry").symlink_to(imported.parent.parent / "registry")
+    copy = shutil.copy(real_models.gguf_file(real_models.SMOLLM2), tmp_path / "smollm2-135m-instruct-q4_1.gguf")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLXSPEC_CACHE=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "Hi", "-t", str(copy), "-m", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "importing" not in done.stderr and sorted(p.name for p in (cache / "models").iterdir()) == [imported.name]
+    assert "same tokenizer is on this machine: --pair smollm2;" in done.stderr and "assets" not in done.stderr
+
+
 def test_the_stats_line_is_one_line_under_a_pipe(capsys, folders):
     """stderr is not a terminal here: the stats line is never wrapped, however long."""
     target, draft = folders
