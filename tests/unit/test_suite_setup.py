@@ -79,3 +79,25 @@ def test_the_tests_keep_to_their_own_cache():
     assert cache == real_models.tests_cache() and cache != users
     fetch = next(line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "real_models" in line)
     assert "r.use_tests_cache();" in fetch.split("[r.folder")[0]
+
+
+def test_every_test_that_bounds_elapsed_seconds_is_marked_alone():
+    """A test that asserts how many seconds something took is `alone` (under -n 2 it has the
+    machine to itself; on a machine busy with other work, `-m "not alone"` leaves it out)."""
+    import ast
+
+    elapsed = re.compile(r"(perf_counter|monotonic)\(\)\s*-\s*\w+\s*<|\belapsed\s*<")
+    unmarked = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        if "pytest.mark.alone" in "".join(
+            ast.get_source_segment(source, node) or "" for node in tree.body if isinstance(node, ast.Assign)
+        ):
+            continue  # pytestmark = pytest.mark.alone: every test of the file
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                marked = any("mark.alone" in ast.unparse(d) for d in node.decorator_list)
+                if elapsed.search(ast.get_source_segment(source, node)) and not marked:
+                    unmarked.append(f"{path.relative_to(ROOT)}::{node.name}")
+    assert unmarked == []
