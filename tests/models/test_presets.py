@@ -259,24 +259,24 @@ def test_models_says_which_presets_take_tools(monkeypatch, capsys):
     assert "takes tools" not in next(line for line in listing if line.startswith("smollm2 "))
 
 
-@pytest.mark.parametrize("name", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow), "qwen3-8b"])
+REAL = {"smollm2": "SMOLLM2", "gemma3-270m": "GEMMA3"}  # presets whose target the tests import (registry)
+
+
+@pytest.mark.parametrize("name", ["tiny", *(pytest.param(name, marks=pytest.mark.slow) for name in REAL)])
 def test_a_presets_tools_is_what_its_tokenizer_reads(name):
     """A preset's `tools` against its real tokenizer, where this machine has it: the bundled
-    pair's, smollm2's (the registry import the tests use); qwen3-8b's is not on this machine:
-    the README points at it for tool calls, so its flag must say so."""
+    pair's, and smollm2's and gemma3-270m's registry imports (the others' repos cannot be
+    reached from here)."""
     from mlx_lm.utils import load_tokenizer
 
     from mlxspec.folder_code import TOKENIZER_OPTIONS
     from mlxspec.tool_calls import tool_format
 
     preset = presets.find_preset(name)
-    if name == "qwen3-8b":
-        assert preset.tools and "--pair qwen3-8b" in serve_section_of_the_readme()
-        return
-    if name == "smollm2":
+    if name in REAL:
         from tests.support import real_models
 
-        folder = real_models.folder(real_models.SMOLLM2)
+        folder = real_models.folder(getattr(real_models, REAL[name]))
     else:
         folder = Path(preset.target)
     tokenizer = load_tokenizer(folder, tokenizer_config_extra=dict(TOKENIZER_OPTIONS))
