@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,6 +229,43 @@ def test_the_installed_command_runs_as_a_process(folders):
     assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder or .gguf file at /no/such"
 
 
+def test_a_bare_command_prints_its_usage_and_commands_and_succeeds():
+    """`mlxspec` alone, as a newcomer first types it: the usage and the commands on stdout,
+    exit 0 (click 8.2 and later make it a usage error, exit 2, the help on stderr)."""
+    done = subprocess.run([sys.executable, "-m", "mlxspec"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("Usage: mlxspec ")
+    assert all(f"  {command} " in done.stdout for command in ("generate", "chat", "race", "serve", "models"))
+
+
+def loading_steps(cache, *args) -> list[str]:
+    """The loading steps (lines ending in "…") the real command shows on a terminal's stderr
+    (rich takes TTY_COMPATIBLE=1 for one), with mlxspec's cache at `cache`."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLXSPEC_CACHE=str(cache), TTY_COMPATIBLE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", *args, "-m", "2"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr).splitlines()
+    return [line for line in lines if line.endswith("…")]
+
+
+@pytest.mark.parametrize("pair", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_finding_a_pair_is_said_in_full_once_per_cache_then_in_one_line(tmp_path, pair):
+    """The first command with a cache shows each step of finding the pair (smollm2's: its hub
+    repo, then its registry fallback and why); the next ones only what loads."""
+    if pair == "smollm2":  # the tests' import of it, in a cache of this test's own
+        from tests.support import real_models
+
+        real = real_models.folder(real_models.SMOLLM2).parent.parent
+        for folder in ("models", "registry"):
+            (tmp_path / folder).symlink_to(real / folder)
+    first = loading_steps(tmp_path, "Hello", "--pair", pair)
+    assert len(first) >= 3 and first[0].startswith("Finding ")
+    again = loading_steps(tmp_path, "Hello", "--pair", pair)
+    assert again == [first[-1]] and again[0].startswith("Loading target ")
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -262,6 +300,30 @@ def test_a_target_alone_drafts_by_prompt_lookup_and_says_so(capsys, folders, tmp
     presets.write_text(presets.read_text() + f'[mine]\ntarget = "{target}"\ndraft = "{draft}"\n')
     code, _, err = run(capsys, "generate", "def main(", "-t", target, "-m", "4")
     assert code == 0 and "on this machine: --pair mine;" in err and draft not in err
+
+
+@pytest.mark.slow
+def test_smollm2_under_another_name_is_its_import_and_the_tip_names_the_preset(tmp_path):
+    """SmolLM2's GGUF copied under another name, as a newcomer downloads it: no second import,
+    and the prompt-lookup tip names `--pair smollm2`, not a folder inside the package."""
+    from tests.support import real_models
+
+    cache = tmp_path / "cache"
+    imported = real_models.folder(real_models.SMOLLM2)
+    (cache / "models").mkdir(parents=True)
+    shutil.copytree(imported, cache / "models" / imported.name, copy_function=os.link)  # the tests' own, linked
+    (cache / "registry").symlink_to(imported.parent.parent / "registry")
+    copy = shutil.copy(real_models.gguf_file(real_models.SMOLLM2), tmp_path / "smollm2-135m-instruct-q4_1.gguf")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLXSPEC_CACHE=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "Hi", "-t", str(copy), "-m", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "importing" not in done.stderr and sorted(p.name for p in (cache / "models").iterdir()) == [imported.name]
+    assert "same tokenizer is on this machine: --pair smollm2;" in done.stderr and "assets" not in done.stderr
 
 
 def test_the_stats_line_is_one_line_under_a_pipe(capsys, folders):

@@ -245,6 +245,7 @@ def test_the_server_keeps_serving_after_refusals(served, client, pair):
     assert text_of(ask(client, USER, max_tokens=12)) == standard(pair, chat_ids(pair, USER), 12).text
 
 
+@pytest.mark.alone  # timed against the wall clock: generation stops within 5 s of the client leaving
 def test_a_client_that_leaves_mid_stream_leaves_the_server_serving(served, client, pair):
     url = served[0]
     messages = [{"role": "user", "content": "def long_function():"}]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 import mlxspec
 from mlxspec.drafters.history import read_documents
@@ -43,6 +44,7 @@ def history_folder(cache: Path) -> Path:
     return cache / "history" / tokenizer_digest(mlxspec.load_pair("bundled:tiny-target", "ngram").tokenizer)
 
 
+@pytest.mark.alone  # timed against the wall clock: the request and /health answer within a bound
 def test_a_fifo_at_the_history_path_neither_hangs_a_request_nor_health(tmp_path):
     """A file that blocks on open (a FIFO here; a hung mount alike) where the history is
     kept: refused in one line, the request answered, /health and other requests answered."""

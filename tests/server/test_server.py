@@ -232,6 +232,7 @@ def test_four_concurrent_clients_get_complete_exact_answers(server, pair):
     assert answers == expected
 
 
+@pytest.mark.alone  # timed against the wall clock: generation stops within 5 s of the client leaving
 def test_a_client_that_disconnects_mid_stream_stops_its_generation(server, client, pair):
     messages = [{"role": "user", "content": "def long_function():"}]
     before = health(server)["stopped"]
@@ -337,6 +338,7 @@ def templated_pair(factory, tmp_path_factory):
     return copy, draft
 
 
+@pytest.mark.alone  # timed against the wall clock: Ctrl-C ends the server within 10 s
 def test_api_key_tools_and_ctrl_c_during_a_stream(templated_pair, tmp_path):
     target, draft = templated_pair
     pair = mlxspec.load_pair(str(target), str(draft))

@@ -542,6 +542,7 @@ def test_describe_never_waits_on_the_lock_the_worker_holds():
     assert described and described[0]["documents"] == 1
 
 
+@pytest.mark.alone  # timed against the wall clock: refused within 5 s, abandoned within 2 s
 def test_a_fifo_is_refused_without_blocking_and_a_slow_read_is_abandoned(tmp_path):
     fifo = tmp_path / "team.npz"
     os.mkfifo(fifo)
