@@ -41,7 +41,24 @@ KEY_A, KEY_B = "hostile-key-a", "hostile-key-b"
 ANSWER_SECONDS = 30  # any one answer, a refusal or a short generation on the bundled pair
 FREED_SECONDS = 10  # a worker busy with a request whose client left
 PROMPT = "def fibonacci(n):"
-STRANGE_NUMBERS = ["²", "١٢", "１２", "3.0", "1e3", "-1", " 3", "3 ", "0x10", "", "auto ", "AUTO", "∞", "NaN", True, 3.5]
+STRANGE_NUMBERS = [
+    "²",
+    "١٢",
+    "１２",
+    "3.0",
+    "1e3",
+    "-1",
+    " 3",
+    "3 ",
+    "0x10",
+    "",
+    "auto ",
+    "AUTO",
+    "∞",
+    "NaN",
+    True,
+    3.5,
+]
 FIELDS = {  # a request field and values worth throwing at it, bad and good
     "gamma": [0, 1, 3, 64, 65, 1500, 2**31, -1, "auto", None, *STRANGE_NUMBERS],
     "tree": [0, 8, 64, 512, 513, 50000, 2**40, -3, "auto", None, *STRANGE_NUMBERS],
