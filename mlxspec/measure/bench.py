@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import mlx.core as mx
 
 from ..drafting.theory import predicted_speedup_of
+from ..drafting.verdict import verdict as decide
 from ..generation import encode_prompt, generate
 from ..models.pairs import Pair
 from ..models.presets import shown_name
@@ -179,16 +180,10 @@ class Setting:
     @property
     def verdict(self) -> str | None:
         """ "plain" (no draft accepted: standard decoding under another name), "noise" (the
-        speedup differs from 1 by less than the repeats' spread), "faster", "slower"."""
-        speedup, spread = self.speedup, self.spread
-        if speedup is None:
-            return None
-        within = spread is not None and abs(speedup - 1) < spread
-        if self.stats.rounds and not self.stats.accepted and (within or speedup > 1):
-            return "plain"
-        if within:
-            return "noise"
-        return "faster" if speedup > 1 else "slower"
+        speedup differs from 1 by less than the repeats' spread, or one repeat measured no
+        spread), "faster", "slower": drafting/verdict.py's rule, the repeats' spread its band."""
+        accepted = not (self.stats.rounds and not self.stats.accepted)
+        return decide(self.speedup, band=self.spread, accepted=accepted)
 
     @property
     def predicted_speedup(self) -> float | None:
