@@ -25,6 +25,22 @@ PLAIN, NOISE, FASTER, SLOWER = "plain", "noise", "faster", "slower"
 # spread is not kept): a difference under 5% is not called either way
 UNMEASURED_BAND = 0.05
 MIN_PLAIN_STEPS = 16  # plain steps enough to time standard decoding inside a run
+# measured / predicted outside this range: the cost model probably does not describe the run
+PLAUSIBLE_VS_PREDICTED = (0.5, 1.5)
+TAU_SLACK = 0.1  # a speedup above τ by more than this share is the timing's noise, not drafting's
+
+
+def doubtful(vs_predicted: float | None) -> bool:
+    """Measured over predicted outside PLAUSIBLE_VS_PREDICTED."""
+    low, high = PLAUSIBLE_VS_PREDICTED
+    return vs_predicted is not None and not low <= vs_predicted <= high
+
+
+def unexplained(speedup: float | None, *, vs_predicted: float | None, tau: float | None) -> bool:
+    """A speedup the run's own figures cannot explain: doubtful against the prediction (from
+    α, c and v), or above τ by more than TAU_SLACK: each pass of the target gave τ tokens and
+    costs at least one target step, so τ caps the speedup."""
+    return doubtful(vs_predicted) or bool(speedup and tau and speedup > tau * (1 + TAU_SLACK))
 
 
 def verdict(speedup: float | None, *, band: float | None, accepted: bool) -> str | None:

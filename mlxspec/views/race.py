@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..decoding.plan import NGRAM, TARGET
+from ..drafting.verdict import doubtful
 from ..measure import sides as model
-from .bench import doubtful
 from .summary import SEPARATOR, PartsLine, alpha_part, counted, position_part, repetition_words
 from .tokens import fate_text, legend
 
