@@ -172,8 +172,8 @@ def plain_words(stats: Stats, judged: Judged | None) -> str | None:
     looping = f". {repetition_words(stats)}" if stats.lookup_on_repetition else ""
     if judged is not None and judged.verdict == verdicts.PLAIN:
         return (
-            f"Speculative decoding stood aside: no draft was accepted, every token a step of the target alone "
-            f"({judged.speedup:.2f}x, {how_judged(stats, judged)})."
+            f"Speculative decoding stood aside: no draft was accepted, every token a step of the target alone; "
+            f"{judged.speedup:.2f}x its speed, {how_judged(stats, judged)}."
         )
     if judged is None:
         if stats.shown_acceptance_rate is None:
@@ -190,9 +190,9 @@ def plain_words(stats: Stats, judged: Judged | None) -> str | None:
 
 
 def measured_words(stats: Stats) -> str:
-    if stats.acceptance_rate is None:
-        return f"{stats.tokens_per_round:.1f} tokens per pass of the target"
-    return (
-        f"{stats.acceptance_rate:.0%} of the drafts the target checked were accepted, "
-        f"{stats.tokens_per_round:.1f} tokens per pass of the target"
-    )
+    """Acceptance and tokens per pass in words: a share where enough drafts were tested for
+    one (as α is shown), else the counts."""
+    passes = f"{stats.tokens_per_round:.1f} tokens per pass of the target"
+    if stats.shown_acceptance_rate is not None:
+        return f"{stats.shown_acceptance_rate:.0%} of the drafts the target checked were accepted, {passes}"
+    return f"{stats.accepted} of the {counted(stats.tested, 'draft')} the target checked accepted, {passes}"
