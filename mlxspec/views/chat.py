@@ -25,7 +25,7 @@ from .tokens import STYLES, legend
 
 HELP = """\
 /help              this list
-/stats             the conversation's totals: tokens, acceptance, tokens per round, per-position acceptance, time
+/stats             the conversation's totals: tokens, acceptance, τ, per-position acceptance, time, speedup
 /gamma N|auto      draft tokens per round (0: standard decoding; auto: chosen each round)
 /temp X            temperature (0: greedy); also /top-p X, /top-k N, /min-p X, /seed N, /max-tokens N
 /think on|off      let a reasoning model think first (its template's enable_thinking); shown dimmed
