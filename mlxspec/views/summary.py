@@ -98,7 +98,7 @@ def stats_line(
         parts.append(
             f"γ auto (mean {stats.mean_gamma:.1f} when drafting)" if stats.mean_gamma is not None else "γ auto"
         )
-        if stats.mean_gamma is not None:
+        if stats.plain_rounds:
             parts.append(counted(stats.plain_rounds, "plain step"))
     else:
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
