@@ -260,7 +260,8 @@ def legend(report, *, wide: bool) -> Text:
     """What the table's columns and the cost model's figures mean, in words (under the table)."""
     columns = [
         "T temperature (0: greedy)",
-        "γ draft tokens per round (auto: chosen each round, plain steps included)",
+        "γ draft tokens per round (auto: chosen each round, 0 for a plain step; its mean γ under drafting counts "
+        "the rounds that drafted, the plain steps apart)",
         f"{'std/s' if not wide else 'std tok/s'}, {'spec/s' if not wide else 'spec tok/s'}: tokens a second of "
         "standard and speculative decoding",
         f"speedup: speculative over standard ({NOISE_MARK}: within noise)",
