@@ -132,6 +132,19 @@ def test_chat_greedy_equals_standard_decoding_with_right_usage(client, pair):
     spec = usage.model_extra["speculative"]
     assert spec["gamma"] == "auto" and spec["rounds"] >= 1 and spec["accepted"] <= spec["tested"] <= spec["drafted"]
     assert spec["tokens_per_second"] > 0 and spec["tokens_per_round"] >= 1
+    assert spec["lookup_on_repetition"] is False  # the draft model's drafts, not prompt lookup's
+
+
+def test_usage_flags_prompt_lookup_on_a_repeating_answer(tmp_path):
+    """Issue 39: a speedup that is prompt lookup copying a looping answer is flagged in the
+    server's usage too (speculative.lookup_on_repetition), as race, generate and chat flag it."""
+    looping = "import os\nimport os\nimport os\nimport sys\nimport os\nimport sys\nimport os\n"
+    with running_server("--draft", "ngram", log=tmp_path / "serve.log") as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        reply = client.completions.create(model="x", prompt=looping, temperature=0, max_tokens=48)
+    spec = reply.usage.model_extra["speculative"]
+    assert reply.choices[0].text.count("import sys") >= 8 and spec["lookup_rounds"] > 0
+    assert spec["lookup_on_repetition"] is True
 
 
 def test_chat_stream_gives_the_same_text_and_usage(client, pair):
