@@ -239,7 +239,8 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
 
 def test_the_data_stays_within_max_disk(target, tmp_path):
     """Three shards of the corpus's text (4.7 MB each: 32 chunks of some 255 positions) and
-    --max-disk 10 MB: two are written, the run says in a line why no more, and trains on them."""
+    --max-disk 10 MB: two are written, the run says in a line why no more, and trains on them; --resume
+    keeps to the same corpus and bound."""
     corpus = _corpus(tmp_path / "corpus.json", 97)
     out = tmp_path / "run"
     limit = 10_000_000
@@ -253,3 +254,10 @@ def test_the_data_stays_within_max_disk(target, tmp_path):
     shards = sorted((out / "data").glob("shard-*.npz"))
     assert len(shards) == 2 and sum(s.stat().st_size for s in shards) <= limit
     assert json.loads((out / "data" / "progress.json").read_text())["text_done"] == 64
+    # --resume reads the corpus and the bound from run.json: the third shard is refused again
+    for name in ("config.json", "model.safetensors", "README.md"):
+        (out / name).unlink()
+    resumed = _train("--target", target, "--out", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "--max-disk 9.5 MiB: no more data is written" in resumed.stderr
+    assert len(list((out / "data").glob("shard-*.npz"))) == 2
