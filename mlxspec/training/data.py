@@ -223,16 +223,34 @@ def encode_conversation(tokenizer, messages: list[dict], *, raw: bool, generatio
         return []  # a system turn or an order this template does not take
 
 
-def encode_prompts(tokenizer, prompts: list, *, raw: bool = False) -> list[list[int]]:
+def encode_prompts(tokenizer, prompts: list, *, raw: bool = False, limit: int | None = None) -> list[list[int]]:
     """Prompts as the target reads them, the assistant's answer begun: a prompt is a text
     (one user turn) or a conversation ending with the user's turn ([] when the template
-    refuses it)."""
-    return [
-        encode_conversation(
-            tokenizer, [{"role": "user", "content": p}] if isinstance(p, str) else p, raw=raw, generation_prompt=True
-        )
-        for p in prompts
-    ]
+    refuses it). A conversation longer than `limit` ids loses its earliest exchanges (a
+    system turn kept) until it fits or only its last turn is left."""
+    out = []
+    for prompt in prompts:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        least = 2 if messages[0]["role"] == "system" else 1  # the system turn and the last user turn
+        # first by characters: over 8 an id is more than text takes (some 4 in English, 3 in code)
+        while limit is not None and len(messages) > least and _chars(messages) > 8 * limit:
+            messages = _shorter(messages)
+        ids = encode_conversation(tokenizer, messages, raw=raw, generation_prompt=True)
+        while limit is not None and len(ids) > limit and len(messages) > least:
+            messages = _shorter(messages)
+            ids = encode_conversation(tokenizer, messages, raw=raw, generation_prompt=True)
+        out.append(ids)
+    return out
+
+
+def _shorter(messages: list[dict]) -> list[dict]:
+    """A conversation without its first exchange (a user turn and its answer; a system turn kept)."""
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    return head + messages[len(head) + 2 :]
+
+
+def _chars(messages: list[dict]) -> int:
+    return sum(len(m["content"]) for m in messages)
 
 
 def read_prompt_file(path: Path) -> list[str]:
@@ -492,7 +510,7 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
     prefill_share = 1.0  # seconds of prefill per second of generation (it reads the prompts again)
     while record["prompts_done"] < len(plan.prompts) and (started := time.perf_counter()) < phase_end:
         first = record["prompts_done"]
-        group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw)  # as they are needed
+        group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw, limit=MAX_PROMPT)
         keep = [i for i, p in enumerate(group) if 0 < len(p) <= MAX_PROMPT]
         answers, greedy = generate_answers(
             model,

@@ -261,3 +261,31 @@ def test_the_data_stays_within_max_disk(target, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "--max-disk 9.5 MiB: no more data is written" in resumed.stderr
     assert len(list((out / "data").glob("shard-*.npz"))) == 2
+
+
+def test_a_long_prompt_loses_its_earliest_exchanges_until_it_fits(target):
+    """A late user turn whose context passes the limit is asked with the latest exchanges
+    that fit (the system turn kept), not passed over; a last turn too long alone stays too
+    long (and is passed over by the run)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxspec.training.data import encode_conversation, encode_prompts
+
+    tokenizer = load_tokenizer(target)
+    turns = [{"role": "system", "content": "Be brief."}]
+    for i in range(6):
+        turns += [
+            {"role": "user", "content": f"Question {i} about the river and the garden? " * 4},
+            {"role": "assistant", "content": f"Answer {i}: the clock and the lamp. " * 4},
+        ]
+    prompt = turns + [{"role": "user", "content": "And now?"}]
+    whole = encode_conversation(tokenizer, prompt, raw=False, generation_prompt=True)
+    fits = [prompt[:1] + prompt[k:] for k in range(1, len(prompt), 2)]
+    lengths = [len(encode_conversation(tokenizer, p, raw=False, generation_prompt=True)) for p in fits]
+    limit = (lengths[2] + lengths[3]) // 2  # three exchanges must go
+    assert encode_prompts(tokenizer, [prompt], limit=limit) == [
+        encode_conversation(tokenizer, fits[3], raw=False, generation_prompt=True)
+    ]
+    assert encode_prompts(tokenizer, [prompt], limit=len(whole)) == [whole]
+    alone = encode_prompts(tokenizer, [prompt], limit=3)[0]
+    assert alone == encode_conversation(tokenizer, fits[-1], raw=False, generation_prompt=True) and len(alone) > 3
