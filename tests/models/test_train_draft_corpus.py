@@ -176,8 +176,6 @@ def test_prompts_and_a_corpus_together_are_refused(target, tmp_path):
     flags = ["--prompts", _prompts(tmp_path / "p.jsonl"), "--corpus", path, "--max-disk", "1GB"]
     done = _run("--target", target, "--out", tmp_path / "run", *flags, timeout=30)
     assert done.returncode == 2 and "--corpus" in one_line(done) and not (tmp_path / "run").exists()
-    done = _run("--target", target, "--out", tmp_path / "run", "--max-disk", "lots", timeout=30)
-    assert done.returncode == 2 and "lots" in one_line(done)
 
 
 def _corpus(path: Path, count: int = 24) -> Path:
