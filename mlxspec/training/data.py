@@ -475,8 +475,9 @@ def build_data(
                         f"--max-disk {_size(plan.max_disk)}: no more data is written"
                     )
                 return False
-            save_shard(folder / f"shard-{record['shards']:04d}.npz", examples)
-            used += size
+            path = folder / f"shard-{record['shards']:04d}.npz"
+            save_shard(path, examples)
+            used += path.stat().st_size
             record["shards"] += 1
             made.extend(examples)
         record.update({k: record[k] + v for k, v in moved.items()})
@@ -494,7 +495,8 @@ def _size(n: int) -> str:
 
 
 def shard_bytes(examples: list[Example]) -> int:
-    """The bytes a shard of `examples` takes on disk (its arrays; npz adds a few hundred)."""
+    """The bytes a shard of `examples` will take on disk, at least: its arrays, and more than
+    the npy and zip headers of its eight (some 200 bytes each)."""
     arrays = sum(e.ids.nbytes + e.features.nbytes + e.top_ids.nbytes + e.top_probs.nbytes for e in examples)
     return arrays + 18 * len(examples) + 4096
 
