@@ -59,6 +59,9 @@ OUT_OF_RANGE = [
     (["--steps", 100000], "--steps"),
     (["--draft-vocab", 1], "--draft-vocab"),
     (["--single-step-share", "nan"], "--single-step-share"),
+    (["--corpus-tokens", 0], "--corpus-tokens"),
+    (["--max-disk", 0], "--max-disk"),
+    (["--max-disk", "lots"], "lots"),
 ]
 
 
