@@ -1,5 +1,5 @@
 """The answer path every route shares (the OpenAI routes in app.py, Anthropic's in
-messages.py): a generation submitted to the worker,
+messages.py, the Responses API's in responding.py): a generation submitted to the worker,
 its events read in one loop (`parts`: text pieces and parsed calls in order, then its Done),
 and answered whole or as server-sent events through the route's `View`; the client's leaving
 cancels it, and a failure becomes a status and a body.

@@ -39,6 +39,7 @@ from .length import bytes_per_token
 from .limits import Limits, read_body
 from .messages import Messages
 from .offload import Offload
+from .responding import Responses
 from .schema import Reply, RequestError, error_body
 from .tools import ToolUse, tool_use
 from .worker import Worker
@@ -65,12 +66,14 @@ def create_app(
 ):
     api = Api(worker, pair, defaults, limits=limits, offload=offload or Offload())
     messages = Messages(api)
+    responses = Responses(api)
     app = Starlette(
         routes=[
             Route("/health", api.health, methods=["GET"]),
             Route("/v1/models", api.models, methods=["GET"]),
             Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
             Route("/v1/completions", api.completions, methods=["POST"]),
+            Route("/v1/responses", responses.create, methods=["POST"]),
             Route("/v1/messages", messages.create, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         ],
