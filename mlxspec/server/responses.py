@@ -349,7 +349,7 @@ class Reply:
             "max_output_tokens": body.max_output_tokens,
             "model": self.model,
             "output": output,
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
             "reasoning": None,
             "store": body.store,

@@ -29,6 +29,8 @@ class StoredResponses:
         size = len(json.dumps(items, ensure_ascii=False).encode())
         if size > self.most_bytes:
             return
+        if (old := self._kept.pop((namespace, response_id), None)) is not None:
+            self.bytes -= old[1]
         self._kept[(namespace, response_id)] = (items, size)
         self.bytes += size
         while len(self._kept) > self.most or self.bytes > self.most_bytes:

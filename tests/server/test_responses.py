@@ -82,6 +82,16 @@ def test_a_response_is_standard_decoding_with_usage(client, pair):
     assert spec["gamma"] == "auto" and spec["rounds"] >= 1 and spec["accepted"] <= spec["tested"] <= spec["drafted"]
 
 
+def test_sampling_fields_reach_the_engine(client, pair):
+    sampling = {"temperature": 0.9, "top_p": 0.95, "extra_body": {"top_k": 5, "seed": 7, "gamma": 2}}
+    answers = [ask(client, QUESTION, **sampling).output_text for _ in range(2)]
+    ids = chat_ids(pair, USER)
+    expected = mlxspec.generate(pair, ids, temp=0.9, top_k=5, top_p=0.95, seed=7, gamma=2, max_tokens=24)
+    assert answers == [expected.text, expected.text]
+    other = mlxspec.generate(pair, ids, temp=0.9, top_p=0.95, seed=7, gamma=2, max_tokens=24)
+    assert other.text != expected.text  # top_k changed the draw: it was not ignored
+
+
 def test_instructions_and_items_read_as_the_chat_routes_messages(client):
     """instructions a system message; message items (text parts, an assistant's output_text)
     the chat route's messages: the same prompt, the same greedy answer."""
@@ -270,10 +280,6 @@ def test_a_codex_style_loop_answers_alike_by_id_and_by_items(tools_client, strea
     called = ask_tools(tools_client, ROME[0]["content"], tool_choice=forced)  # taught to answer with text first
     [call] = called.output
     assert call.type == "function_call" and call.name == "get_weather" and json.loads(call.arguments)["city"]
-    paris = ask_tools(tools_client, PARIS[0]["content"], tool_choice=forced)
-    [call] = paris.output
-    the_call(call, "Paris")
-    result = {"type": "function_call_output", "call_id": call.call_id, "output": "22 C, sunny"}
 
     def answer(**fields):
         if not stream:
@@ -281,6 +287,10 @@ def test_a_codex_style_loop_answers_alike_by_id_and_by_items(tools_client, strea
         with tools_client.responses.stream(model="m", tools=FUNCTIONS, temperature=0, **fields) as events:
             return events.get_final_response()
 
+    paris = answer(input=PARIS[0]["content"], tool_choice=forced)  # kept, streamed or not
+    [call] = paris.output
+    the_call(call, "Paris")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "22 C, sunny"}
     by_id = answer(input=[result], previous_response_id=paris.id)
     sent_back = [{"role": "user", "content": PARIS[0]["content"]}, call.model_dump(exclude_none=True), result]
     by_items = answer(input=sent_back, store=False)
