@@ -44,8 +44,9 @@ class Messages:
     async def _prompt(self, body, *, check: bool):
         """The chat route's prologue on the request translated; its refusal of a tool_choice
         names the value as Anthropic's client sent it."""
+        chat = anthropic.chat_body(body)
         try:
-            return await self.api.chat_prompt(anthropic.chat_body(body), check=check)
+            return await self.api.chat_prompt(chat, check=check)
         except RequestError as e:
             raise anthropic.reworded_choice(e, body) from None
 
