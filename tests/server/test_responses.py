@@ -7,6 +7,7 @@ model of tests/support/tool_models.py taught Qwen3's markup (test_tool_calls.py'
 from __future__ import annotations
 
 import json
+import signal
 
 import httpx
 import jsonschema
@@ -299,3 +300,18 @@ def test_a_codex_style_loop_answers_alike_by_id_and_by_items(tools_client, strea
     assert by_id.usage.input_tokens == by_items.usage.input_tokens
     chat = tools_client.chat.completions.create(model="m", messages=AFTER_CALL, tools=TOOLS, temperature=0)
     assert chat.choices[0].message.content == ANSWER and chat.usage.prompt_tokens == by_id.usage.input_tokens
+
+
+def test_ctrl_c_ends_a_stream_with_an_error_and_response_failed(tmp_path):
+    with running_server(log=tmp_path / "serve.log") as (url, process):
+        body = {"model": "m", "input": QUESTION, "temperature": 0, "max_output_tokens": 100000, "stream": True}
+        with httpx.Client(timeout=TIMEOUT) as http, http.stream("POST", f"{url}/v1/responses", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            process.send_signal(signal.SIGINT)
+            tail = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data:")]
+    error, failed = tail[-2:]
+    assert error["type"] == "error" and "shutting down" in error["message"] and error["code"] == "server_error"
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": error["message"]}
+    assert failed["sequence_number"] == error["sequence_number"] + 1
