@@ -15,7 +15,7 @@ import openai
 import pytest
 
 import mlxspec
-from tests.server.test_server import KEY, TIMEOUT, chat_ids, running_server, standard
+from tests.server.test_server import KEY, SAMPLING, TIMEOUT, chat_ids, check_sampled, running_server, standard
 from tests.server.test_server_grammar import SCHEMAS
 from tests.server.test_tool_calls import (  # noqa: F401 (fixtures)
     AFTER_CALL,
@@ -84,13 +84,10 @@ def test_a_response_is_standard_decoding_with_usage(client, pair):
 
 
 def test_sampling_fields_reach_the_engine(client, pair):
-    sampling = {"temperature": 0.9, "top_p": 0.95, "extra_body": {"top_k": 5, "seed": 7, "gamma": 2}}
-    answers = [ask(client, QUESTION, **sampling).output_text for _ in range(2)]
-    ids = chat_ids(pair, USER)
-    expected = mlxspec.generate(pair, ids, temp=0.9, top_k=5, top_p=0.95, seed=7, gamma=2, max_tokens=24)
-    assert answers == [expected.text, expected.text]
-    other = mlxspec.generate(pair, ids, temp=0.9, top_p=0.95, seed=7, gamma=2, max_tokens=24)
-    assert other.text != expected.text  # top_k changed the draw: it was not ignored
+    top = {key: SAMPLING[key] for key in ("temperature", "top_p")}  # the client's own fields
+    extra = {key: value for key, value in SAMPLING.items() if key not in top}
+    answers = [ask(client, QUESTION, **top, extra_body=extra).output_text for _ in range(2)]
+    check_sampled(pair, chat_ids(pair, USER), answers)
 
 
 def test_instructions_and_items_read_as_the_chat_routes_messages(client):
