@@ -82,6 +82,7 @@ class ResponseView:
         items = Items()
         for part in parts:
             items.feed(part)
+        items.cut = responses.cut_short(done)
         items.finish()
         return self._finished(items, done)
 
@@ -96,6 +97,7 @@ class ResponseView:
         return self.items.feed(part)
 
     def closing(self, done: Done) -> list[dict]:
+        self.items.cut = responses.cut_short(done)
         events = self.items.finish()
         response = self._finished(self.items, done)
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"

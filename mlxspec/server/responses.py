@@ -283,7 +283,10 @@ def _new_id(prefix: str) -> str:
 class Items(blocks.Blocks):
     """The output items: a `message` with one output_text part for each run of text, a
     `function_call` for each call, and the stream events that build them (item added, the
-    part added, deltas, done), each naming its output_index and item_id."""
+    part added, deltas, done), each naming its output_index and item_id. A message open when
+    the output was cut short ends `incomplete` (set `cut` before `finish`), as OpenAI's."""
+
+    cut = False
 
     def text_block(self, index: int) -> tuple[dict, list[dict]]:
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
@@ -301,7 +304,7 @@ class Items(blocks.Blocks):
         return [{"type": "response.output_text.delta", **where, "delta": text, "logprobs": []}]
 
     def text_closed(self, index: int, item: dict) -> list[dict]:
-        item["status"] = "completed"
+        item["status"] = "incomplete" if self.cut else "completed"
         part = item["content"][0]
         where = {"output_index": index, "item_id": item["id"], "content_index": 0}
         return [
@@ -337,7 +340,7 @@ class Reply:
 
     def response(self, *, status: str, output: list[dict], done: Done | None = None, error: dict | None = None):
         body = self.body
-        length = done is not None and done.finish_reason in ("length", "context")
+        length = done is not None and cut_short(done)
         return {
             "id": self.id,
             "object": "response",
@@ -366,8 +369,12 @@ class Reply:
     def finished(self, items: Items, done: Done) -> dict:
         """The whole response: incomplete where the output was cut short (max_output_tokens,
         or the context's end)."""
-        status = "incomplete" if done.finish_reason in ("length", "context") else "completed"
+        status = "incomplete" if cut_short(done) else "completed"
         return self.response(status=status, output=items.content, done=done)
+
+
+def cut_short(done: Done) -> bool:
+    return done.finish_reason in ("length", "context")
 
 
 def sse(event: dict) -> str:

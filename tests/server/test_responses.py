@@ -73,6 +73,7 @@ def test_a_response_is_standard_decoding_with_usage(client, pair):
     assert response.object == "response" and response.id.startswith("resp_") and response.model == "tiny-target"
     [message] = response.output
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert message.status == "incomplete"  # cut short, as the response
     assert [part.type for part in message.content] == ["output_text"] and response.output_text == expected.text
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     usage = response.usage
@@ -139,6 +140,7 @@ def test_a_stream_sends_the_typed_events_in_order(client, pair):
     created, last = events[0].response, events[-1].response
     assert created.status == "in_progress" and created.output == [] and created.id == last.id
     assert last.output[0].content[0].text == expected.text and last.usage.output_tokens == 24
+    assert events[-2].item.status == last.output[0].status == "incomplete"
 
 
 @pytest.mark.parametrize("name", ["enum", "nested"])
