@@ -17,7 +17,7 @@ def cache_root() -> Path:
 
 
 def history_folder(tokenizer=None) -> Path:
-    """The history index's files (drafters/history.py), one per namespace; with `tokenizer`,
+    """The history index's files (drafters/history/), one per namespace; with `tokenizer`,
     under a folder of its own (a digest of its vocabulary), so that a server restarted on
     another model never reads ids it does not share."""
     folder = cache_root() / "history"

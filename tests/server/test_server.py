@@ -39,9 +39,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(*args: str, log: Path, env: dict | None = None):
+def running_server(*args: str, log: Path, env: dict | None = None, stop: signal.Signals = signal.SIGINT):
     """`python -m mlxspec serve` on a free loopback port; yields (base URL, process) once
-    /health answers; stops it with Ctrl-C (SIGINT) and checks that it exits as Ctrl-C should."""
+    /health answers; stops it with `stop` (Ctrl-C's SIGINT unless told) and checks that it
+    exits as that signal should (130 for Ctrl-C, killed by the signal for another)."""
     port = free_port()
     command = [sys.executable, "-m", "mlxspec", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log, "w") as out:
@@ -62,13 +63,13 @@ def running_server(*args: str, log: Path, env: dict | None = None):
             time.sleep(0.2)
         yield url, process
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         try:
             code = process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
-            raise AssertionError(f"the server did not stop on Ctrl-C: {log.read_text()}") from None
-    assert code == 130, f"exit {code}: {log.read_text()}"
+            raise AssertionError(f"the server did not stop on {stop.name}: {log.read_text()}") from None
+    assert code == (130 if stop == signal.SIGINT else -stop), f"exit {code}: {log.read_text()}"
 
 
 @pytest.fixture(scope="module")
