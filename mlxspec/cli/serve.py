@@ -93,7 +93,8 @@ def serve(
         ),
     ] = None,
 ):
-    """Serve the pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models.
+    """Serve the pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/responses,
+    /v1/models; and Anthropic's /v1/messages.
 
     The options set each request's defaults; a request's own fields (temperature, top_p,
     max_tokens, seed, stop, and mlxspec's gamma) override them.

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from ..decoding.events import Done
 from ..stats import Stats
 from ..tool_calls import ToolCall
-from . import schema
+from . import blocks, schema
 from .schema import ChatBody, RequestError
 
 _STRICT = ConfigDict(strict=True, extra="ignore")  # cache_control, metadata and the like change nothing here
@@ -239,60 +239,29 @@ def tool_use_block(call: ToolCall) -> dict:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments)}
 
 
-class Blocks:
-    """Text and calls in, in order; Anthropic's content blocks out, as stream events, and
-    whole in `content`. Text that is only white space is held until more comes: beside a
-    call it is dropped (as the chat route gives no content beside calls), at the end of
-    an answer without calls it is the answer."""
+class Blocks(blocks.Blocks):
+    """Anthropic's content blocks: text blocks and tool_use blocks, each sent as
+    content_block_start, deltas and content_block_stop."""
 
-    def __init__(self):
-        self.content: list[dict] = []
-        self._text_index: int | None = None  # the open text block
-        self._pending = ""
+    def text_block(self, index: int) -> tuple[dict, list[dict]]:
+        start = {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+        return {"type": "text", "text": ""}, [start]
 
-    @property
-    def called(self) -> bool:
-        return any(block["type"] == "tool_use" for block in self.content)
+    def text_added(self, index: int, block: dict, text: str) -> list[dict]:
+        block["text"] += text
+        return [{"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}]
 
-    def feed(self, part: str | ToolCall) -> list[dict]:
-        if isinstance(part, str):
-            return self._text(part)
-        events = self._close()
-        self._pending = ""
-        block = tool_use_block(part)
-        index = len(self.content)
-        self.content.append(block)
-        delta = {"type": "input_json_delta", "partial_json": part.arguments}
-        return events + [
+    def text_closed(self, index: int, block: dict) -> list[dict]:
+        return [{"type": "content_block_stop", "index": index}]
+
+    def call_block(self, index: int, call: ToolCall) -> tuple[dict, list[dict]]:
+        block = tool_use_block(call)
+        delta = {"type": "input_json_delta", "partial_json": call.arguments}
+        return block, [
             {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}},
             {"type": "content_block_delta", "index": index, "delta": delta},
             {"type": "content_block_stop", "index": index},
         ]
-
-    def finish(self) -> list[dict]:
-        events = self._text("", force=not self.called) if self._pending else []
-        return events + self._close()
-
-    def _text(self, text: str, *, force: bool = False) -> list[dict]:
-        events = []
-        if self._text_index is None:
-            self._pending += text
-            if not self._pending.strip() and not force:
-                return []
-            text, self._pending = self._pending, ""
-            self._text_index = len(self.content)
-            self.content.append({"type": "text", "text": ""})
-            start = {"type": "text", "text": ""}
-            events.append({"type": "content_block_start", "index": self._text_index, "content_block": start})
-        self.content[self._text_index]["text"] += text
-        delta = {"type": "text_delta", "text": text}
-        return events + [{"type": "content_block_delta", "index": self._text_index, "delta": delta}]
-
-    def _close(self) -> list[dict]:
-        if self._text_index is None:
-            return []
-        index, self._text_index = self._text_index, None
-        return [{"type": "content_block_stop", "index": index}]
 
 
 @dataclass(frozen=True)

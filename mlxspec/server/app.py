@@ -23,24 +23,25 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..decoding.events import Done, Round
+from ..decoding.events import Done
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
 from ..generation import check_drafting
 from ..grammar import check_spec
 from ..models.loading import looks_like_path
 from ..models.pairs import fit_context
 from ..options import Options
-from ..tool_calls import ToolCallSplitter, split_tool_calls, tool_format
+from ..tool_calls import ToolCall, tool_format
 from . import anthropic, encode, schema
-from .answer import answer, error_of, error_response, namespace, note_of
+from .answer import Prompt, answer, error_of, error_response, namespace
 from .formats import response_grammar
 from .length import bytes_per_token
 from .limits import Limits, read_body
 from .messages import Messages
 from .offload import Offload
+from .responding import Responses
 from .schema import Reply, RequestError, error_body
 from .tools import ToolUse, tool_use
-from .worker import END, Worker
+from .worker import Worker
 
 
 def public_name(name: str) -> str:
@@ -64,12 +65,14 @@ def create_app(
 ):
     api = Api(worker, pair, defaults, limits=limits, offload=offload or Offload())
     messages = Messages(api)
+    responses = Responses(api)
     app = Starlette(
         routes=[
             Route("/health", api.health, methods=["GET"]),
             Route("/v1/models", api.models, methods=["GET"]),
             Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
             Route("/v1/completions", api.completions, methods=["POST"]),
+            Route("/v1/responses", responses.create, methods=["POST"]),
             Route("/v1/messages", messages.create, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         ],
@@ -121,38 +124,52 @@ class Api:
     async def chat_completions(self, request):
         try:
             body = schema.parse(schema.ChatBody, await read_body(request, self.limits))
-            options = schema.request_options(body, self.defaults)
-            if (grammar := response_grammar(body)) is not None:
-                await self.offload.run(self.check_grammar, grammar, param="response_format")
-                options = options.replace(grammar=grammar)
-            tools = tool_use(body, self.tool_format)
-            if (forced := tools.forced_call(self.pair.tokenizer)) is not None:
-                if options.grammar is not None:
-                    raise RequestError("give tool_choice or response_format, not both", param="tool_choice")
-                await self.offload.run(self.check_forced_call, forced, tools)
-                options = options.replace(grammar=forced)
-            messages = schema.template_messages(body)
-            ids = await self.offload.run(
-                encode.chat_ids, self.pair, messages, think=options.think, tools=tools.tools, per_token=self.per_token
-            )
-            self._check(ids, options, "messages")
-            return await self._answer(request, Reply(chat=True, model=self.model), ids, options, body, tools=tools)
+            prompt = await self.chat_prompt(body)
+            view = ChatView(Reply(chat=True, model=self.model), include_usage=body.include_usage)
+            return await answer(request, self.worker, prompt, view=view, stream=body.stream)
         except (RequestError, MlxspecError) as e:
             return error_response(e)
 
     async def completions(self, request):
         try:
             body = schema.parse(schema.CompletionBody, await read_body(request, self.limits))
-            options = schema.request_options(body, self.defaults)
-            if (grammar := response_grammar(body)) is not None:
-                await self.offload.run(self.check_grammar, grammar, param="response_format")
-                options = options.replace(grammar=grammar)
+            options = await self.options_of(body)
             prompt = schema.completion_prompt(body)
             ids = await self.offload.run(encode.completion_ids, self.pair, prompt, per_token=self.per_token)
             self._check(ids, options, "prompt")
-            return await self._answer(request, Reply(chat=False, model=self.model), ids, options, body)
+            view = ChatView(Reply(chat=False, model=self.model), include_usage=body.include_usage)
+            return await answer(request, self.worker, Prompt(ids, options), view=view, stream=body.stream)
         except (RequestError, MlxspecError) as e:
             return error_response(e)
+
+    async def options_of(self, body) -> Options:
+        """The request's options: the server's defaults, overridden by its fields, with its
+        response_format's grammar (checked against the tokenizer, on the offload thread)."""
+        options = schema.request_options(body, self.defaults)
+        if (grammar := response_grammar(body)) is not None:
+            await self.offload.run(self.check_grammar, grammar, param="response_format")
+            options = options.replace(grammar=grammar)
+        return options
+
+    async def chat_prompt(self, body: schema.ChatBody, *, check: bool = True) -> Prompt:
+        """A chat request read into what the worker runs, the one prologue of every chat-shaped
+        route (chat completions, and Anthropic's and the Responses API's requests translated
+        into one): options, response_format's grammar, the tools and a forced call's grammar,
+        the template and the ids, and (where `check`) the checks against the pair."""
+        options = await self.options_of(body)
+        tools = tool_use(body, self.tool_format)
+        if (forced := tools.forced_call(self.pair.tokenizer)) is not None:
+            if options.grammar is not None:
+                raise RequestError("give tool_choice or response_format, not both", param="tool_choice")
+            await self.offload.run(self.check_forced_call, forced, tools)
+            options = options.replace(grammar=forced)
+        messages = schema.template_messages(body)
+        ids = await self.offload.run(
+            encode.chat_ids, self.pair, messages, think=options.think, tools=tools.tools, per_token=self.per_token
+        )
+        if check:
+            self._check(ids, options, "messages")
+        return Prompt(ids, options, tools)
 
     def check_grammar(self, grammar, *, param: str) -> None:
         """A 400 naming `param` when the grammar engine rejects the grammar or gives up at
@@ -189,82 +206,42 @@ class Api:
                 param="gamma",
             ) from None
 
-    async def _answer(
-        self, request, reply: Reply, ids: list[int], options: Options, body, *, tools: ToolUse | None = None
-    ):
-        parsing = tools if tools and tools.parses else None
 
-        def events(job, first):
-            return _events(job, reply, include_usage=body.include_usage, tools=parsing)
+class ChatView:
+    """Chat completions and text completions, whole or as chunks: text outside calls as it
+    comes, each call once it is whole (its markup is held back until it closes)."""
 
-        return await answer(
-            request,
-            self.worker,
-            ids,
-            options,
-            note=note_of(options, tools),
-            whole=lambda job: _whole(job, reply, tools=parsing),
-            stream=events if body.stream else None,
-        )
+    trailer = "data: [DONE]\n\n"
 
+    def __init__(self, reply: Reply, *, include_usage: bool):
+        self.reply = reply
+        self.include_usage = include_usage
+        self.calls = itertools.count()  # a call's place among the reply's calls
+        self.called = False
 
-async def _whole(job, reply: Reply, *, tools: ToolUse | None) -> dict:
-    pieces, done = [], None
-    while (item := await job.next()) is not END:
-        if isinstance(item, BaseException):
-            raise item
-        if isinstance(item, Round):
-            pieces.append(item.text)
-        elif isinstance(item, Done):
-            pieces.append(item.text)
-            done = item
-    if done is None:
-        raise RequestError("the server is shutting down", status=503, kind="server_error")
-    text, calls = "".join(pieces), []
-    if tools is not None:
-        text, calls = split_tool_calls(text, tools.format, tools=tools.tools)
-    return reply.whole(text, done.finish_reason, done.stats, tool_calls=[c.to_openai() for c in calls])
+    def whole(self, parts, done: Done) -> dict:
+        text = "".join(p for p in parts if isinstance(p, str))
+        calls = [p.to_openai() for p in parts if isinstance(p, ToolCall)]
+        return self.reply.whole(text, done.finish_reason, done.stats, tool_calls=calls)
 
+    def opening(self, prefill) -> list[dict]:
+        return [self.reply.chunk(first=True)] if self.reply.chat else []
 
-async def _events(job, reply: Reply, *, include_usage: bool, tools: ToolUse | None):
-    """The generation as server-sent events; with tools, text outside calls as it comes and
-    each call once it is whole (a call's markup is held back until it closes)."""
-    if reply.chat:
-        yield _sse(reply.chunk(first=True))
-    splitter = ToolCallSplitter(tools.format, tools=tools.tools) if tools is not None else None
-    index = itertools.count()  # a call's place among the reply's calls
+    def feed(self, part) -> list[dict]:
+        if isinstance(part, str):
+            return [self.reply.chunk(part)]
+        self.called = True
+        return self.reply.call_chunks(part.to_openai(), next(self.calls))
 
-    def chunks(parts):
-        for part in parts:
-            if isinstance(part, str):
-                yield reply.chunk(part)
-            else:
-                yield from reply.call_chunks(part.to_openai(), next(index))
+    def closing(self, done: Done) -> list[dict]:
+        end = [self.reply.chunk(finish_reason=done.finish_reason, called=self.called)]
+        return end + ([self.reply.usage_chunk(done.stats)] if self.include_usage else [])
 
-    ended = False
-    while (item := await job.next()) is not END:
-        if isinstance(item, Round) and item.text:
-            for chunk in chunks(splitter.feed(item.text) if splitter else [item.text]):
-                yield _sse(chunk)
-        elif isinstance(item, Done):
-            parts = (splitter.feed(item.text) + splitter.finish()) if splitter else [item.text] if item.text else []
-            for chunk in chunks(parts):
-                yield _sse(chunk)
-            called = bool(splitter and splitter.calls)
-            yield _sse(reply.chunk(finish_reason=item.finish_reason, called=called))
-            if include_usage:
-                yield _sse(reply.usage_chunk(item.stats))
-            ended = True
-        elif isinstance(item, BaseException):
-            yield _sse(error_of(item)[0])
-            ended = True
-    if not ended:
-        yield _sse(error_body("the server is shutting down", kind="server_error"))
-    yield "data: [DONE]\n\n"
+    def failed(self, error: BaseException) -> list[dict]:
+        return [error_of(error)[0]]
 
-
-def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    def frame(self, event: dict) -> str:
+        return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
 async def _http_error(request, exc: HTTPException) -> JSONResponse:

@@ -18,7 +18,16 @@ import pytest
 import mlxspec
 from mlxspec.generation import encode_messages
 from mlxspec.server.schema import ChatBody, template_messages
-from tests.server.test_server import KEY, TIMEOUT, chat_ids, health, running_server, standard
+from tests.server.test_server import (
+    KEY,
+    SAMPLING,
+    TIMEOUT,
+    chat_ids,
+    check_sampled,
+    health,
+    running_server,
+    standard,
+)
 from tests.server.test_tool_calls import (  # noqa: F401 (fixtures)
     AFTER_CALL,
     ANSWER,
@@ -149,13 +158,8 @@ def test_stop_sequences_end_the_text_and_are_named(client, pair):
 
 
 def test_top_k_temperature_seed_and_gamma_reach_the_engine(client, pair):
-    sampling = {"temperature": 0.9, "top_k": 5, "top_p": 0.95, "seed": 7, "gamma": 2}
-    replies = [text_of(ask(client, USER, extra_body=sampling)) for _ in range(2)]
-    ids = chat_ids(pair, USER)
-    expected = mlxspec.generate(pair, ids, temp=0.9, top_k=5, top_p=0.95, seed=7, gamma=2, max_tokens=24)
-    assert replies == [expected.text, expected.text]
-    other = mlxspec.generate(pair, ids, temp=0.9, top_p=0.95, seed=7, gamma=2, max_tokens=24)
-    assert other.text != expected.text  # top_k changed the draw: it was not ignored
+    replies = [text_of(ask(client, USER, extra_body=SAMPLING)) for _ in range(2)]
+    check_sampled(pair, chat_ids(pair, USER), replies)
 
 
 def test_every_route_keeps_the_speculative_figures(served):

@@ -98,6 +98,20 @@ def chat_ids(pair, messages) -> list[int]:
     return encode_messages(pair.tokenizer, messages)
 
 
+# a request's sampling fields, as extra_body sends them, and the library's names for them
+SAMPLING = {"temperature": 0.9, "top_k": 5, "top_p": 0.95, "seed": 7, "gamma": 2}
+SAMPLED = {"temp": 0.9, "top_k": 5, "top_p": 0.95, "seed": 7, "gamma": 2}
+
+
+def check_sampled(pair, ids, answers: list[str], max_tokens: int = 24) -> None:
+    """Answers asked with SAMPLING are the library's draw with the same settings, and top_k
+    was not ignored (without it the draw differs)."""
+    expected = mlxspec.generate(pair, ids, **SAMPLED, max_tokens=max_tokens)
+    assert answers == [expected.text] * len(answers)
+    other = mlxspec.generate(pair, ids, **{**SAMPLED, "top_k": 0}, max_tokens=max_tokens)
+    assert other.text != expected.text  # top_k changed the draw: it was not ignored
+
+
 def health(url: str, **headers) -> dict:
     return httpx.get(f"{url}/health", headers=headers, timeout=TIMEOUT).json()
 
