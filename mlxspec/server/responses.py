@@ -12,7 +12,8 @@ message first (and, as OpenAI has it, not carried to the next response by
 `function_call_output` item is a `tool` message. Function tools (`name`, `description`,
 `parameters`) are chat's function tools, `tool_choice` {"type": "function", "name": ...} a
 named function, `text.format` the chat route's response_format, `max_output_tokens` its
-max_tokens. What the server cannot honour (built-in tools, background responses, reasoning,
+max_tokens; `reasoning.effort` "none" the template's enable_thinking false (other efforts change
+nothing). What the server cannot honour (built-in tools, background responses, reasoning items,
 item references, images and files, log probabilities) is a 400 naming the field.
 """
 
@@ -74,7 +75,7 @@ class ResponsesBody(BaseModel):
     metadata: dict | None = None  # echoed
     # refused when they ask for something (refuse_unsupported)
     background: bool | None = None
-    reasoning: dict | None = None
+    reasoning: dict | None = None  # effort "none": no thinking; other efforts and summary change nothing
     include: list[str] | None = None
     truncation: str | None = None
     top_logprobs: int | None = None
@@ -94,12 +95,6 @@ def refuse_unsupported(body: ResponsesBody) -> None:
             body.truncation not in (None, "disabled"),
             "truncation",
             "truncation 'auto' is not supported: an input longer than the context is refused",
-        ),
-        (
-            any(v is not None for v in (body.reasoning or {}).values()),
-            "reasoning",
-            "reasoning is not supported: this server sets no reasoning effort and writes no reasoning items "
-            "(a chat template's thinking is switched by chat_template_kwargs.enable_thinking)",
         ),
     ]
     for refused, param, message in refusals:
@@ -139,7 +134,27 @@ def chat_body(body: ResponsesBody, earlier: list[dict]) -> ChatBody:
     for name in SAME_FIELDS:
         if (value := getattr(body, name)) is not None:
             chat[name] = value
+    if _thinks_not(body.reasoning) and "enable_thinking" not in (body.chat_template_kwargs or {}):
+        chat["chat_template_kwargs"] = {**(body.chat_template_kwargs or {}), "enable_thinking": False}
     return schema.parse(ChatBody, json.dumps(chat).encode())
+
+
+def _thinks_not(reasoning: dict | None) -> bool:
+    """`reasoning.effort` "none" switches a chat template's thinking off (Qwen3's
+    enable_thinking); any other effort leaves the template's default, and no reasoning items
+    or summaries are written: agents send `reasoning` with every request (Codex does for
+    reasoning models), so refusing it would refuse them."""
+    if reasoning is None:
+        return False
+    if not isinstance(reasoning, dict):
+        raise RequestError("reasoning must be an object ({'effort': ..., 'summary': ...})", param="reasoning")
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise RequestError(f"reasoning.effort must be one of {', '.join(EFFORTS)}, got {effort!r}", param="reasoning")
+    return effort == "none"
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 def chat_messages(labelled: list[tuple[dict, str]]) -> list[dict]:

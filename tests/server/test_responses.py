@@ -189,7 +189,7 @@ def test_previous_response_id_is_kept_per_key_and_store_false_is_not(served, cli
         ({"tools": [{"type": "function", "name": "f"}]}, "tools"),  # no tool-call format for the bundled pair
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"background": True}, "background"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning"),
         ({"include": ["message.output_text.logprobs"]}, "include[0]"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
@@ -209,6 +209,23 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(served, fields, param
     error = answer.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
     assert post(served, {"model": "m", "input": QUESTION, "max_output_tokens": 2}).status_code == 200
+
+
+def test_reasoning_as_agents_send_it_is_taken(client):
+    """Codex sends `reasoning` (effort, summary) to reasoning models: once a 400. Any effort
+    but "none" changes nothing; "none" is the template's enable_thinking false."""
+    plain = ask(client, QUESTION).output_text
+    for effort in ("minimal", "medium", "high"):
+        assert ask(client, QUESTION, reasoning={"effort": effort, "summary": "auto"}).output_text == plain
+
+
+def test_reasoning_effort_none_switches_the_template_s_thinking_off(tools_client):
+    """On Qwen3's template (which writes an empty think block when thinking is off): the
+    prompt "none" gives is enable_thinking false's, and not the default's."""
+    default = ask_tools(tools_client, "Hello").usage.input_tokens
+    unthinking = ask_tools(tools_client, "Hello", extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    none = ask_tools(tools_client, "Hello", reasoning={"effort": "none"})
+    assert none.usage.input_tokens == unthinking.usage.input_tokens != default
 
 
 # --- tools: a model taught Qwen3's markup ---------------------------------------------
