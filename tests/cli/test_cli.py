@@ -236,6 +236,14 @@ def test_the_installed_command_runs_as_a_process(folders):
         (["--stop", ""], "a stop text is empty"),
         (["--max-kv-size", "2"], "max KV size must be a whole number above 4"),
         (["--kv-bits", "7"], "KV bits must be one of"),
+        # issue 39: a digit only to str.isdigit was an internal error, Arabic-Indic digits a number
+        (["--tree", "²"], "tree (nodes per round) must be a whole number from 0 to 256 or 'auto', got '²'"),
+        (["--gamma", "²"], "gamma (draft length) must be a whole number from 0 to 64 or 'auto', got '²'"),
+        (["--gamma", "١٢"], "gamma (draft length) must be a whole number from 0 to 64 or 'auto', got '١٢'"),
+        # issue 39: one request's round held the machine for minutes
+        (["--gamma", "1500"], "gamma (draft length) must be at most 64, got 1500: longer chains only cost time"),
+        (["--tree", "50000"], "tree (nodes per round) must be at most 256, got 50000: bigger trees cost more"),
+        (["--tree", "9" * 5000], "tree (nodes per round) must be at most 256, got 99999999999999999999… (5000 digits)"),
     ],
 )
 def test_bad_options_are_refused_before_loading(capsys, args, message):
