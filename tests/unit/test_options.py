@@ -44,3 +44,12 @@ def test_counts_read_the_same_everywhere():
     assert config.gammas == [2, "auto"] and config.trees == [8, 0]
     with pytest.raises(InvalidOption, match="tree .* at most 256"):
         BenchConfig(prompts=[], gammas=[2], temps=[0.0], trees=[257])
+
+
+def test_what_auto_chooses_stays_within_what_a_request_may_ask():
+    """The bounds' reasons (options.py) rest on auto's own ceilings lying well inside them."""
+    from mlxspec.drafting import ControllerConfig
+    from mlxspec.drafting.policy import TREE_AUTO_MAX, TREE_LOOKUP_NODES
+
+    assert ControllerConfig().max_gamma * 8 <= MOST_GAMMA
+    assert max(TREE_AUTO_MAX, TREE_LOOKUP_NODES) * 8 <= MOST_TREE
