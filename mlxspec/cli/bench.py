@@ -40,7 +40,7 @@ def bench(
             "--gamma",
             "-g",
             metavar="LIST",
-            help=f"Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4. Default: {DEFAULT_GAMMAS} (--quick: "
+            help=f"Draft lengths to sweep (1 to 64), e.g. 1,2,3,4,6,8 or auto,2,4. Default: {DEFAULT_GAMMAS} (--quick: "
             "auto and the pair's recommended length, a preset's γ or 4).",
             show_default=False,
         ),
@@ -50,7 +50,8 @@ def bench(
         typer.Option(
             "--tree",
             metavar="LIST",
-            help="Tree sizes to sweep beside each γ, e.g. 0,8,16,auto (0: chains). Default: auto, as generate drafts.",
+            help="Tree sizes to sweep beside each γ (0 to 256), e.g. 0,8,16,auto (0: chains). "
+            "Default: auto, as generate drafts.",
             show_default=False,
         ),
     ] = None,
