@@ -1,4 +1,4 @@
-"""How fast and how big the history index is (mlxspec/drafters/history.py): a history of
+"""How fast and how big the history index is (mlxspec/drafters/history/): a history of
 about a million tokens in documents of one kind (a shared skeleton with varying fields and a
 free tail, as agents' answers are), then queries from places in those documents (matches),
 random contexts (no match), and the skeleton itself (a suffix with hundreds of occurrences).

@@ -32,7 +32,7 @@ from .models.pairs import Pair
 from .models.presets import shown_name
 from .models.templates import render
 from .options import Options
-from .stats import Stats
+from .stats import Stats, repeated_tokens
 from .text import check_text, opens_thinking
 from .tool_calls import split_tool_calls, tool_format
 
@@ -199,6 +199,7 @@ class Conversation:
                 yield event
         except KeyboardInterrupt:
             events.close()
+            turn.repeated = repeated_tokens(reply)
             stats = turn.frozen("interrupted")
             end(stats, "interrupted")
             yield Done("interrupted", stats)

@@ -32,7 +32,7 @@ from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
 from .models.pairs import Pair, fit_context
 from .options import Auto, Options, label
-from .stats import Stats
+from .stats import Stats, repeated_tokens
 from .text import StopFilter, TextStream, check_text
 
 Event = Prefill | Round | Done
@@ -298,7 +298,7 @@ def _stream(
         key=mx.random.key(seed),
         grammar=grammar,
     )
-    reason = None
+    reason, answer = None, []
     with wired_limit(pair.target.model, [generation_stream]):
         try:
             while reason is None:
@@ -313,6 +313,7 @@ def _stream(
                     continue
                 event, reason = _with_text(event, text, eos, stops)
                 stats.add_round(event, tokens=sum(t not in eos for t in event.emitted))
+                answer += event.emitted
                 yield event
         except KeyboardInterrupt:
             reason = "interrupted"
@@ -323,6 +324,7 @@ def _stream(
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()
     if pair.target.shard is not None:  # every round and plain step is one target forward
         stats.transfers = stats.rounds * pair.target.shard.transfers_per_forward
+    stats.repeated = repeated_tokens(answer)
     yield Done(reason, stats.frozen(reason), tail, stops.matched if reason == "stop" else None)
 
 

@@ -10,6 +10,9 @@ the figures derived from them, each defined once. Plain Python: views read them 
   first child tried there, so alpha per position is the rate at which a round's accepted
   path went one deeper;
 - the draft step and the verify pass, in seconds, from the rounds timed apart;
+- a repeating answer: the share of its ids that continue, with the REPEAT_SPAN ids before
+  them, a run the same ids already made; prompt lookup's speedup on such an answer is the
+  loop's, not one to expect on text that moves on (`lookup_on_repetition`);
 - with the target split across ranks, the transfers between them while decoding: each
   round (and each plain step) is one target forward, whose transfers are counted at load.
 """
@@ -23,6 +26,22 @@ from dataclasses import dataclass, field
 _SOURCES = {"model": "model_rounds", "ngram": "ngram_rounds", "history": "history_rounds", "target": "plain_rounds"}
 # fewer drafts tested than this and alpha is not shown: two or three tries say nothing of it
 MIN_TESTED_FOR_ALPHA = 8
+# Prompt lookup copies text the context already holds. On an answer stuck in a loop ("A lone
+# steed, a lone steed, ...") it accepts nearly every draft: every command says so when most
+# accepted drafts came from lookup and most of the answer repeats what it already wrote.
+REPEAT_SPAN = 4  # an id repeats the answer when it and the ids before it appeared in this order earlier
+MOSTLY = 0.5
+
+
+def repeated_tokens(ids: list[int], span: int = REPEAT_SPAN) -> int:
+    """How many of `ids` continue, with the `span` ids before them, a run the same ids already
+    made earlier."""
+    seen, repeated = set(), 0
+    for i in range(span, len(ids)):
+        run = tuple(ids[i - span : i + 1])
+        repeated += run in seen
+        seen.add(run)
+    return repeated
 
 
 @dataclass
@@ -47,6 +66,9 @@ class Stats:
     ngram_rounds: int = 0  # rounds proposed by prompt lookup
     history_rounds: int = 0  # rounds proposed from the history of earlier prompts and answers
     plain_rounds: int = 0  # rounds with nothing drafted (plain target steps)
+    plain_seconds: float = 0.0  # of the decode seconds, the plain steps': standard decoding measured in the run
+    lookup_accepted: int = 0  # accepted drafts that prompt lookup proposed (the text's own, or the history's)
+    repeated: int = 0  # emitted ids that repeat the answer (repeated_tokens), set by whoever holds its ids
     early_stops: int = 0  # rounds the draft cut short (draft min-p)
     tree_rounds: int = 0  # rounds that verified a tree
     tree_nodes: int = 0  # the nodes those trees held
@@ -80,6 +102,10 @@ class Stats:
                 self.timed_drafted += event.gamma if event.nodes else len(event.drafted)  # a tree: its levels
                 self.draft_seconds += event.draft_seconds
         setattr(self, _SOURCES[event.source], getattr(self, _SOURCES[event.source]) + 1)
+        if event.source == "target":
+            self.plain_seconds += event.seconds
+        elif event.source in ("ngram", "history"):
+            self.lookup_accepted += event.accepted
         self.early_stops += event.early_stop
         if event.nodes:
             self.tree_rounds += 1
@@ -169,6 +195,23 @@ class Stats:
         return self.plain_rounds / self.rounds if self.rounds else 0.0
 
     @property
+    def plain_speed(self) -> float | None:
+        """Tokens a second of the run's plain steps (one target step, one token each)."""
+        return self.plain_rounds / self.plain_seconds if self.plain_seconds > 0 else None
+
+    @property
+    def repeated_share(self) -> float:
+        """The share of the emitted ids that repeat the answer."""
+        return self.repeated / self.emitted if self.emitted else 0.0
+
+    @property
+    def lookup_on_repetition(self) -> bool:
+        """Most accepted drafts came from prompt lookup, on an answer that mostly repeats itself:
+        a speedup that is the loop's, not one to expect on text that moves on."""
+        accepted = self.accepted
+        return bool(accepted) and self.lookup_accepted > MOSTLY * accepted and self.repeated_share > MOSTLY
+
+    @property
     def draft_step(self) -> float | None:
         """Seconds per proposal of the draft model, over the rounds timed apart."""
         return self.draft_seconds / self.timed_drafted if self.timed_drafted else None
@@ -198,5 +241,6 @@ class Stats:
             "per_position_acceptance",
             "transfers_per_token",
             "nodes_per_tree",
+            "lookup_on_repetition",
         )
         return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in derived}}

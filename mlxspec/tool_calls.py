@@ -16,7 +16,9 @@ Plain Python at import (mlx-lm is imported when a splitter is made), so views ca
 from __future__ import annotations
 
 import json
+import math
 import secrets
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,10 +90,27 @@ def _calls(parsed) -> list[ToolCall]:
         if not isinstance(arguments, dict):
             raise ValueError("a call's arguments must be an object")
         call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else new_call_id()
-        calls.append(ToolCall(id=call_id, name=call["name"], arguments=json.dumps(arguments, ensure_ascii=False)))
+        text = json.dumps(_finite(arguments), ensure_ascii=False, allow_nan=False)
+        calls.append(ToolCall(id=call_id, name=call["name"], arguments=text))
     if not calls:
         raise ValueError("no call")
     return calls
+
+
+def _finite(value):
+    """`value` with each number past a double's range (`1e999`: valid JSON, and the grammar of
+    a forced call allows it; a random model wrote one) as the largest double of its sign:
+    parsed, it is infinity, which JSON cannot carry (the arguments came back as `Infinity`, and
+    Anthropic's route answered 500). A NaN is no JSON number: ValueError, the markup stays text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        if math.isnan(value):
+            raise ValueError("NaN is not JSON")
+        return math.copysign(sys.float_info.max, value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 class ToolCallSplitter:

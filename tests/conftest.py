@@ -21,6 +21,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never touch the network
 
 from mlxspec.models import synthetic  # noqa: E402
+from tests.support.real_models import use_tests_cache  # noqa: E402
+
+use_tests_cache()  # downloads, imports and locks in the tests' own cache, not the user's
 
 # Per architecture: how sharp the target's logits are and how far its draft is perturbed
 # from it, chosen so that greedy acceptance sits between ~0.3 and ~0.9: every round length
@@ -52,6 +55,26 @@ def stdlib_texts(limit: int = 30) -> list[str]:
     lib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(lib.glob("*.py"))[:limit]
     return [f.read_text(errors="ignore") for f in files]
+
+
+def pytest_runtest_logreport(report):
+    """A failure named as it happens, in the process that prints (under xdist, the one the
+    workers report to): `-ra`'s summary comes only at the end, and a run stopped before it
+    would have shown only its F's."""
+    if not report.failed or "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    terminal = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+    if terminal is not None:
+        terminal.write("\n")  # after the line of progress letters
+        terminal.write_line(f"FAILED {report.nodeid}" + (f" (in its {report.when})" if report.when != "call" else ""))
+
+
+_config = None
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
 
 
 @pytest.hookimpl(wrapper=True)

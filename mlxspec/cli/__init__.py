@@ -95,6 +95,13 @@ def _is_usage_error(e: Exception) -> bool:
     return hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)
 
 
+def _is_bare_group(e: Exception) -> bool:
+    """A group named with nothing after it (a bare `mlxspec`): click answers with its help as a
+    usage error and exit 2 since 8.2; asked for nothing wrong, the help goes to stdout, exit 0.
+    Recognised by name, as typer's rich_utils does (the class lives in click or typer._click)."""
+    return type(e).__name__ == "NoArgsIsHelpError"
+
+
 def _report(message: str, label: str = "error", *, every_rank: bool = True) -> None:
     """One line on stderr. Under mlx.launch it names its rank, and what every rank finds
     alike (a bad option) is said by rank 0 alone."""
@@ -127,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         sys.exit(130)
     except Exception as e:
+        if _is_bare_group(e):
+            print(e.format_message())
+            sys.exit(0)
         if _is_usage_error(e):
             _report(e.format_message(), every_rank=False)
             sys.exit(e.exit_code)

@@ -155,7 +155,7 @@ def bench(
     if quick and gamma is None:  # auto, and the fixed length the pair recommends (a preset's γ, else 4)
         config.gammas = ["auto", pair.gamma_hint]
     report = _with_progress(
-        lambda step: run_bench(pair, config, step, on_note=_note), lambda: plan_size(config) + 2, "Benchmarking"
+        lambda step: run_bench(pair, config, step, on_note=_note), lambda: plan_size(config), "Benchmarking"
     )
     if csv_path:
         write_text(csv_path, _csv(view.csv_rows(report)), "CSV")
@@ -198,8 +198,10 @@ def _note(line: str) -> None:
 
 
 def _with_progress(work, total, label: str):
-    """Run work(step) with a progress bar on stderr; `step(description)` advances it.
-    `total()`: the steps to make, asked at each step (the plan shrinks where a peer is off)."""
+    """Run work(step) with a progress bar on stderr; `step(description)` begins a counted step
+    (the last one done), `step(description, counted=False)` one the bar does not count (a
+    warm-up). `total()`: the counted steps to make, asked at each step (the plan shrinks where
+    a peer is off), so that the bar's count is the plan's."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -218,13 +220,13 @@ def _with_progress(work, total, label: str):
     ]
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task(label, total=total())
-        started = False
+        counting = False  # the step under way is one the bar counts
 
-        def step(description: str) -> None:
-            nonlocal started
-            if started:
+        def step(description: str, counted: bool = True) -> None:
+            nonlocal counting
+            if counting:
                 progress.advance(task)
-            started = True
+            counting = counted
             progress.update(task, description=description, total=total())
 
         return work(step)

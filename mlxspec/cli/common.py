@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 import os
 import sys
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 from rich.console import Console
@@ -26,19 +27,53 @@ def error(message: str, label: str = "error") -> None:
 
 class ConsoleReporter(Reporter):
     """Loading's progress on stderr: steps, spinners and bars for people on a terminal
-    (scripts reading stderr get only errors and notes), notes always."""
+    (scripts reading stderr get only errors and notes), notes always. Quick steps (finding a
+    pair's models) are shown in full the first time this cache sees them, their last line
+    ("Loading ...") alone after; anything slow or worth a note among them shows them all."""
 
     def __init__(self):
         self._bar = None
+        self._held: list[str] | None = None  # a group of quick steps' lines, not shown yet
 
     def status(self, message: str) -> None:
-        if err.is_terminal:
-            err.print(Text(f"{bundled_by_name(message)}…", style="dim"))
+        if not err.is_terminal:
+            return
+        line = f"{bundled_by_name(message)}…"
+        if self._held is not None:
+            self._held.append(line)
+        else:
+            err.print(Text(line, style="dim"))
+
+    @contextmanager
+    def quick_steps(self, what: str) -> Iterator[None]:
+        from ..models.paths import mark_shown, shown_before
+
+        if not err.is_terminal:
+            yield
+            return
+        self._held = [] if shown_before(what) else None
+        try:
+            yield
+        except BaseException:
+            self._show_held()  # what led to the error
+            raise
+        held, self._held = self._held, None
+        for line in (held or [])[-1:]:
+            err.print(Text(line, style="dim"))
+        mark_shown(what)
+
+    def _show_held(self) -> None:
+        """The quick steps so far, as they came: one of them is slow or has something to say."""
+        held, self._held = self._held, None
+        for line in held or []:
+            err.print(Text(line, style="dim"))
 
     def note(self, message: str) -> None:
+        self._show_held()
         err.print(Text(message, style="dim"), soft_wrap=not err.is_terminal)
 
     def busy(self, message: str) -> AbstractContextManager:
+        self._show_held()
         return err.status(Text(f"{bundled_by_name(message)}…", style="dim")) if err.is_terminal else nullcontext()
 
     def progress(self, what: str, done: int, total: int) -> None:
@@ -46,6 +81,7 @@ class ConsoleReporter(Reporter):
 
         if not err.is_terminal:
             return
+        self._show_held()
         if self._bar is None:
             self._bar = Progress(
                 TextColumn("{task.description}"),

@@ -35,9 +35,10 @@ def generate(
     """
     from .. import generation
     from ..decoding.events import Done, Prefill, Round
+    from ..drafting.verdict import judge
     from ..models.presets import shown_name
     from ..views.progress import reading, spinner_after
-    from ..views.summary import estimated_speedup, plain_words, stats_line
+    from ..views.summary import plain_words, stats_line
 
     if prompt == "-":
         if models.shard:
@@ -64,6 +65,8 @@ def generate(
             "prompt_lookup": pair.ngram,
             **result.to_dict(),
         }
+        if judged := judge(result.stats):  # the verdict the streamed run's lines say
+            out["speedup"] = judged.to_dict()
         if calls := parsed_calls(pair, result.text):
             out["tool_calls"] = [call.to_openai() for call in calls]
         print(json.dumps(out, indent=2))
@@ -85,11 +88,11 @@ def generate(
             sys.stdout.write(event.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    estimate = estimated_speedup(done.stats)
+    judged = judge(done.stats)
     lookup = pair.draft is None and pair.ngram
-    if words := plain_words(done.stats, estimate):  # what the figures below mean, said first (they stay last)
+    if words := plain_words(done.stats, judged):  # what the figures below mean, said first (they stay last)
         err.print(Text(words, style="dim"), soft_wrap=not err.is_terminal)
-    line = stats_line(done.stats, estimate=estimate, lookup=lookup, reused=reused, by_position=pair.own_head)
+    line = stats_line(done.stats, judged=judged, lookup=lookup, reused=reused, by_position=pair.own_head)
     err.print(line, soft_wrap=not err.is_terminal)
     if done.finish_reason == "interrupted":
         raise typer.Exit(130)

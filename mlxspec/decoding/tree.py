@@ -33,10 +33,6 @@ class Tree:
             if not 0 <= parent < node:
                 raise ValueError(f"node {node}'s parent {parent} does not come before it")
 
-    @classmethod
-    def chain_of(cls, length: int) -> Tree:
-        return cls(tuple(range(length)))
-
     def __len__(self) -> int:
         return len(self.parents)
 
@@ -82,10 +78,6 @@ class Tree:
             path.append(node)
             node = self.parents[node - 1]
         return path[::-1]
-
-    def sibling_rank(self, node: int) -> int:
-        """Where node comes among its parent's children (0: drawn first)."""
-        return self.children[self.parents[node - 1]].index(node)
 
 
 @dataclass(frozen=True)

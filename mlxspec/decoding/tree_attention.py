@@ -25,6 +25,7 @@ import numpy as np
 from mlx_lm.models import cache as mlx_cache
 
 from .caches import KeptRotatingKVCache
+from .capture import model_family
 
 # Families whose attention is `self_attn(x, mask, cache)` applying `self.rope(x, offset=cache.offset)`
 # and mlx-lm's (or its own bool-aware) attention, checked exact in the tests.
@@ -161,11 +162,6 @@ def rotate_at(rope, x: mx.array, layout: TreeLayout) -> mx.array:
     return rope(rows, layout.fresh_positions())[:, :, 0, :].transpose(1, 0, 2)[None]
 
 
-def _family(model) -> str:
-    args = getattr(model, "args", None)
-    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
-
-
 def _attention_modules(model) -> list | None:
     inner = getattr(model, "language_model", model)
     layers = getattr(getattr(inner, "model", None), "layers", None)
@@ -177,7 +173,7 @@ def _attention_modules(model) -> list | None:
 
 def why_not(model, cache) -> str | None:
     """None when `model` with `cache` (a caches.ModelCache) can read trees; else why not."""
-    family = _family(model)
+    family = model_family(model)
     if family not in FAMILIES:
         return f"{family} targets read chains only (trees: {', '.join(FAMILIES)})"
     modules = _attention_modules(model)

@@ -23,7 +23,7 @@ TREE_LOOKUP_NODES = 16  # the most nodes of a lookup trie under `--tree auto` (i
 
 
 class Lookup(Protocol):
-    """What the policy asks of prompt lookup (drafters/lookup.py; drafters/history.py adds
+    """What the policy asks of prompt lookup (drafters/lookup.py; drafters/history/ adds
     the session's history): ids that followed a match, and every id emitted. A lookup that
     also has `propose_tree(nodes)` proposes tries where the target reads trees, and one with
     `source` names where its latest proposal came from (NGRAM or HISTORY)."""

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 import mlx.core as mx
 
 from ..drafting.theory import predicted_speedup_of
+from ..drafting.verdict import unexplained
+from ..drafting.verdict import verdict as decide
 from ..generation import encode_prompt, generate
 from ..models.pairs import Pair
 from ..models.presets import shown_name
@@ -180,16 +182,10 @@ class Setting:
     @property
     def verdict(self) -> str | None:
         """ "plain" (no draft accepted: standard decoding under another name), "noise" (the
-        speedup differs from 1 by less than the repeats' spread), "faster", "slower"."""
-        speedup, spread = self.speedup, self.spread
-        if speedup is None:
-            return None
-        within = spread is not None and abs(speedup - 1) < spread
-        if self.stats.rounds and not self.stats.accepted and (within or speedup > 1):
-            return "plain"
-        if within:
-            return "noise"
-        return "faster" if speedup > 1 else "slower"
+        speedup differs from 1 by less than the repeats' spread, or one repeat measured no
+        spread), "faster", "slower": drafting/verdict.py's rule, the repeats' spread its band."""
+        accepted = not (self.stats.rounds and not self.stats.accepted)
+        return decide(self.speedup, band=self.spread, accepted=accepted)
 
     @property
     def predicted_speedup(self) -> float | None:
@@ -204,6 +200,17 @@ class Setting:
     @property
     def vs_predicted(self) -> float | None:
         return self.speedup / self.predicted_speedup if self.speedup and self.predicted_speedup else None
+
+    @property
+    def unexplained(self) -> bool:
+        """Outside what the run's own α, τ, c and v explain (drafting/verdict.unexplained)."""
+        tau = self.stats.tokens_per_round if self.stats.drafted else None
+        return unexplained(self.speedup, vs_predicted=self.vs_predicted, tau=tau)
+
+    @property
+    def replicated(self) -> bool:
+        """Two repeats or more: a spread measured, without which nothing is recommended."""
+        return self.spread is not None
 
     @property
     def peer_speculative_tps(self) -> float | None:
@@ -250,6 +257,7 @@ class Setting:
             "early_stops": stats.early_stops,
             "predicted_speedup": self.predicted_speedup,
             "vs_predicted": self.vs_predicted,
+            "unexplained": self.unexplained,  # outside what its α, τ, c and v explain
             "peer_speculative_tps": self.peer_speculative_tps,
             "peer_standard_tps": self.peer_standard_tps,
             "peer_acceptance_rate": self.peer_acceptance_rate,
@@ -276,6 +284,12 @@ class BenchReport:
         ]
         return max(candidates, key=lambda s: s.speedup, default=None)
 
+    def recommended(self, temp: float) -> Setting | None:
+        """The best setting at `temp`, where its repeats measured a spread and its own figures
+        explain it: no recommendation rests on one run, or on a figure the run cannot explain."""
+        best = self.best(temp)
+        return best if best is not None and best.replicated and not best.unexplained else None
+
     def to_dict(self) -> dict:
         temps = sorted({s.temp for s in self.settings})
         return {
@@ -284,7 +298,7 @@ class BenchReport:
             "config": self.config,
             "costs": self.costs.to_dict(),
             "settings": [s.to_dict() for s in self.settings],
-            "recommended_gamma": {str(t): self.best(t).gamma for t in temps if self.best(t)},
+            "recommended_gamma": {str(t): self.recommended(t).gamma for t in temps if self.recommended(t)},
             "runs": [r.to_dict() for r in self.runs],
             "seconds": self.seconds,
             "estimated_seconds": self.estimated_seconds,
@@ -365,13 +379,15 @@ def _peer_gammas(config: BenchConfig) -> list[int]:
 def run_bench(
     pair: Pair,
     config: BenchConfig,
-    on_step: Callable[[str], None] | None = None,
+    on_step: Callable[..., None] | None = None,
     *,
     on_note: Callable[[str], None] | None = None,
 ) -> BenchReport:
-    """The sweep. `on_step(description)` before each generation; `on_note(line)` as soon as
-    there is something to say: the plan, what cannot be measured and why, the estimated time."""
-    step = on_step or (lambda description: None)
+    """The sweep. `on_step(description)` before each generation of the plan, and
+    `on_step(description, counted=False)` before the warm-up and the cost model (not among
+    the plan's generations); `on_note(line)` as soon as there is something to say: the plan,
+    what cannot be measured and why, the estimated time."""
+    step = on_step or (lambda description, counted=True: None)
     say = on_note or (lambda line: None)
     started = time.perf_counter()
     encoded = [encode_prompt(pair, p.prompt, raw=config.raw) for p in config.prompts]
@@ -379,11 +395,11 @@ def run_bench(
     for line in [f"plan: {plan_text(config)}", *notes]:
         say(line)
 
-    step("warm-up")
+    step("warm-up", counted=False)
     for line in _warm_up(pair, encoded[0], config):  # mlx-lm may refuse the pair only when it runs
         notes.append(line)
         say(line)
-    step("cost model")
+    step("cost model", counted=False)
     measured = cost_model.measure(pair, encoded[0])
     estimate = estimated_seconds(config, measured, [len(ids) for ids in encoded])
     say(

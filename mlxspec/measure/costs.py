@@ -29,12 +29,19 @@ class Costs:
         return self.draft_step / self.target_step
 
     def verify_cost(self, tokens: int) -> float:
-        """v(tokens); beyond the measured range, the last slope continues."""
+        """v(tokens); beyond the measured range, the last slope continues. Never below 1: a
+        k-token pass does the 1-token pass's work and more, so a v(k) timed under 1 is the
+        timing's noise (the curve keeps what was timed; the bench marks it)."""
         curve = self.verify_curve
         if tokens <= len(curve):
-            return curve[tokens - 1]
+            return max(curve[tokens - 1], 1.0)
         slope = curve[-1] - curve[-2] if len(curve) > 1 else 0.0
-        return curve[-1] + slope * (tokens - len(curve))
+        return max(curve[-1] + slope * (tokens - len(curve)), 1.0)
+
+    @property
+    def noisy_verify(self) -> list[int]:
+        """The k whose v(k) was timed below 1 (see verify_cost)."""
+        return [k for k, v in enumerate(self.verify_curve, start=1) if v < 1.0]
 
     def to_dict(self) -> dict:
         return {

@@ -9,9 +9,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..decoding.events import Done, Prefill, Round
-from ..decoding.plan import NGRAM
 from ..drafting.theory import cost_ratio, predicted_speedup_of
-from ..stats import Stats
+from ..drafting.verdict import verdict as decide
+from ..stats import Stats, repeated_tokens
 
 REJECTED = "rejected"
 
@@ -31,7 +31,6 @@ class Side:
     last: Round | None = None  # the latest round: its gamma and who proposed
     settle_seconds: float = 0.0  # device work left queued when paused, finished on its clock
     samples: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) per round, for the noise
-    lookup_accepted: int = 0  # accepted drafts that prompt lookup proposed
 
     def apply(self, event) -> None:
         if isinstance(event, Prefill):
@@ -47,8 +46,7 @@ class Side:
                 if piece:
                     self.segments.append((piece, fate))
             self.tokens += event.emitted
-            if event.source == NGRAM:
-                self.lookup_accepted += event.accepted
+            self.stats.repeated = repeated_tokens(self.tokens)
             self.samples.append((len(event.emitted), event.seconds))
         elif isinstance(event, Done):
             self.done = event
@@ -146,16 +144,8 @@ def verdict(standard: Side, speculative: Side) -> str | None:
     """What the speedup means: "plain" (no draft accepted: nothing to credit; drafts that
     all failed and measurably cost time are "slower"), "noise" (within the run's own noise,
     or too short to tell), "faster" or "slower"; None before both sides have a speed."""
-    now = speedup(standard, speculative)
-    if now is None:
-        return None
-    noise = speedup_noise(standard, speculative)
-    within = noise is None or abs(now - 1) < noise
-    if speculative.decoded_plainly and (within or now > 1):
-        return "plain"  # faster without one accepted draft is the machine, not the method
-    if within:
-        return "noise"
-    return "faster" if now > 1 else "slower"
+    now, noise = speedup(standard, speculative), speedup_noise(standard, speculative)
+    return decide(now, band=noise, accepted=not speculative.decoded_plainly)
 
 
 def draft_cost(standard: Side, speculative: Side) -> float | None:
@@ -178,28 +168,3 @@ def identical_so_far(standard: Side, speculative: Side) -> int | None:
         if a != b:
             return i
     return None
-
-
-# Prompt lookup copies text the context already holds. On an answer stuck in a loop ("A lone
-# steed, a lone steed, ...") it accepts nearly every draft, and the speedup is the loop's, not
-# one to expect on text that moves on: the race says so when most accepted drafts came from
-# lookup and most of the answer repeats what it already wrote.
-REPEAT_SPAN = 4  # a token repeats the answer when it and the tokens before it appeared in this order earlier
-MOSTLY = 0.5
-
-
-def repeated_share(tokens: list[int], span: int = REPEAT_SPAN) -> float:
-    """The share of `tokens` that continue, with the `span` tokens before them, a run the same
-    tokens already made earlier."""
-    seen, repeated = set(), 0
-    for i in range(span, len(tokens)):
-        run = tuple(tokens[i - span : i + 1])
-        repeated += run in seen
-        seen.add(run)
-    return repeated / len(tokens) if tokens else 0.0
-
-
-def lookup_on_repetition(side: Side) -> bool:
-    """Most accepted drafts came from prompt lookup, on an answer that mostly repeats itself."""
-    accepted = side.stats.accepted
-    return bool(accepted) and side.lookup_accepted > MOSTLY * accepted and repeated_share(side.tokens) > MOSTLY

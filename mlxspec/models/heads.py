@@ -8,12 +8,8 @@ from pathlib import Path
 
 from ..decoding import capture
 from ..drafters import EAGLE3, MTP
-from ..drafters.eagle3_head import check_fits, is_head_folder, load_head, read_config, target_embedding
+from ..drafters.eagle3_head import check_fits, load_head, read_config, target_embedding
 from ..errors import IncompatibleHead
-
-
-def is_head(path: Path) -> bool:
-    return is_head_folder(path)
 
 
 def load_eagle3(name: str, path: Path, target):

@@ -7,7 +7,7 @@ drafter module and its tests.
 
     draft model    a separate model sharing the target's tokenizer: a cursor and cache of its own
     prompt lookup  `--draft ngram`: no model; the drafting policy proposes from the text itself
-                   (drafters/lookup.py, drafters/history.py), beside any other kind too
+                   (drafters/lookup.py, drafters/history/), beside any other kind too
     EAGLE-3 head   a folder in the published layout: reads the target's hidden states
     MTP head       `--draft mtp`: the target's own head, read from its checkpoint
 

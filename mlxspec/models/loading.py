@@ -74,6 +74,12 @@ class Reporter:
         """A step of unknown length (a download whose size is not known), for the `with` block."""
         return nullcontext()
 
+    def quick_steps(self, what: str) -> AbstractContextManager:
+        """Steps that are quick once their models are on this machine (finding `what`), for
+        the `with` block: a reporter may show them in full the first time and their last alone
+        after."""
+        return nullcontext()
+
 
 def resolve(name: str, *, offline: bool | None = None, reporter: Reporter | None = None) -> Path:
     """A local model folder for `name`: a folder as is, a .gguf file or a registry package
@@ -136,7 +142,8 @@ def import_gguf_once(path: Path, *, dtype: str = "auto", reporter: Reporter | No
 
     reporter = reporter or Reporter()
     dtype = default_dtype() if dtype == "auto" else dtype
-    folder = imported_folder(path, dtype)
+    hashing = hashing_progress(reporter)
+    folder = imported_folder(path, dtype, on_hash=hashing)  # the same content's import, under any name
     if not is_current(folder, path, dtype):
         check_header(Path(path))  # a file that is no GGUF is said to be, with no "importing" first
         reporter.note(
@@ -144,8 +151,16 @@ def import_gguf_once(path: Path, *, dtype: str = "auto", reporter: Reporter | No
             "`mlxspec models import FILE --dtype ...` makes other copies)"
         )
     return import_gguf(
-        path, dtype=dtype, on_progress=lambda done, total, what: reporter.progress("Importing", done, total)
+        path,
+        dtype=dtype,
+        on_progress=lambda done, total, what: reporter.progress("Importing", done, total),
+        on_hash=hashing,
     )
+
+
+def hashing_progress(reporter: Reporter):
+    """A big GGUF file's sha256 being read (its import is keyed by it), as the reporter's progress."""
+    return lambda done, total: reporter.progress("Reading its sha256", done, total)
 
 
 def hub_cache_dir() -> str | None:

@@ -119,16 +119,18 @@ def load_pair(
         draft_name = None
     main = shard is None or ranks.is_main()
 
-    target_name, target_path = resolve_first(targets, offline, reporter)
-    draft_path = None
-    if draft_name and main and kind is None:  # a kind its name says has nothing to find
-        reporter.status(f"Finding {draft_name}")
-        draft_path = _resolve_checked(draft_name, offline, reporter)
+    # the CLI shows these steps in full once per cache, then "Loading ..." alone
+    with reporter.quick_steps(f"finding {targets} and {draft_name if main and kind is None else None}"):
+        target_name, target_path = resolve_first(targets, offline, reporter)
+        draft_path = None
+        if draft_name and main and kind is None:  # a kind its name says has nothing to find
+            reporter.status(f"Finding {draft_name}")
+            draft_path = _resolve_checked(draft_name, offline, reporter)
+        reporter.status(f"Loading target {target_name}" + (f", draft {draft_name}" if draft_name else ""))
     draft_bytes = loading.weight_bytes(draft_path) if draft_path else 0
 
     from ..decoding import caches
 
-    reporter.status(f"Loading target {target_name}")
     if shard:
         what = _names(target_name, draft_name if draft_path else None)
         target_model = _load_share(target_name, target_path, shard, draft_bytes, what)
@@ -139,7 +141,6 @@ def load_pair(
     caches.check_supported(target_model.model, f"target {target_name}")
     draft_model = None
     if draft_name:
-        reporter.status(f"Loading draft {draft_name}")
         draft_model = (kind or kinds.of_folder(draft_path)).load(draft_name, draft_path, target_model)
         if ngram is not None:  # --ngram / --no-ngram beside a draft model
             lookup = ngram
@@ -247,11 +248,12 @@ def fit_context(pair: Pair, prompt_len: int, max_tokens: int) -> tuple[int, str]
 
 
 def compatible_drafts(target: LoadedModel) -> list[str]:
-    """How to draft for this target with a preset's draft that shares its tokenizer, among
-    those already on this machine (bundled, a folder, or in the Hugging Face cache): `--pair
-    NAME` where the preset's target is this one, else `--draft PATH`. Nothing downloaded, no
-    model loaded, only their tokenizer.json read and compared entry by entry."""
-    from .presets import load_presets, resolve_name
+    """How to draft for this target with a preset's draft already on this machine (bundled, a
+    folder, or in the Hugging Face cache): `--pair NAME` where the preset's target is this one
+    (its draft, a head included, made for it), else `--draft NAME` for a draft that shares its
+    tokenizer (a bundled one as bundled:NAME). Nothing downloaded, no model loaded, only
+    tokenizer.json files read and compared entry by entry."""
+    from .presets import load_presets, resolve_name, shown_name
 
     try:
         presets = load_presets()
@@ -266,13 +268,9 @@ def compatible_drafts(target: LoadedModel) -> list[str]:
         if path is None or path.resolve() == Path(target.path).resolve():
             continue
         if _same_target(preset, target):
-            suggestion = f"--pair {preset.name}"
-        elif name not in seen:
-            suggestion = f"--draft {name}"
-        else:
-            continue
-        if suggestion not in found and _tokenizer_vocab(path / "tokenizer.json") == vocab:
-            found.append(suggestion)
+            found.append(f"--pair {preset.name}")
+        elif name not in seen and _tokenizer_vocab(path / "tokenizer.json") == vocab:
+            found.append(f"--draft {shown_name(name)}")
             seen.add(name)
     # a preset that names the whole pair says it shortest
     return sorted(found, key=lambda option: not option.startswith("--pair"))

@@ -32,6 +32,7 @@ class Preset:
     gamma: int = 4
     ngram: bool = False  # prompt-lookup proposals beside the draft by default (--no-ngram: off)
     raw: bool = False  # a base model: prompts are used as text, without the chat template
+    tools: bool = False  # its chat template has a tool-call format mlx-lm reads (`serve` takes `tools`)
     memory_gb: float | None = None
     suits: tuple[str, ...] = ()
     description: str = ""
@@ -88,9 +89,10 @@ def read_file(path: Path) -> dict[str, Preset]:
         ngram = table.get("ngram", False)
         if not isinstance(ngram, bool):
             raise PresetError(f"{path}: preset [{name}]: ngram must be true or false")
-        raw = table.get("raw", False)
-        if not isinstance(raw, bool):
-            raise PresetError(f"{path}: preset [{name}]: raw must be true or false")
+        raw, tools = table.get("raw", False), table.get("tools", False)
+        for key, value in (("raw", raw), ("tools", tools)):
+            if not isinstance(value, bool):
+                raise PresetError(f"{path}: preset [{name}]: {key} must be true or false")
         suits = table.get("suits", [])
         if not isinstance(suits, list) or not all(isinstance(s, str) for s in suits):
             raise PresetError(f"{path}: preset [{name}]: suits must be a list of strings")
@@ -102,6 +104,7 @@ def read_file(path: Path) -> dict[str, Preset]:
             gamma=gamma,
             ngram=ngram,
             raw=raw,
+            tools=tools,
             memory_gb=float(memory) if memory is not None else None,
             suits=tuple(suits),
             description=str(table.get("description", "")),

@@ -12,13 +12,15 @@ from ..errors import ChatTemplateError
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 
 
-def render(tokenizer, messages: list[dict], *, tokenize: bool = True, **extra):
+def render(tokenizer, messages: list[dict], *, tokenize: bool = True, generation_prompt: bool = True, **extra):
     """`tokenizer.apply_chat_template(messages, add_generation_prompt=True, ...)`: ids, or
-    the text with tokenize=False."""
+    the text with tokenize=False (a whole conversation read as it is: generation_prompt=False)."""
     from jinja2 import TemplateError
 
     try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize, **extra)
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=tokenize, **extra
+        )
     # SecurityError, UndefinedError, the template's raise_exception; TypeError: a template
     # that is not text (jinja2 cannot compile it)
     except (TemplateError, TypeError) as e:

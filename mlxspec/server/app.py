@@ -24,7 +24,6 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..decoding.events import Done, Round
-from ..drafters.history import namespace_of
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
 from ..generation import check_drafting
 from ..grammar import check_spec
@@ -59,7 +58,7 @@ def create_app(
     worker: Worker,
     pair,
     defaults: Options,
-    api_keys: tuple[str, ...] = (),
+    api_keys: dict[str, str] | None = None,  # each key and its history's namespace (HistoryStore.namespace_of)
     limits: Limits = Limits(),
     offload: Offload | None = None,
 ):
@@ -92,18 +91,15 @@ class Api:
         self.started = int(time.time())
 
     async def health(self, request):
-        worker = self.worker
+        """The server's state as the caller's key sees it: its own requests' counts and its own
+        history (without keys, everyone's: one namespace). Never waits on the worker."""
+        worker, mine = self.worker, namespace(request)
         return JSONResponse(
             {
                 "status": "ok",
                 "model": self.model,
-                "busy": worker.current is not None,
-                "queued": worker.queued,
-                "cached_sessions": len(worker.cache) if worker.cache is not None else 0,
-                "served": worker.served,
-                "stopped": worker.stopped,
-                # the caller's own history (a digest of its key names it): never another key's
-                "history": worker.history.describe(namespace(request)) if worker.history is not None else None,
+                **worker.state_of(mine),
+                "history": worker.history.describe(mine) if worker.history is not None else None,
             }
         )
 
@@ -299,12 +295,13 @@ async def _internal_error(request, exc: Exception) -> JSONResponse:
 class RequireKey:
     """Every request must carry one of the keys, as `Authorization: Bearer KEY` (OpenAI's
     clients) or `x-api-key: KEY` (Anthropic's), compared in constant time. The key it carried
-    names its history's namespace (a digest of the key): one key's earlier requests never
-    draft for another's, whose acceptance speed would tell of them."""
+    names its history's namespace (`keys` maps each key to it: a keyed digest of the key):
+    one key's earlier requests never draft for another's, whose acceptance speed would tell
+    of them."""
 
-    def __init__(self, app, keys: tuple[str, ...]):
+    def __init__(self, app, keys: dict[str, str]):
         self.app = app
-        self.keys = [(key.encode(), namespace_of(key)) for key in keys]
+        self.keys = [(key.encode(), space) for key, space in keys.items()]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":

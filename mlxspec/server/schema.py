@@ -314,6 +314,7 @@ def speculative(stats: Stats) -> dict:
         "nodes_per_tree": stats.nodes_per_tree,  # a tree round's nodes verified, on average
         "lookup_rounds": stats.ngram_rounds,  # proposed by lookup in this request's own text
         "history_rounds": stats.history_rounds,  # proposed from this key's earlier requests
+        "lookup_on_repetition": stats.lookup_on_repetition,  # most accepted drafts: lookup on a looping answer
         "tokens_per_second": stats.tokens_per_second,  # decoding, prompt excluded
         "prefill_tokens": stats.prefill_tokens,
         "prefill_seconds": stats.prefill_seconds,

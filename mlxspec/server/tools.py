@@ -119,10 +119,41 @@ def arguments_schema(tool: dict, index: int) -> dict:
         raise RequestError(str(e), param=param) from None
     options = parameters.get("x-guidance")
     return {
-        **parameters,
+        **closed_objects(parameters),
         "type": "object",
         "x-guidance": {**CALL_JSON, **(options if isinstance(options, dict) else {})},
     }
+
+
+# where a schema holds schemas: by name (one), by map (each value), by list (each item)
+_SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def closed_objects(schema):
+    """`schema` with `additionalProperties: false` on every object schema that names its
+    properties and does not say: JSON Schema lets such an object take keys of any name, and
+    a weak model forced to call then writes keys until max tokens (`{"city": "", "ototo…`).
+    llama.cpp's grammars and vLLM's (`no-additional-properties`) read a missing value the
+    same way, and OpenAI's strict mode requires it. An object that names no properties
+    (`{"type": "object"}`) stays any object. Walks only where a schema holds schemas, so a
+    property named "properties" is a name, not a keyword."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(sub) for sub in out[key]]
+    if "additionalProperties" not in out and ("properties" in out or "patternProperties" in out):
+        out["additionalProperties"] = False
+    return out
 
 
 def _marker(tokenizer, text: str) -> str:

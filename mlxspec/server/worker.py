@@ -27,6 +27,7 @@ import queue
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,7 +71,7 @@ class Job:
 
 @dataclass(frozen=True)
 class HistorySettings:
-    """The server's history of prompts and answers (drafters/history.py): one index per API
+    """The server's history of prompts and answers (drafters/history/): one index per API
     key, each at most `tokens` ids, kept on disk under mlxspec's cache when `keep`."""
 
     tokens: int = 1 << 20
@@ -104,6 +105,10 @@ class PromptCache:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def held_for(self, namespace: str) -> int:
+        """Conversations cached under one namespace (from any thread: a copy is read)."""
+        return sum(entry.namespace == namespace for entry in list(self.entries))
 
     def session_for(self, ids: list[int], namespace: str):
         """The session of the conversation `ids` continues under `namespace`, else a free or
@@ -178,7 +183,9 @@ class Worker:
         self.cache: PromptCache | None = None
         self.current: Job | None = None
         self.served = 0
-        self.stopped = 0  # generations cut short by a client that left (or a shutdown)
+        # per namespace: what /health tells a key is its own, never another key's
+        self.served_by: Counter[str] = Counter()
+        self.stopped_by: Counter[str] = Counter()  # cut short by a client that left (or a shutdown)
 
     def start(self):
         """Load the pair on the worker thread; returns it, or raises what loading raised."""
@@ -201,9 +208,20 @@ class Worker:
         self._jobs.put(job)
         return job
 
-    @property
-    def queued(self) -> int:
-        return self._jobs.qsize()
+    def state_of(self, namespace: str) -> dict:
+        """What /health tells one namespace (an API key) of the worker: its own requests'
+        counts only, so that no key can count or time another's. Reads plain values and the
+        queue's own mutex (held for a put or a get, never for a generation)."""
+        with self._jobs.mutex:
+            queued = sum(1 for job in self._jobs.queue if job is not None and job.namespace == namespace)
+        current, cache = self.current, self.cache
+        return {
+            "busy": current is not None and current.namespace == namespace,
+            "queued": queued,
+            "cached_sessions": cache.held_for(namespace) if cache is not None else 0,
+            "served": self.served_by[namespace],
+            "stopped": self.stopped_by[namespace],
+        }
 
     def cancel_all(self) -> None:
         """Stop the running generation at its next round and every queued one (shutdown)."""
@@ -254,7 +272,7 @@ class Worker:
         from ..generation import stream
 
         if job.stop.is_set():  # its client left while it waited
-            self.stopped += 1
+            self._stopped(job)
             job.post(END)
             return
         self.current = job
@@ -266,9 +284,10 @@ class Worker:
                 job.post(event)
                 if isinstance(event, Done):
                     self.served += 1
+                    self.served_by[job.namespace] += 1
                     self._log(_summary(event, note=job.note, by_position=self.pair.own_head))
                 elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
-                    self.stopped += 1
+                    self._stopped(job)
                     break
         except MlxspecError as e:
             job.post(e)
@@ -285,14 +304,14 @@ class Worker:
                 self._save_history()
             job.post(END)
 
+    def _stopped(self, job: Job) -> None:
+        self.stopped_by[job.namespace] += 1
+
     def _save_history(self) -> None:
-        """Write the history to disk (when kept), so that a restarted server starts warm."""
-        if self.history is None or not self._history.keep:
-            return
-        try:
+        """Write the history to disk (when kept), so that a restarted server starts warm (a
+        namespace that cannot be saved is said so in a line, and the others are saved)."""
+        if self.history is not None and self._history.keep:
             self.history.save()
-        except OSError as e:
-            self._log(f"warning: the history could not be saved ({e.strerror or e}); it is kept in memory")
 
 
 def _release_thread() -> None:

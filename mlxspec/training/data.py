@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -182,22 +182,75 @@ def text_sequences(tokenizer, files: list[Path]) -> list[list[int]]:
             text = Path(file).read_text(errors="ignore")
         except OSError as e:
             raise TrainingError(f"cannot read --text {file}: {e.strerror or e}") from None
-        ids = tokenizer.encode(text)
-        chunks += [ids[i : i + TEXT_CHUNK] for i in range(0, len(ids), TEXT_CHUNK) if len(ids) - i >= 16]
+        chunks += _chunks(tokenizer.encode(text))
     return chunks
 
 
-def encode_prompts(tokenizer, prompts: list[str], *, raw: bool = False) -> list[list[int]]:
-    """Prompts as the target reads them: in its chat template, or as raw text when it has
-    none or `raw` is asked (a base model)."""
+def _chunks(ids: list[int]) -> list[list[int]]:
+    return [ids[i : i + TEXT_CHUNK] for i in range(0, len(ids), TEXT_CHUNK) if len(ids) - i >= 16]
+
+
+def conversation_sequences(tokenizer, conversations: list, *, tokens: int, raw: bool, reading=None) -> list[list[int]]:
+    """Whole conversations as the target reads them (its chat template), in order until
+    `tokens` ids, cut into chunks of TEXT_CHUNK as text is; a conversation the template
+    refuses is left out. `reading("reading the corpus", ids, tokens)` as it goes."""
+    chunks, total = [], 0
+    for conversation in conversations:
+        if total >= tokens:
+            break
+        ids = encode_conversation(tokenizer, conversation, raw=raw, generation_prompt=False)[: tokens - total]
+        total += len(ids)
+        chunks += _chunks(ids)
+        if reading:
+            reading("reading the corpus", total, tokens)
+    if reading:
+        reading("reading the corpus", tokens, tokens)
+    return chunks
+
+
+def encode_conversation(tokenizer, messages: list[dict], *, raw: bool, generation_prompt: bool) -> list[int]:
+    """A conversation as the target reads it: in its chat template (ending with the
+    assistant's turn begun: `generation_prompt`), or its turns' raw text when it has none or
+    `raw` is asked (a base model); [] when the template refuses it."""
+    from ..errors import ChatTemplateError
+    from ..models.templates import render
+
+    if raw or not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode("\n\n".join(m["content"] for m in messages)))
+    try:
+        return render(tokenizer, messages, generation_prompt=generation_prompt)
+    except ChatTemplateError:
+        return []  # a system turn or an order this template does not take
+
+
+def encode_prompts(tokenizer, prompts: list, *, raw: bool = False, limit: int | None = None) -> list[list[int]]:
+    """Prompts as the target reads them, the assistant's answer begun: a prompt is a text
+    (one user turn) or a conversation ending with the user's turn ([] when the template
+    refuses it). A conversation longer than `limit` ids loses its earliest exchanges (a
+    system turn kept) until it fits or only its last turn is left."""
     out = []
     for prompt in prompts:
-        if not raw and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        else:
-            ids = tokenizer.encode(prompt)
-        out.append(list(ids))
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        least = 2 if messages[0]["role"] == "system" else 1  # the system turn and the last user turn
+        # first by characters: over 8 an id is more than text takes (some 4 in English, 3 in code)
+        while limit is not None and len(messages) > least and _chars(messages) > 8 * limit:
+            messages = _shorter(messages)
+        ids = encode_conversation(tokenizer, messages, raw=raw, generation_prompt=True)
+        while limit is not None and len(ids) > limit and len(messages) > least:
+            messages = _shorter(messages)
+            ids = encode_conversation(tokenizer, messages, raw=raw, generation_prompt=True)
+        out.append(ids)
     return out
+
+
+def _shorter(messages: list[dict]) -> list[dict]:
+    """A conversation without its first exchange (a user turn and its answer; a system turn kept)."""
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    return head + messages[len(head) + 2 :]
+
+
+def _chars(messages: list[dict]) -> int:
+    return sum(len(m["content"]) for m in messages)
 
 
 def read_prompt_file(path: Path) -> list[str]:
@@ -384,52 +437,83 @@ class DataPlan:
     seed: int
     raw: bool = False
     vocab_size: int = 49152  # the target's logits' width (sizes the prefill's batches)
+    conversations: list = field(default_factory=list)  # read teacher-forced after the --text files
+    corpus_tokens: int = 0  # of the conversations' tokens, read at most
+    max_disk: int | None = None  # bytes the shards may take; none is written past it
 
 
 TEXT_GROUP = 32  # text chunks read a shard
 
 
 def build_data(
-    model, tokenizer, taps, folder: Path, plan: DataPlan, *, report, until: float = math.inf
+    model, tokenizer, taps, folder: Path, plan: DataPlan, *, report, until: float = math.inf, reading=None, note=None
 ) -> tuple[dict, list[Example]]:
     """Fill `folder` with shards: answers to the prompts, then fixed text, each source for
     its own time and neither past `until` (perf_counter seconds: the run's deadline). Shards
     already there are kept; the record DIR/data/progress.json says how far each source got
     and the time it took, so a resumed run goes on where it stopped. Returns the record and
-    the examples written now."""
+    the examples written now. No shard is written that would take the shards past
+    `plan.max_disk` bytes: the data ends there (`note` says so). `reading(stage, done,
+    total)` follows the corpus being rendered and tokenised."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TrainingError(f"cannot create {folder}: {e.strerror or e}") from None
     record, made = read_progress(folder), []
+    used = sum(path.stat().st_size for path in folder.glob(SHARD_PATTERN))
 
-    def write(examples: list[Example], **moved) -> None:
-        """The examples as the next shard (none: no shard), and what they moved on."""
+    def write(examples: list[Example], **moved) -> bool:
+        """The examples as the next shard (none: no shard), and what they moved on; False
+        (nothing written) when the shard would take the data past --max-disk."""
+        nonlocal used
         if examples:
-            save_shard(folder / f"shard-{record['shards']:04d}.npz", examples)
+            size = shard_bytes(examples)
+            if plan.max_disk is not None and used + size > plan.max_disk:
+                if note:
+                    note(
+                        f"the data holds {_size(used)} and the next shard ({_size(size)}) would pass "
+                        f"--max-disk {_size(plan.max_disk)}: no more data is written"
+                    )
+                return False
+            path = folder / f"shard-{record['shards']:04d}.npz"
+            save_shard(path, examples)
+            used += path.stat().st_size
             record["shards"] += 1
             made.extend(examples)
         record.update({k: record[k] + v for k, v in moved.items()})
         _write_json(folder / PROGRESS_FILE, record)
+        return True
 
     pace = Pace()  # shared: the answers' prefill teaches the text's
-    _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace)
-    _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace)
+    if _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace):
+        _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace, reading=reading)
     return record, made
 
 
-def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> None:
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def shard_bytes(examples: list[Example]) -> int:
+    """The bytes a shard of `examples` will take on disk, at least: its arrays, and more than
+    the npy and zip headers of its eight (some 200 bytes each)."""
+    arrays = sum(e.ids.nbytes + e.features.nbytes + e.top_ids.nbytes + e.top_probs.nbytes for e in examples)
+    return arrays + 18 * len(examples) + 4096
+
+
+def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> bool:
     """The target's answers, a shard of 2 x batch prompts at a time, until the prompts or the
     answers' time run out. Generation stops early enough for the prefill that follows to
-    fit the time as well (their ratio measured as shards go)."""
+    fit the time as well (their ratio measured as shards go). False: the disk's bound was
+    reached."""
     eos = sorted(set(tokenizer.eos_token_ids))
     chunk = plan.batch * 2  # prompts a shard
     phase_end = min(until, time.perf_counter() + plan.answer_seconds - record["answer_seconds"])
     prefill_share = 1.0  # seconds of prefill per second of generation (it reads the prompts again)
     while record["prompts_done"] < len(plan.prompts) and (started := time.perf_counter()) < phase_end:
         first = record["prompts_done"]
-        group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw)  # as they are needed
-        keep = [i for i, p in enumerate(group) if len(p) <= MAX_PROMPT]
+        group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw, limit=MAX_PROMPT)
+        keep = [i for i, p in enumerate(group) if 0 < len(p) <= MAX_PROMPT]
         answers, greedy = generate_answers(
             model,
             [group[i] for i in keep],
@@ -450,16 +534,24 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
             for s, m, (i, _, g) in zip(sequences, made, answered)
             if m is not None
         ]
-        write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started)
-        report("answers", record, sum(len(a) for a in answers), record["answer_seconds"] / plan.answer_seconds)
+        if not write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started):
+            return False
+        share = max(record["answer_seconds"] / plan.answer_seconds, record["prompts_done"] / len(plan.prompts))
+        report("answers", record, sum(len(a) for a in answers), share)
+    return True
 
 
-def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> None:
-    """Fixed text read by the target, TEXT_GROUP chunks a shard, until it or its time runs out."""
+def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace, reading) -> None:
+    """Fixed text read by the target (the --text files', then the corpus's conversations),
+    TEXT_GROUP chunks a shard, until it or its time runs out."""
     phase_end = min(until, time.perf_counter() + plan.text_seconds - record["text_seconds"])
-    if not plan.text_files or time.perf_counter() >= phase_end:
+    if not (plan.text_files or plan.conversations) or time.perf_counter() >= phase_end:
         return
     texts = text_sequences(tokenizer, plan.text_files)
+    if plan.conversations:
+        texts += conversation_sequences(
+            tokenizer, plan.conversations, tokens=plan.corpus_tokens, raw=plan.raw, reading=reading
+        )
     while record["text_done"] < len(texts) and (started := time.perf_counter()) < phase_end:
         first = record["text_done"]
         group = texts[first : first + TEXT_GROUP]
@@ -469,8 +561,10 @@ def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report
             for i, (s, m) in enumerate(zip(group, made))
             if m is not None
         ]
-        write(examples, text_done=len(group), text_seconds=time.perf_counter() - started)
-        report("text", record, sum(len(s) for s in group), record["text_seconds"] / plan.text_seconds)
+        if not write(examples, text_done=len(group), text_seconds=time.perf_counter() - started):
+            return
+        share = max(record["text_seconds"] / plan.text_seconds, record["text_done"] / len(texts))
+        report("text", record, sum(len(s) for s in group), share)
 
 
 def choose_vocabulary(examples: list[Example], *, eos: list[int], vocab_size: int, size: int) -> np.ndarray:

@@ -80,6 +80,9 @@ class Settings:
     # features divided by each column's RMS for training, fc folded back at the end (runs
     # started before this option existed always did)
     standardize: bool = True
+    corpus: str | None = None  # `sharegpt` or a file of conversations (conversations.py)
+    corpus_tokens: int = 2_000_000  # of the corpus's conversations, read teacher-forced at most
+    max_disk: int | None = None  # bytes the data's shards may take (runs before this option: no bound)
 
 
 def _finite_above(value, low: float, *, inclusive: bool = False) -> bool:
@@ -93,10 +96,13 @@ def _whole_from(value, low: int, high: int | None = None) -> bool:
 def settings_problem(settings: Settings) -> tuple[str, str] | None:
     """The first setting a run cannot use, as (its field, what it must be), or None. Checked
     before any work, for a new run's options and a resumed run's run.json alike."""
-    text = bool(settings.text_files)
+    text = bool(settings.text_files) or settings.corpus is not None
     rules = (
         ("target", isinstance(settings.target, str) and bool(settings.target), "a model's name"),
         ("prompts_file", settings.prompts_file is None or isinstance(settings.prompts_file, str), "a file name"),
+        ("corpus", settings.corpus is None or isinstance(settings.corpus, str) and bool(settings.corpus), "a corpus"),
+        ("corpus_tokens", _whole_from(settings.corpus_tokens, 1), "a whole number >= 1"),
+        ("max_disk", settings.max_disk is None or _whole_from(settings.max_disk, 1), "a size above 0"),
         (
             "text_files",
             isinstance(settings.text_files, list) and all(isinstance(f, str) for f in settings.text_files),
@@ -125,6 +131,8 @@ def settings_problem(settings: Settings) -> tuple[str, str] | None:
     for name, sound, what in rules:
         if not sound:
             return name, what
+    if settings.prompts_file and settings.corpus:
+        return "corpus", "left out when --prompts gives the prompts (a corpus's user turns are its prompts)"
     if settings.minutes is None and settings.tokens is None:
         return "minutes", "a number of minutes above 0 (or tokens a whole number): a run needs an end"
     if settings.answer_minutes == 0 and (not text or settings.text_minutes == 0):
@@ -142,6 +150,7 @@ class Progress:
     def trained(self, state: State, fraction: float) -> None: ...
     def evaluated(self, figures: dict) -> None: ...
     def note(self, message: str) -> None: ...
+    def reading(self, stage: str, done: int, total: int) -> None: ...  # a long read: the corpus
     def status(self, message: str) -> None: ...  # a step begins: for people watching, not scripts
 
 
@@ -199,12 +208,27 @@ def read_settings(out: Path) -> Settings:
     return settings
 
 
-def check_inputs(settings: Settings) -> None:
+def check_inputs(settings: Settings, progress: Progress | None = None) -> None:
     """The files a run reads besides the target, read or checked before any work: the
-    prompts parsed, each --text a readable file."""
+    prompts and the corpus parsed, each --text a readable file."""
     if settings.prompts_file:
         read_prompt_file(Path(settings.prompts_file))
+    if settings.corpus:
+        read_corpus(settings.corpus, progress)
     check_text_files([Path(f) for f in settings.text_files])
+
+
+def read_corpus(name: str, progress: Progress | None):
+    """The corpus's conversations, read (once a process) with a bar, said in a line."""
+    from .conversations import load_corpus
+
+    report = (lambda done, total: progress.reading("parsing the corpus", done, total)) if progress else None
+    corpus = load_corpus(name, report=report)
+    if not corpus.conversations:
+        raise TrainingError(f"--corpus {name}: no conversation with a user turn in it")
+    if progress:
+        progress.note(f"corpus: {corpus.summary()}")
+    return corpus
 
 
 def spent_seconds(out: Path) -> float:
@@ -292,7 +316,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
 
     began = time.perf_counter()
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
-    check_inputs(settings)
+    check_inputs(settings)  # the command has read them already (a corpus is read once a process)
     progress.status(f"loading {settings.target}")
     target = load_target(settings.target)
     model, tokenizer = target.model, target.tokenizer
@@ -300,10 +324,13 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     kept = read_back(out, settings, shape)
     taps = install(model, shape.aux)
     plan = data_plan(settings, vocab_size=shape.vocab_size)
-    record, made = build_data(model, tokenizer, taps, out / "data", plan, report=progress.data, until=until)
+    record, made = build_data(
+        model, tokenizer, taps, out / "data", plan, report=progress.data, until=until,
+        reading=progress.reading, note=progress.note,
+    )  # fmt: skip
     examples = kept.examples + made
     if not examples:
-        raise TrainingError("the target wrote no usable data (give more --minutes, prompts or --text)")
+        raise TrainingError("the target wrote no usable data (give more --minutes, prompts, --text or --max-disk)")
     data = out / "data"
     eos = sorted(set(tokenizer.eos_token_ids))
     vocabulary = kept.vocabulary
@@ -375,10 +402,15 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
 
 
 def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
+    from .conversations import prompts_of
     from .corpus import build_prompts
 
+    conversations = read_corpus(settings.corpus, None).conversations if settings.corpus else []
     if settings.prompts_file:
         prompts = read_prompt_file(Path(settings.prompts_file))
+    elif conversations:  # every user turn with its conversation's earlier turns, in an order of the seed
+        prompts = [p for c in conversations for p in prompts_of(c)]
+        np.random.default_rng(settings.seed).shuffle(prompts)
     else:
         prompts = [p["prompt"] for p in build_prompts(BUNDLED_PROMPTS, seed=settings.seed)]
     return DataPlan(
@@ -391,6 +423,9 @@ def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
         seed=settings.seed,
         raw=settings.raw,
         vocab_size=vocab_size,
+        conversations=conversations,
+        corpus_tokens=settings.corpus_tokens,
+        max_disk=settings.max_disk,
     )
 
 
@@ -465,8 +500,14 @@ def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux
         + f" | {h['expected_acceptance']:.3f} |"
         for h in state.history
     )
-    source = f"prompts from {settings.prompts_file}" if settings.prompts_file else "the bundled prompt set"
-    text = ", ".join(settings.text_files) or "none"
+    source = (
+        f"prompts from {settings.prompts_file}"
+        if settings.prompts_file
+        else f"the user turns of --corpus {settings.corpus}"
+        if settings.corpus
+        else "the bundled prompt set"
+    )
+    text = ", ".join(settings.text_files + [f"--corpus {settings.corpus}"] * bool(settings.corpus)) or "none"
     return f"""# EAGLE-3 draft head for {Path(settings.target).name}
 
 Trained on this machine by `mlxspec train-draft` (one decoder layer over the target's

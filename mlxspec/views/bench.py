@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..drafting.verdict import PLAUSIBLE_VS_PREDICTED, TAU_SLACK
 from .summary import position_part
 
 
@@ -35,50 +38,60 @@ def _alpha(stats) -> str:
 
 def noise_note(report) -> Text:
     """Under the table, when a setting decoded plainly or its speedup is inside the noise."""
-    verdicts = {s.verdict for s in report.settings if s.category == "all"}
+    overall = [s for s in report.settings if s.category == "all"]
+    verdicts = {s.verdict for s in overall}
     notes = []
     if "noise" in verdicts:
+        one_run = any(s.spread is None for s in overall if s.verdict == "noise")
         notes.append(
             f"{NOISE_MARK} within noise: the speedup differs from 1 by less than the spread of its repeats' speedups "
             "(± half their range)"
+            + (
+                "; with one repeat no spread is measured, so no speedup is told from noise (--repeats 3)"
+                if one_run
+                else ""
+            )
         )
     if "plain" in verdicts:
         notes.append(f"{PLAIN}: decoded plainly, no draft paid here; same speed as standard")
     return Text("\n".join(notes), style="yellow")
 
 
-# measured / predicted outside this range: the cost model probably does not describe the run
-PLAUSIBLE_VS_PREDICTED = (0.5, 1.5)
 DOUBTFUL_MARK = "†"
 
 
-def doubtful(vs_predicted: float | None) -> bool:
-    low, high = PLAUSIBLE_VS_PREDICTED
-    return vs_predicted is not None and not low <= vs_predicted <= high
-
-
-def _vs_predicted(value: float | None) -> Text:
-    if value is None:
-        return Text("–")
-    return Text(f"{value:.2f}{DOUBTFUL_MARK}", style="yellow") if doubtful(value) else Text(f"{value:.2f}")
+def _vs_predicted(s) -> Text:
+    if s.vs_predicted is None:
+        return Text(f"–{DOUBTFUL_MARK}", style="yellow") if s.unexplained else Text("–")
+    return (
+        Text(f"{s.vs_predicted:.2f}{DOUBTFUL_MARK}", style="yellow") if s.unexplained else Text(f"{s.vs_predicted:.2f}")
+    )
 
 
 def doubt_note(report) -> Text:
-    """Under the table, when a measured/predicted ratio is implausible."""
-    if not any(doubtful(s.vs_predicted) for s in report.settings if s.category == "all"):
-        return Text("")
-    low, high = PLAUSIBLE_VS_PREDICTED
-    return Text(
-        f"{DOUBTFUL_MARK} measured/predicted outside {low:g}–{high:g}: the cost model (c, v) measured before the "
-        "sweep probably does not describe it (the machine busy or idle then, unlike during the runs): run the "
-        "bench again before trusting the prediction",
-        style="yellow",
-    )
+    """Under the table, when a speedup is more (or less) than the run's own figures explain,
+    or the verify curve was timed below 1."""
+    notes = []
+    if any(s.unexplained for s in report.settings if s.category == "all"):
+        low, high = PLAUSIBLE_VS_PREDICTED
+        notes.append(
+            f"{DOUBTFUL_MARK} a speedup the run's own α, τ, c and v do not explain: measured/predicted outside "
+            f"{low:g}–{high:g}, or above τ by more than {TAU_SLACK:.0%} (each pass of the target gave τ tokens and "
+            "costs at least a target step); the machine was probably busy or idle unevenly: run the bench again "
+            "before trusting the figure"
+        )
+    if noisy := report.costs.noisy_verify:
+        which = ", ".join(f"v({k})" for k in noisy)
+        notes.append(
+            f"{DOUBTFUL_MARK} {which} below 1: a longer pass of the target timed faster than a 1-token one, which it "
+            "cannot be; timing noise, so the predictions take 1 there"
+        )
+    return Text("\n".join(notes), style="yellow")
 
 
 def costs_line(report) -> Text:
     costs = report.costs
-    curve = " ".join(f"{v:.2f}" for v in costs.verify_curve)
+    curve = " ".join(f"{v:.2f}" + (DOUBTFUL_MARK if v < 1 else "") for v in costs.verify_curve)
     return Text.assemble(
         ("cost model  ", "bold"),
         f"c = {costs.c:.3f} (draft {costs.draft_step * 1e3:.2f} ms / target {costs.target_step * 1e3:.2f} ms "
@@ -87,14 +100,18 @@ def costs_line(report) -> Text:
     )
 
 
-def settings_table(report, *, wide: bool = True) -> Table:
+def settings_table(report, *, wide: bool = True, drafting: bool = True) -> Table:
     """One row per temperature and γ. Narrow (`wide=False`): mlxspec's own figures only,
-    the peer and drafting columns go to `peer_table`."""
+    the peer and drafting columns go to `peer_table`; `drafting` False: the drafting column
+    goes there alone (its free text too wide for the line beside the figures)."""
     peers = wide and any(s.peer_speculative_tps for s in report.settings)
-    extras = wide and any(
-        s.stats.lookup_rounds or s.stats.early_stops or s.gamma == "auto" or s.tree for s in report.settings
+    extras = (
+        wide
+        and drafting
+        and any(s.stats.lookup_rounds or s.stats.early_stops or s.gamma == "auto" or s.tree for s in report.settings)
     )
-    table = Table(title="All prompts", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    # no padding at the edges: the narrow table's figures fit 80 columns whole, marks and all
+    table = Table(title="All prompts", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     names = ("T", "γ", "std tok/s", "spec tok/s", "speedup", "±", "α", "τ", "predicted", "meas/pred")
     if not wide:
         names = ("T", "γ", "std/s", "spec/s", "speedup", "±", "α", "τ", "pred.", "m/p")
@@ -116,7 +133,7 @@ def settings_table(report, *, wide: bool = True) -> Table:
             _alpha(s.stats),
             _num(s.stats.tokens_per_round, ".2f"),
             _num(s.predicted_speedup, ".2f", "–") + ("x" if s.predicted_speedup else ""),
-            _vs_predicted(s.vs_predicted),
+            _vs_predicted(s),
         ]
         if extras:
             row.append(_drafting(s, by_position=bool(report.pair.get("drafting"))))
@@ -126,18 +143,22 @@ def settings_table(report, *, wide: bool = True) -> Table:
     return table
 
 
-def peer_table(report) -> Table:
-    """The narrow layout's second table: how each setting drafted, and mlx-lm beside it."""
+def peer_table(report, *, peers: bool = True) -> Table:
+    """The second table: how each setting drafted, and mlx-lm beside it (`peers`, where it was
+    measured). Only the drafting text wraps: every figure stays whole."""
+    peers = peers and _peers_measured(report)  # else no mlx-lm columns: a note under the table says why
     table = Table(
-        title="Drafting, and mlx-lm on the same settings" if _peers_measured(report) else "Drafting",
+        title="Drafting, and mlx-lm on the same settings" if peers else "Drafting",
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
     )
-    peers = _peers_measured(report)  # else no mlx-lm columns: a note under the table says why
     names = ("T", "γ", "drafting") + (("mlx-lm spec tok/s", "mlx-lm α", "vs mlx-lm") if peers else ())
     for name in names:
-        table.add_column(name, justify="right" if name != "drafting" else "left")
+        if name == "drafting":
+            table.add_column(name, ratio=1)  # takes what the figures leave, wrapping between words
+        else:
+            table.add_column(name, justify="right", no_wrap=True)
     for s in (s for s in report.settings if s.category == "all"):
         cells = [f"{s.temp:g}", s.label, _drafting(s, by_position=bool(report.pair.get("drafting")))]
         table.add_row(*cells, *(_peer_cells(s) if peers else []))
@@ -157,8 +178,8 @@ def _drafting(s, *, by_position: bool = False) -> str:
     # α per depth: whether chaining pays for a head; for a tree, what each level adds
     if (by_position or s.stats.tree_rounds) and (positions := position_part(s.stats)):
         parts.append(positions)
-    if s.stats.mean_gamma is not None and s.gamma == "auto":
-        parts.append(f"mean γ {s.stats.mean_gamma:.1f}")
+    if s.stats.mean_gamma is not None and s.gamma == "auto":  # over the rounds that drafted, plain steps apart
+        parts.append(f"mean γ {s.stats.mean_gamma:.1f} when drafting")
     if s.stats.plain_rounds:
         parts.append(f"{s.stats.plain_rounds} plain")
     if s.stats.tree_rounds:
@@ -193,29 +214,43 @@ def category_table(report) -> Table:
 
 def standard_line(report) -> Text:
     """Standard decoding against mlx-lm's own: the baseline must be honest."""
-    parts = []
+    parts = {}  # one per temperature (its settings share the standard runs)
     for s in report.settings:
-        if s.category == "all" and s.gamma == report.settings[0].gamma and s.peer_standard_tps is not None:
-            parts.append(
-                f"T{s.temp:g}: mlxspec {_num(s.standard_tps, '.1f')} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s"
+        if s.category == "all" and s.peer_standard_tps is not None:
+            parts.setdefault(
+                s.temp,
+                f"T{s.temp:g}: mlxspec {_num(s.standard_tps, '.1f')} tok/s, mlx-lm {s.peer_standard_tps:.1f} tok/s",
             )
+    parts = list(parts.values())
     return Text("standard decoding  " + "; ".join(parts), style="dim") if parts else Text("")
 
 
 def recommendation(report) -> Text:
+    """The setting to use at each temperature, where the repeats measured a spread: from one
+    run, none (the best said, with what measures it); a figure the run cannot explain marked."""
     temps = sorted({s.temp for s in report.settings})
     parts = []
     for temp in temps:
         best = report.best(temp)
         if best is None:
             continue
-        if best.verdict == "noise":
+        if not best.replicated:
             parts.append(
-                f"T{temp:g}: no measurable difference (best γ{best.label} gives {best.speedup:.2f}x, within its "
+                f"T{temp:g}: none from one repeat (best γ {best.label} gave {best.speedup:.2f}x with no spread "
+                "measured; --repeats 3 measures it)"
+            )
+        elif best.unexplained:
+            parts.append(
+                f"T{temp:g}: none yet (best γ {best.label} gave {best.speedup:.2f}x{DOUBTFUL_MARK}, more than the "
+                "run's own figures explain: run the bench again)"
+            )
+        elif best.verdict == "noise":
+            parts.append(
+                f"T{temp:g}: no measurable difference (best γ {best.label} gives {best.speedup:.2f}x, within its "
                 f"repeats' spread ±{best.spread:.2f})"
             )
         elif best.speedup < 1.0:
-            parts.append(f"T{temp:g}: standard decoding (best γ{best.label} gives {best.speedup:.2f}x)")
+            parts.append(f"T{temp:g}: standard decoding (best γ {best.label} gives {best.speedup:.2f}x)")
         else:
             parts.append(f"T{temp:g}: γ {best.label} ({best.speedup:.2f}x)")
     return Text.assemble(("recommended  ", "bold"), "; ".join(parts))
@@ -225,7 +260,8 @@ def legend(report, *, wide: bool) -> Text:
     """What the table's columns and the cost model's figures mean, in words (under the table)."""
     columns = [
         "T temperature (0: greedy)",
-        "γ draft tokens per round (auto: chosen each round, plain steps included)",
+        "γ draft tokens per round (auto: chosen each round, 0 for a plain step; its mean γ under drafting counts "
+        "the rounds that drafted, the plain steps apart)",
         f"{'std/s' if not wide else 'std tok/s'}, {'spec/s' if not wide else 'spec tok/s'}: tokens a second of "
         "standard and speculative decoding",
         f"speedup: speculative over standard ({NOISE_MARK}: within noise)",
@@ -272,9 +308,7 @@ def render(report, width: int = 160) -> Group:
         f"mlx {report.machine.get('mlx')}, mlx-lm {report.machine.get('mlx_lm')}  ·  {_seconds(report)}",
         style="bold",
     )
-    wide = width >= 140
-    narrow_second = _peers_measured(report) or any(_drafting(s) for s in report.settings if s.category == "all")
-    tables = [settings_table(report, wide=wide)] + ([] if wide or not narrow_second else [peer_table(report)])
+    wide, tables = _tables(report, width)
     notes = [note for note in (noise_note(report), doubt_note(report), notes_text(report)) if note.plain]
     return Group(
         header,
@@ -286,6 +320,31 @@ def render(report, width: int = 160) -> Group:
         standard_line(report),
         recommendation(report),
     )
+
+
+WIDE = 140  # columns from which the figures, the drafting and mlx-lm's may share one table
+
+
+def _tables(report, width: int) -> tuple[bool, list[Table]]:
+    """The widest layout whose figures fit `width` whole: one table; the figures with mlx-lm's,
+    then the drafting text under them, wrapped; mlxspec's figures, then the drafting and
+    mlx-lm's. (Whether the layout is wide, the tables.)"""
+    drafted = any(_drafting(s) for s in report.settings if s.category == "all")
+    if width >= WIDE:
+        whole = settings_table(report)
+        if _width(whole) <= width:
+            return True, [whole]
+        figures = settings_table(report, drafting=False)
+        if _width(figures) <= width:
+            return True, [figures] + ([peer_table(report, peers=False)] if drafted else [])
+    second = _peers_measured(report) or drafted
+    return False, [settings_table(report, wide=False)] + ([peer_table(report)] if second else [])
+
+
+def _width(table: Table) -> int:
+    """Cells the table takes with nothing wrapped."""
+    console = Console(width=10_000, file=io.StringIO())
+    return console.measure(table).maximum
 
 
 def csv_rows(report) -> list[dict]:

@@ -12,11 +12,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..decoding.events import ContextTrimmed, Done, Prefill, Round
+from ..drafting.verdict import judge
 from ..errors import MlxspecError
 from ..options import MOST_GAMMA, parse_gamma
 from ..text import Reasoning
 from .progress import reading, spinner_after
-from .summary import PartsLine, counted, estimated_speedup, stats_line
+from .summary import VERDICT_WORDS, PartsLine, counted, repetition_words, speedup_part, stats_line
 
 if TYPE_CHECKING:
     from ..chat import Conversation
@@ -24,7 +25,7 @@ from .tokens import STYLES, legend
 
 HELP = """\
 /help              this list
-/stats             the conversation's totals: tokens, acceptance, tokens per round, per-position acceptance, time
+/stats             the conversation's totals: tokens, acceptance, τ, per-position acceptance, time, speedup
 /gamma N|auto      draft tokens per round (0: standard decoding; auto: chosen each round)
 /temp X            temperature (0: greedy); also /top-p X, /top-k N, /min-p X, /seed N, /max-tokens N
 /think on|off      let a reasoning model think first (its template's enable_thinking); shown dimmed
@@ -65,7 +66,7 @@ _SETTINGS = {
 
 
 def stat_line(stats, reused: int, *, lookup: bool = False, by_position: bool = False) -> PartsLine:
-    return stats_line(stats, estimate=estimated_speedup(stats), reused=reused, lookup=lookup, by_position=by_position)
+    return stats_line(stats, judged=judge(stats), reused=reused, lookup=lookup, by_position=by_position)
 
 
 def banner(pair, options) -> Text:
@@ -297,4 +298,8 @@ class ChatApp:
             table.add_row("tokens per round τ", f"{totals.tokens_per_round:.2f}")
             rates = [f"{a / t:.2f}" if t else "–" for a, t in zip(totals.position_accepted, totals.position_tested)]
             table.add_row("by position", " ".join(rates))
+        if judged := judge(totals):  # the turns' verdict, by the rule generate's runs are judged by
+            table.add_row("speedup", f"{speedup_part(judged)}: {VERDICT_WORDS[judged.verdict]}")
+            if totals.lookup_on_repetition:
+                table.add_row("", repetition_words(totals))
         return table

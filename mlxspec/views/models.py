@@ -12,6 +12,7 @@ WIDE = 120  # columns from which the presets are a table; below, a list
 # what loads is the first of a preset's names with a copy here (hub: the Hugging Face cache's
 # snapshot; import: a GGUF file converted, from a registry package or a file)
 CAPTION = "✓ on disk (what loads)  · not here (mlxspec models download NAME)"
+TOOLS = "tools: `serve` reads tool calls"
 
 
 def inventory() -> list[dict]:
@@ -32,6 +33,7 @@ def inventory() -> list[dict]:
             "gamma": preset.gamma,
             "memory_gb": preset.memory_gb,
             "fits": None if preset.memory_gb is None else preset.memory_gb * 1e9 <= memory,
+            "tools": preset.tools,  # `serve` takes `tools` (the template's tool-call format)
             "suits": list(preset.suits),
             "description": preset.description,
         }
@@ -112,7 +114,8 @@ def models_table(rows: list[dict]) -> Table:
     table.add_column("name", no_wrap=True)
     for name in ("target", "draft"):  # long repo ids fold on narrow terminals
         table.add_column(name, overflow="fold")
-    for name, justify in (("γ", "right"), ("on disk", "right"), ("memory", "right"), ("fits", "center")):
+    columns = (("γ", "right"), ("tools", "center"), ("on disk", "right"), ("memory", "right"), ("fits", "center"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for row in rows:
         on_disk = None
@@ -124,11 +127,12 @@ def models_table(rows: list[dict]) -> Table:
             Text("\n").join(_named(row, "target", name) for name in [row["target"], *_fallbacks(row)]),
             _draft_cell(row),
             str(row["gamma"]),
+            Text("yes", style="green") if row["tools"] else Text("–", style="dim"),
             _size(on_disk),
             f"{row['memory_gb']:.1f} GB" if row["memory_gb"] else "?",
             fits,
         )
-    table.caption = CAPTION
+    table.caption = f"{CAPTION}  {TOOLS}"
     return table
 
 
@@ -147,7 +151,8 @@ def models_list(rows: list[dict]) -> Group:
         if row["target_bytes"] is not None or row["draft_bytes"] is not None:
             on_disk = (row["target_bytes"] or 0) + (row["draft_bytes"] or 0)
         memory = f"needs {row['memory_gb']:.1f} GB" if row["memory_gb"] else "needs ? GB"
-        figures = [f"γ {row['gamma']}", memory, _fits(row)] + ([f"{_size(on_disk)} on disk"] if on_disk else [])
+        figures = [f"γ {row['gamma']}", *(["takes tools"] if row["tools"] else []), memory, _fits(row)]
+        figures += [f"{_size(on_disk)} on disk"] if on_disk else []
         lines.append(
             Text.assemble(
                 (row["name"], "bold"),

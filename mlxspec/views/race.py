@@ -13,9 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..decoding.plan import NGRAM, TARGET
+from ..drafting.verdict import doubtful
 from ..measure import sides as model
-from .bench import doubtful
-from .summary import SEPARATOR, PartsLine, alpha_part, counted, position_part
+from .summary import SEPARATOR, PartsLine, alpha_part, counted, position_part, repetition_words
 from .tokens import fate_text, legend
 
 NARROW = 100  # columns below which the panels stack
@@ -136,7 +136,7 @@ def speedup_text(standard: model.Side, speculative: model.Side) -> Text:
     text = Text.assemble(
         ("speedup ", "bold"), (f"{now:.2f}x{band}", "bold green" if verdict == "faster" else "bold red")
     )
-    if verdict == "faster" and model.lookup_on_repetition(speculative):
+    if verdict == "faster" and speculative.stats.lookup_on_repetition:
         text.append(": mostly prompt lookup on a repeating answer", style="yellow")
     return text
 
@@ -196,12 +196,7 @@ def why_plain(standard: model.Side, speculative: model.Side) -> str | None:
 
 def looping(speculative: model.Side) -> str:
     """Why a speedup from prompt lookup on a looping answer is not one to expect elsewhere."""
-    stats, share = speculative.stats, model.repeated_share(speculative.tokens)
-    return (
-        f" {speculative.lookup_accepted} of {counted(stats.accepted, 'accepted draft')} came from prompt lookup, "
-        f"copying an answer that repeats itself ({share:.0%} of its tokens repeat what it already wrote): on text "
-        "that moves on, expect less."
-    )
+    return f" {repetition_words(speculative.stats)}."
 
 
 def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Text:
@@ -256,7 +251,7 @@ def summary(standard: model.Side, speculative: model.Side, *, temp: float) -> Te
         )
     if reason:
         text.append(reason, style="yellow")
-    if verdict in ("faster", "noise") and model.lookup_on_repetition(speculative):
+    if verdict in ("faster", "noise") and speculative.stats.lookup_on_repetition:
         text.append(looping(speculative), style="yellow")
     predicted = model.predicted_speedup(standard, speculative)
     if verdict in ("faster", "slower") and predicted and doubtful(now / predicted):
@@ -367,7 +362,7 @@ def as_dict(standard: model.Side, speculative: model.Side, *, temp: float) -> di
         "speedup_noise": model.speedup_noise(standard, speculative),  # half-width, two standard errors
         "verdict": model.verdict(standard, speculative),  # plain, noise, faster, slower
         # most accepted drafts from prompt lookup, on an answer that mostly repeats itself
-        "lookup_on_repetition": model.lookup_on_repetition(speculative),
+        "lookup_on_repetition": speculative.stats.lookup_on_repetition,
         "predicted_speedup": model.predicted_speedup(standard, speculative),
         "draft_cost": model.draft_cost(standard, speculative),
         "identical": model.identical_so_far(standard, speculative) is None if temp == 0 else None,

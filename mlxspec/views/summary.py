@@ -7,7 +7,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from ..decoding.events import Stats
-from ..drafting.theory import cost_ratio, predicted_speedup_of
+from ..drafting import verdict as verdicts
+from ..drafting.verdict import Judged
 
 SEPARATOR = " · "
 
@@ -70,13 +71,15 @@ def position_part(stats: Stats) -> str | None:
 def stats_line(
     stats: Stats,
     *,
-    estimate: float | None = None,
+    judged: Judged | None = None,
     reused: int | None = None,
     lookup: bool = False,
     by_position: bool = False,
 ) -> PartsLine:
     """e.g. `64 tokens · 41.3 tok/s · α 0.72 · τ 3.10 · γ 4 · prefill 0.05 s (12 tokens)`.
-    `estimate`: a speedup estimate to show; `reused`: prompt tokens the caches already held;
+    `judged`: the run's speedup and verdict (drafting/verdict.judge), its figure shown measured
+    or marked as an estimate, and flagged on an answer prompt lookup copied from itself;
+    `reused`: prompt tokens the caches already held;
     `lookup`: the pair drafts by prompt lookup alone (no draft model); `by_position`: show
     acceptance by draft position (a model's own MTP head)."""
     parts = [counted(stats.tokens, "token")]
@@ -88,15 +91,15 @@ def stats_line(
         parts.append(f"τ {stats.tokens_per_round:.2f}")
     if by_position and stats.gamma and (positions := position_part(stats)):
         parts.append(positions)
-    if estimate:
-        parts.append(f"≈{estimate:.2f}x est.")
+    if judged:
+        parts.append(speedup_part(judged) + (" on a repeating answer" if stats.lookup_on_repetition else ""))
     if stats.gamma == "auto":
-        detail = (
-            f"mean {stats.mean_gamma:.1f}, {counted(stats.plain_rounds, 'plain step')}"
-            if stats.mean_gamma is not None
-            else ""
+        # the mean is over the drafting rounds: the plain steps, a part of their own, are not in it
+        parts.append(
+            f"γ auto (mean {stats.mean_gamma:.1f} when drafting)" if stats.mean_gamma is not None else "γ auto"
         )
-        parts.append(f"γ auto ({detail})" if detail else "γ auto")
+        if stats.plain_rounds:
+            parts.append(counted(stats.plain_rounds, "plain step"))
     else:
         parts.append(f"γ {stats.gamma}" if stats.gamma else "no draft")
     if stats.tree_rounds:
@@ -121,48 +124,75 @@ def stats_line(
     return PartsLine(parts)
 
 
-def estimated_speedup(stats: Stats) -> float | None:
-    """E[tau] / (gamma c + 1), c from this run's own timings: a draft step over a verify
-    pass (which costs about one target step when decoding is memory-bound); prompt lookup
-    drafts for nothing. None from too few tested drafts (the α it rests on is not shown)."""
-    if not stats.gamma or not stats.drafted or stats.shown_acceptance_rate is None:
-        return None
-    c = cost_ratio(stats.draft_step, stats.verify_step)
-    if c is None and stats.lookup_rounds and not stats.model_rounds:
-        c = 0.0
-    return predicted_speedup_of(stats, c=c) if c is not None else None
+def speedup_part(judged: Judged) -> str:
+    """'1.31x vs its plain steps' (measured in the run) or '≈1.56x est.' (estimated from τ and c)."""
+    return f"{judged.speedup:.2f}x vs its plain steps" if judged.measured else f"≈{judged.speedup:.2f}x est."
 
 
-# an estimate this close to 1 is no difference worth a word either way (bench colours alike)
-NO_DIFFERENCE = (0.95, 1.05)
+def how_judged(stats: Stats, judged: Judged) -> str:
+    """Where the speedup comes from, in words."""
+    if judged.measured:
+        return (
+            f"measured against the {stats.plain_rounds} of {counted(stats.rounds, 'step')} that were the target's "
+            "alone in this run (plain steps: standard decoding inside the run)"
+        )
+    return (
+        "estimated from this run's tokens per pass of the target and its draft cost, not measured against standard "
+        "decoding (mlxspec race measures it)"
+    )
 
 
-def plain_words(stats: Stats, estimate: float | None) -> str | None:
-    """One sentence without symbols after a run: whether drafting paid, from the run's own
-    acceptance and costs (`estimate`, estimated_speedup's), or why it cannot tell; None for
-    standard decoding (nothing drafted to judge)."""
+def repetition_words(stats: Stats) -> str:
+    """Why a speedup from prompt lookup on a looping answer is not one to expect elsewhere."""
+    return (
+        f"{stats.lookup_accepted} of {counted(stats.accepted, 'accepted draft')} came from prompt lookup, copying an "
+        f"answer that repeats itself ({stats.repeated_share:.0%} of its tokens repeat what it already wrote): on text "
+        "that moves on, expect less"
+    )
+
+
+VERDICT_WORDS = {
+    verdicts.PLAIN: "stood aside (no draft accepted)",
+    verdicts.FASTER: "helped",
+    verdicts.NOISE: "made little difference here",
+    verdicts.SLOWER: "did not pay here",
+}
+
+
+def plain_words(stats: Stats, judged: Judged | None) -> str | None:
+    """One sentence without symbols after a run: whether drafting paid, by the one rule of
+    drafting/verdict.py (`judged`, judge's), or why it cannot tell; None for standard decoding
+    (nothing drafted to judge)."""
     if not stats.gamma:
         return None
-    if stats.rounds and stats.plain_share > 0.5:
+    aside = ""
+    if stats.plain_rounds and not (judged is not None and judged.measured):  # how_judged says it
+        aside = f"; {stats.plain_rounds} of {counted(stats.rounds, 'step')} were the target's alone"
+        aside += " (auto found drafting did not pay there)"
+    looping = f". {repetition_words(stats)}" if stats.lookup_on_repetition else ""
+    if judged is not None and judged.verdict == verdicts.PLAIN:
         return (
-            f"Speculative decoding mostly stood aside: {stats.plain_rounds} of {counted(stats.rounds, 'step')} were "
-            "the target's alone, drafting not paying by this run's own measurements."
+            f"Speculative decoding stood aside: no draft was accepted, every token a step of the target alone; "
+            f"{judged.speedup:.2f}x its speed, {how_judged(stats, judged)}."
         )
-    if stats.shown_acceptance_rate is None:
-        return (
-            f"Speculative decoding: too few drafts were tested to tell whether it helped ({stats.tested}); a longer "
-            "run (-m N) tells."
-        )
-    measured = (
-        f"{stats.acceptance_rate:.0%} of the drafts the target checked were accepted, "
-        f"{stats.tokens_per_round:.1f} tokens per pass of the target"
-    )
-    if estimate is None:
-        return f"Speculative decoding: {measured}."
-    low, high = NO_DIFFERENCE
-    verdict = "helped" if estimate >= high else "did not pay here" if estimate <= low else "made little difference here"
-    advice = "; --no-draft runs the target alone" if estimate <= low else ""
+    if judged is None:
+        if stats.shown_acceptance_rate is None:
+            return (
+                f"Speculative decoding: too few drafts were tested to tell whether it helped ({stats.tested}); a "
+                f"longer run (-m N) tells{aside}."
+            )
+        return f"Speculative decoding: {measured_words(stats)}{aside}{looping}."
+    advice = "; --no-draft runs the target alone" if judged.verdict == verdicts.SLOWER else ""
     return (
-        f"Speculative decoding {verdict}: about {estimate:.2f}x the speed of the target alone, estimated from "
-        f"this run ({measured}){advice}."
+        f"Speculative decoding {VERDICT_WORDS[judged.verdict]}: about {judged.speedup:.2f}x the speed of the target "
+        f"alone, {how_judged(stats, judged)}; {measured_words(stats)}{aside}{advice}{looping}."
     )
+
+
+def measured_words(stats: Stats) -> str:
+    """Acceptance and tokens per pass in words: a share where enough drafts were tested for
+    one (as α is shown), else the counts."""
+    passes = f"{stats.tokens_per_round:.1f} tokens per pass of the target"
+    if stats.shown_acceptance_rate is not None:
+        return f"{stats.shown_acceptance_rate:.0%} of the drafts the target checked were accepted, {passes}"
+    return f"{stats.accepted} of the {counted(stats.tested, 'draft')} the target checked accepted, {passes}"

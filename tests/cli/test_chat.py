@@ -549,3 +549,19 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_the_chat_goes_on(factory):
             assert chat.exit_code() == 0, chat.screen
         finally:
             chat.close()
+
+
+def test_the_stats_say_the_speedup_and_a_repeating_answer(capsys, monkeypatch):
+    """Issue 39: /stats left out the speedup, and a reply that prompt lookup copied from its own
+    loop headlined "≈3.76x est." unflagged. The stat line flags it (as race does) and /stats
+    gives the conversation's speedup and verdict by the rule generate's runs are judged by."""
+    args = ("-d", "ngram", "--temp", "0", "-m", "64")  # the bundled target loops on this message
+    code, out, err = chat_command(capsys, monkeypatch, b"import os\n/stats\n", *args)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if "tok/s ·" in line)
+    assert re.search(r"\d\.\d\dx (est\.|vs its plain steps) on a repeating answer", line), line
+    table = " ".join(out.split("Conversation: 1 turn")[1].replace("│", " ").split())
+    verdict = r"(helped|made little difference|did not pay)"
+    speedup = re.search(rf"speedup ≈?(\d\.\d\d)x (est\.|vs its plain steps): {verdict}", table)
+    assert speedup and f"{speedup[1]}x" in line, table
+    assert "came from prompt lookup, copying an answer that repeats itself" in table

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -231,6 +232,43 @@ def test_the_installed_command_runs_as_a_process(folders):
     assert bad.returncode == 1 and bad.stderr.strip() == "error: no model folder or .gguf file at /no/such"
 
 
+def test_a_bare_command_prints_its_usage_and_commands_and_succeeds():
+    """`mlxspec` alone, as a newcomer first types it: the usage and the commands on stdout,
+    exit 0 (click 8.2 and later make it a usage error, exit 2, the help on stderr)."""
+    done = subprocess.run([sys.executable, "-m", "mlxspec"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("Usage: mlxspec ")
+    assert all(f"  {command} " in done.stdout for command in ("generate", "chat", "race", "serve", "models"))
+
+
+def loading_steps(cache, *args) -> list[str]:
+    """The loading steps (lines ending in "…") the real command shows on a terminal's stderr
+    (rich takes TTY_COMPATIBLE=1 for one), with mlxspec's cache at `cache`."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLXSPEC_CACHE=str(cache), TTY_COMPATIBLE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", *args, "-m", "2"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr).splitlines()
+    return [line for line in lines if line.endswith("…")]
+
+
+@pytest.mark.parametrize("pair", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_finding_a_pair_is_said_in_full_once_per_cache_then_in_one_line(tmp_path, pair):
+    """The first command with a cache shows each step of finding the pair (smollm2's: its hub
+    repo, then its registry fallback and why); the next ones only what loads."""
+    if pair == "smollm2":  # the tests' import of it, in a cache of this test's own
+        from tests.support import real_models
+
+        real = real_models.folder(real_models.SMOLLM2).parent.parent
+        for folder in ("models", "registry"):
+            (tmp_path / folder).symlink_to(real / folder)
+    first = loading_steps(tmp_path, "Hello", "--pair", pair)
+    assert len(first) >= 3 and first[0].startswith("Finding ")
+    again = loading_steps(tmp_path, "Hello", "--pair", pair)
+    assert again == [first[-1]] and again[0].startswith("Loading target ")
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -275,6 +313,30 @@ def test_a_target_alone_drafts_by_prompt_lookup_and_says_so(capsys, folders, tmp
     assert code == 0 and "on this machine: --pair mine;" in err and draft not in err
 
 
+@pytest.mark.slow
+def test_smollm2_under_another_name_is_its_import_and_the_tip_names_the_preset(tmp_path):
+    """SmolLM2's GGUF copied under another name, as a newcomer downloads it: no second import,
+    and the prompt-lookup tip names `--pair smollm2`, not a folder inside the package."""
+    from tests.support import real_models
+
+    cache = tmp_path / "cache"
+    imported = real_models.folder(real_models.SMOLLM2)
+    (cache / "models").mkdir(parents=True)
+    shutil.copytree(imported, cache / "models" / imported.name, copy_function=os.link)  # the tests' own, linked
+    (cache / "registry").symlink_to(imported.parent.parent / "registry")
+    copy = shutil.copy(real_models.gguf_file(real_models.SMOLLM2), tmp_path / "smollm2-135m-instruct-q4_1.gguf")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLXSPEC_CACHE=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "Hi", "-t", str(copy), "-m", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "importing" not in done.stderr and sorted(p.name for p in (cache / "models").iterdir()) == [imported.name]
+    assert "same tokenizer is on this machine: --pair smollm2;" in done.stderr and "assets" not in done.stderr
+
+
 def test_the_stats_line_is_one_line_under_a_pipe(capsys, folders):
     """stderr is not a terminal here: the stats line is never wrapped, however long."""
     target, draft = folders
@@ -288,13 +350,14 @@ def test_stats_line_wraps_only_between_parts():
 
     from rich.console import Console
 
+    from mlxspec.drafting.verdict import Judged
     from mlxspec.stats import Stats
     from mlxspec.views.summary import stats_line
 
     stats = Stats(tokens=64, emitted=70, rounds=20, drafted=60, tested=40, accepted=30, decode_seconds=0.5)
     stats.gamma, stats.prompt_tokens, stats.prefill_seconds = "auto", 120, 0.04
     stats.plain_rounds, stats.ngram_rounds = 4, 3
-    line = stats_line(stats, estimate=1.2, reused=100, lookup=True)
+    line = stats_line(stats, judged=Judged(1.2, False, "faster"), reused=100, lookup=True)
     parts = line.plain.split(" · ")
     for width in (40, 50, 80, 160):
         out = io.StringIO()
@@ -316,7 +379,7 @@ def test_stats_line_counts_one_in_the_singular():
     stats.gamma, stats.prompt_tokens, stats.prefill_seconds = "auto", 1, 0.04
     stats.plain_rounds, stats.ngram_rounds, stats.early_stops = 1, 1, 1
     plain = stats_line(stats).plain
-    for part in ("1 token ·", "1 plain step)", "1 n-gram round ·", "1 early stop ·", "(1 token)"):
+    for part in ("1 token ·", "1 plain step ·", "1 n-gram round ·", "1 early stop ·", "(1 token)"):
         assert part in plain, (part, plain)
     assert "(1 new of 1 token)" in stats_line(stats, reused=0).plain
 
@@ -489,8 +552,12 @@ def test_generate_says_in_plain_words_whether_speculation_helped(capsys, folders
 
 
 def test_plain_words_for_each_outcome():
+    from mlxspec.drafting.verdict import Judged
     from mlxspec.stats import Stats
     from mlxspec.views.summary import plain_words
+
+    def estimated(speedup, verdict):
+        return Judged(speedup, False, verdict)
 
     def run_of(gamma=3, **counts):
         stats = Stats(tokens=60, emitted=60, decode_seconds=1.0, **counts)
@@ -498,12 +565,13 @@ def test_plain_words_for_each_outcome():
         return stats
 
     helped = run_of(rounds=20, drafted=60, tested=50, accepted=40, model_rounds=20)
-    assert plain_words(helped, 1.8).startswith("Speculative decoding helped: about 1.80x the speed of the target alone")
-    assert plain_words(helped, 1.0).startswith("Speculative decoding made little difference here")
-    assert plain_words(helped, 0.6).startswith("Speculative decoding did not pay here: about 0.60x")
-    assert "--no-draft" in plain_words(helped, 0.6)
+    said = plain_words(helped, estimated(1.8, "faster"))
+    assert said.startswith("Speculative decoding helped: about 1.80x the speed of the target alone, estimated")
+    assert plain_words(helped, estimated(1.0, "noise")).startswith("Speculative decoding made little difference here")
+    slower = plain_words(helped, estimated(0.6, "slower"))
+    assert slower.startswith("Speculative decoding did not pay here: about 0.60x") and "--no-draft" in slower
     plain = run_of("auto", rounds=60, plain_rounds=58, drafted=4, tested=3, accepted=1, model_rounds=2)
-    assert "mostly stood aside: 58 of 60 steps were the target's alone" in plain_words(plain, None)
+    assert "58 of 60 steps were the target's alone" in plain_words(plain, None)
     assert plain_words(Stats(tokens=4, rounds=4, plain_rounds=4), None) is None  # standard decoding
 
 
@@ -511,3 +579,78 @@ def test_json_names_a_bundled_model_as_the_presets_do(capsys):
     code, out, _ = run(capsys, "generate", "def f(", "-m", "2", "--json")
     data = json.loads(out)
     assert code == 0 and (data["target"], data["draft"]) == ("bundled:tiny-target", "bundled:tiny-draft")
+
+
+# an answer the bundled target loops on at temperature 0 ("import sys" again and again)
+REPEATING = "import os\nimport os\nimport os\nimport sys\nimport os\nimport sys\nimport os\n"
+
+
+def test_a_speedup_on_a_repeating_answer_is_flagged(capsys):
+    """Issue 39: generate headlined "helped: about 4.15x" over an answer stuck in a loop, which
+    prompt lookup copies, where race flagged it. The words, the figures' line and --json carry
+    the flag race gives (Stats.lookup_on_repetition); a draft model's drafts are not flagged."""
+    args = ["generate", REPEATING, "-d", "ngram", "--raw", "-m", "48", "--temp", "0"]
+    code, out, err = run(capsys, *args)
+    words, line = err.strip().splitlines()[-2:]
+    assert code == 0 and out.count("import sys") >= 8, out  # the loop
+    assert "came from prompt lookup, copying an answer that repeats itself" in words and "expect less" in words
+    assert "x est. on a repeating answer" in line or "x vs its plain steps on a repeating answer" in line, line
+    code, out, _ = run(capsys, *args, "--json")
+    stats = json.loads(out)["stats"]
+    assert code == 0 and stats["lookup_on_repetition"] is True and stats["lookup_accepted"] == stats["accepted"] > 0
+    assert stats["repeated"] > stats["emitted"] / 2
+    code, out, _ = run(capsys, "generate", "def main(", "-m", "24", "--json")
+    assert code == 0 and json.loads(out)["stats"]["lookup_on_repetition"] is False
+
+
+def test_one_verdict_from_what_was_measured(capsys):
+    """Issue 39: on one prompt --tree auto said "mostly stood aside (≈1.31x est.)" and --tree 0
+    "helped: about 1.56x" at the same speed; "γ auto (mean 3.3, 62 plain steps)" read as if
+    the plain steps were in the mean. One rule (drafting/verdict.py): a run's speedup is
+    measured against its own plain steps (standard decoding inside the run) once it took 16,
+    else estimated from τ and c and labelled "est."; the sentence, the figures' line and --json
+    give the same figure and verdict."""
+    import re
+
+    words_of = {"faster": "helped", "noise": "made little difference", "slower": "did not pay", "plain": "stood aside"}
+    for extra in ([], ["-g", "3", "--tree", "0"], ["--tree", "auto"]):
+        code, _, err = run(capsys, "generate", "def main(", "-m", "64", *extra)
+        words, line = err.strip().splitlines()[-2:]
+        figure = re.search(r" · (≈?)(\d+\.\d\d)x (vs its plain steps|est\.)", line)
+        plain = re.search(r" · (\d+) plain steps? · ", line)
+        assert code == 0 and figure, line
+        measured = plain is not None and int(plain[1]) >= 16 and "(mean " in line
+        assert (figure[3] == "vs its plain steps") == measured and (figure[1] == "≈") == (not measured), line
+        assert "mostly stood aside" not in words and "plain steps)" not in line  # the mean is the drafting rounds'
+        speedup = float(figure[2])
+        expected = (
+            "plain"
+            if "no draft was accepted" in words
+            else "faster"
+            if speedup >= 1.05
+            else "slower"
+            if speedup <= 0.95
+            else "noise"
+        )
+        assert f"Speculative decoding {words_of[expected]}" in words and f"{speedup:.2f}x" in words, (words, line)
+        assert ("measured against the" in words) == measured and ("estimated from" in words) == (not measured), words
+        code, out, _ = run(capsys, "generate", "def main(", "-m", "64", "--json", *extra)
+        data = json.loads(out)
+        stats, judged = data["stats"], data["speedup"]
+        assert judged["measured"] == (stats["plain_rounds"] >= 16 and stats["plain_rounds"] < stats["rounds"])
+        assert judged["verdict"] in words_of and judged["speedup"] > 0
+
+
+def test_the_tree_help_says_what_the_code_does(capsys):
+    """Issue 39: --tree's help and docs/commands.md said auto trees run only at temperature 0,
+    chains under sampling, while the code (README, docs/trees.md) grows them at every
+    temperature: now all say so."""
+    from pathlib import Path
+
+    code, out, _ = run(capsys, "generate", "--help")
+    help_text = " ".join(out.replace("│", " ").split())
+    assert code == 0 and "from a head or prompt lookup at any temperature" in help_text, help_text
+    assert "at temperature 0" not in help_text
+    commands = " ".join((Path(__file__).parents[2] / "docs" / "commands.md").read_text().split())
+    assert "for a head or prompt lookup at any temperature (chains beside a separate draft model)" in commands
+    assert "draft model and under sampling" not in commands

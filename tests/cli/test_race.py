@@ -362,13 +362,13 @@ def test_a_speedup_from_lookup_on_a_looping_answer_says_so():
     on text that moves on; lookup on text that does not repeat, or a model's drafts on a loop,
     are a plain speedup."""
     standard, looping = looping_sides(answer_loops=True)
-    assert sides.verdict(standard, looping) == "faster" and sides.repeated_share(looping.tokens) == 56 / 64
-    assert sides.lookup_on_repetition(looping)
+    assert sides.verdict(standard, looping) == "faster" and looping.stats.repeated_share == 56 / 64
+    assert looping.stats.lookup_on_repetition
     headline = view.speedup_text(standard, looping).plain
     assert headline.startswith(f"speedup {sides.speedup(standard, looping):.2f}x") and "repeating answer" in headline
     summary = view.summary(standard, looping, temp=0).plain
     assert "48 of 48 accepted drafts came from prompt lookup" in summary and "repeats itself" in summary
     assert view.as_dict(standard, looping, temp=0)["lookup_on_repetition"] is True
     for moving_on in (looping_sides(answer_loops=False), looping_sides(answer_loops=True, lookup=False)):
-        assert not sides.lookup_on_repetition(moving_on[1])
+        assert not moving_on[1].stats.lookup_on_repetition
         assert "repeat" not in view.speedup_text(*moving_on).plain + view.summary(*moving_on, temp=0).plain

@@ -240,6 +240,7 @@ def test_cli_race_on_rank_0_only(factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # timed against the wall clock: the survivor ends within 30 s
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_dead_rank_stops_the_other_with_one_clear_line(factory, victim):
     """Kill one rank mid-generation (SIGKILL: no goodbye): the other ends within seconds, and

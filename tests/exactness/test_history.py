@@ -1,4 +1,4 @@
-"""Drafting from history (drafters/history.py) through the engine, sessions and the real
+"""Drafting from history (drafters/history/) through the engine, sessions and the real
 server: greedy ids identical with the index on and off across multi-request replays, beside
 a draft model and with trees; a server's index bounded, one API key's history never drafting
 for another (asserted on the rounds each request's proposals came from), and a damaged

@@ -104,6 +104,7 @@ def run_folder(factory, tmp_path_factory):
     return work / "run", fuzz.run_shape(work / "run", target)
 
 
+@pytest.mark.alone  # timed against the wall clock: each read of a damaged file within 10 s
 @pytest.mark.parametrize("kind", list(fuzz.RUN_FILES))
 def test_fuzzed_run_files_are_read_sound_or_refused_in_one_line(run_folder, kind):
     run, shape = run_folder

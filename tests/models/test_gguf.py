@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -98,9 +99,9 @@ def test_an_import_is_reused_while_the_file_is_unchanged(factory, tmp_path, cach
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     assert import_gguf(gguf, dtype="float32") == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
-    write_gguf(factory.pair("qwen2")[0], gguf)  # the file changed: import again
-    import_gguf(gguf, dtype="float32")
-    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2"
+    write_gguf(factory.pair("qwen2")[0], gguf)  # the file changed: its new content's import
+    changed = import_gguf(gguf, dtype="float32")
+    assert json.loads((changed / "config.json").read_text())["model_type"] == "qwen2"
 
 
 def test_bad_files_get_one_clear_line(factory, tmp_path, cache_dir):
@@ -198,6 +199,34 @@ def test_cli_imports_a_gguf_given_as_target(factory, tmp_path, cache_dir):
         env=env,
     )
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "no GGUF file" in run.stderr
+
+
+def test_the_same_file_under_another_name_finds_its_import(factory, tmp_path):
+    """An import is keyed by its source's content: `models import` of a copy under another
+    name prints the folder already made, converts nothing and keeps one folder; a file of
+    other content under the copy's name gets its own import."""
+    first = write_gguf(factory.pair("llama")[0], tmp_path / "SmolThing.Q8.gguf")
+    env = {**__import__("os").environ, "MLXSPEC_CACHE": str(tmp_path / "cache")}
+
+    def imported(path: Path) -> Path:
+        done = subprocess.run(
+            [sys.executable, "-m", "mlxspec", "models", "import", str(path), "--dtype", "float32"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        return Path(done.stdout.strip())
+
+    folder = imported(first)
+    written = (folder / "model.safetensors").stat().st_mtime_ns
+    copy = shutil.copy(first, tmp_path / "smol-thing-q8-downloaded-again.gguf")
+    assert imported(copy) == folder and (folder / "model.safetensors").stat().st_mtime_ns == written
+    assert imported(first) == folder  # the first name is still known, unhashed
+    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == [folder.name]
+    (tmp_path / "other").mkdir()
+    other = write_gguf(factory.pair("qwen3")[0], tmp_path / "other" / "smol-thing-q8-downloaded-again.gguf")
+    assert imported(other) != folder
 
 
 def test_a_truncated_file_through_the_cli_is_one_line(factory, tmp_path):

@@ -241,3 +241,62 @@ def test_a_target_alone_is_told_the_preset_that_holds_it(tmp_path, monkeypatch, 
     code, _, err = run(capsys, "generate", "def f(", "-t", str(target), "-m", "2")
     assert code == 0, err
     assert "on this machine: --pair fellback;" in err and str(draft) not in err
+
+
+def test_models_says_which_presets_take_tools(monkeypatch, capsys):
+    """`tools` in `mlxspec models`: the presets whose template has a tool-call format, the only
+    ones `serve` takes `tools` with (smollm2's answers them with a 400)."""
+    monkeypatch.setenv("MLXSPEC_MODELS", "/no/such/models.toml")
+    rows = {row["name"]: row for row in json.loads(run(capsys, "models", "--json")[1])}
+    assert rows["qwen3-8b"]["tools"] is True and rows["qwen2.5-32b"]["tools"] is True
+    assert not any(rows[name]["tools"] for name in ("tiny", "smollm2", "smollm2-draft", "gemma3-270m", "llama3.1-8b"))
+    monkeypatch.setenv("COLUMNS", "200")
+    table = run(capsys, "models")[1]
+    header = next(line for line in table.splitlines() if "name" in line and "target" in line)
+    assert "tools" in header
+    monkeypatch.setenv("COLUMNS", "80")
+    listing = run(capsys, "models")[1].splitlines()
+    assert "takes tools" in next(line for line in listing if line.startswith("qwen3-8b "))
+    assert "takes tools" not in next(line for line in listing if line.startswith("smollm2 "))
+
+
+REAL = {"smollm2": "SMOLLM2", "gemma3-270m": "GEMMA3"}  # presets whose target the tests import (registry)
+
+
+@pytest.mark.parametrize("name", ["tiny", *(pytest.param(name, marks=pytest.mark.slow) for name in REAL)])
+def test_a_presets_tools_is_what_its_tokenizer_reads(name):
+    """A preset's `tools` against its real tokenizer, where this machine has it: the bundled
+    pair's, and smollm2's and gemma3-270m's registry imports (the others' repos cannot be
+    reached from here)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxspec.folder_code import TOKENIZER_OPTIONS
+    from mlxspec.tool_calls import tool_format
+
+    preset = presets.find_preset(name)
+    if name in REAL:
+        from tests.support import real_models
+
+        folder = real_models.folder(getattr(real_models, REAL[name]))
+    else:
+        folder = Path(preset.target)
+    tokenizer = load_tokenizer(folder, tokenizer_config_extra=dict(TOKENIZER_OPTIONS))
+    assert preset.tools == (tool_format(tokenizer) is not None)
+
+
+def serve_section_of_the_readme() -> str:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    return readme[readme.index("**serve**") : readme.index("**models**")]
+
+
+def test_the_readmes_serve_section_names_tools_only_with_presets_that_take_them():
+    """The README's serve section says which presets take tool calls, and each it names beside
+    them does (its example server, smollm2, does not)."""
+    found = presets.load_presets()
+    beside_tools = [
+        re.findall(r"--pair ([\w.-]+)", paragraph)
+        for paragraph in serve_section_of_the_readme().split("\n\n")
+        if "tool" in paragraph.lower()
+    ]
+    named = [name for names in beside_tools for name in names]
+    assert named and all(found[name].tools for name in named), named

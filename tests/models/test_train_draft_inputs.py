@@ -59,18 +59,21 @@ OUT_OF_RANGE = [
     (["--steps", 100000], "--steps"),
     (["--draft-vocab", 1], "--draft-vocab"),
     (["--single-step-share", "nan"], "--single-step-share"),
+    (["--corpus-tokens", 0], "--corpus-tokens"),
+    (["--max-disk", 0], "--max-disk"),
+    (["--max-disk", "lots"], "lots"),
 ]
 
 
 @pytest.mark.parametrize("flags, option", OUT_OF_RANGE, ids=[" ".join(map(str, f)) for f, _ in OUT_OF_RANGE])
 def test_every_numeric_option_is_checked_before_any_work(flags, option, target, tmp_path):
     """Bundled prompts (6000) and no --prompts: an option that slipped through would run
-    for minutes (--batch 0 and --minutes nan forever); the timeout catches it."""
-    started = time.perf_counter()
-    done = _run("--target", target, "--out", tmp_path / "run", "--minutes", 0.05, *flags, timeout=30)
+    for minutes (--batch 0 and --minutes nan forever); the timeout catches it. No work is
+    done: no run folder (what a run makes first), whatever the machine's load."""
+    done = _run("--target", target, "--out", tmp_path / "run", "--minutes", 0.05, *flags, timeout=120)
     assert done.returncode == 2, done.stderr
     assert option in one_line(done)
-    assert time.perf_counter() - started < 10 and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def _run(*args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -91,16 +94,16 @@ def test_files_and_the_target_are_refused_before_a_run_folder_is_made(target, tm
         (["--target", "bundled:no-such-model"], "no model folder"),
     ]
     for flags, said in cases:
-        started = time.perf_counter()
-        done = _run(*flags, "--out", tmp_path / "run", "--minutes", 0.1, timeout=30)
+        done = _run(*flags, "--out", tmp_path / "run", "--minutes", 0.1, timeout=120)
         line = one_line(done)
         assert done.returncode == 1 and said in line and "Repo id" not in line, (flags, line)
-        assert time.perf_counter() - started < 10 and not (tmp_path / "run").exists(), flags
+        assert not (tmp_path / "run").exists(), flags  # refused before a run folder: no work
         # the folder a refused run leaves (none) takes a new run: the re-run is refused alike, not "exists"
-        assert said in one_line(_run(*flags, "--out", tmp_path / "run", "--minutes", 0.1, timeout=30))
+        assert said in one_line(_run(*flags, "--out", tmp_path / "run", "--minutes", 0.1, timeout=120))
 
 
 # --- budgets ------------------------------------------------------------------------------------------
+@pytest.mark.alone  # timed against the wall clock: the budget is in seconds
 def test_a_budget_bounds_every_phase(target, tmp_path):
     """Answers of up to 800 tokens (a shard of them takes ~20 s here) under a 3 s answer
     budget in an 18 s run: the run ends in its time, the answers in theirs, and training
@@ -120,6 +123,7 @@ def test_a_budget_bounds_every_phase(target, tmp_path):
     assert trained > 6, trained
 
 
+@pytest.mark.alone  # timed against the wall clock: Ctrl-C after seconds, heard within seconds
 def test_time_cut_off_by_ctrl_c_is_not_charged(target, tmp_path):
     """Ctrl-C in the answers, then in training, then --resume to the end: the time kept
     (answers in shards, training up to the last whole step) adds up to the budget, and
@@ -152,6 +156,7 @@ def _interrupt(args: list, *, after: float, within: float = 5) -> None:
     assert "Traceback" not in rest and "internal error" not in rest
 
 
+@pytest.mark.alone  # timed against the wall clock: Ctrl-C heard within 3 s
 def test_ctrl_c_is_heard_within_seconds_on_a_slow_target(factory, tmp_path):
     """A target this CPU reads at a few hundred ids a second (25M parameters) and prompts of
     some 330 ids: a step of answers read 16 prompts at once (~10 s here; SmolLM2 made Ctrl-C

@@ -7,6 +7,7 @@ markup (test_tool_calls.py's fixtures)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import anthropic
@@ -21,6 +22,7 @@ from tests.server.test_server import KEY, TIMEOUT, chat_ids, health, running_ser
 from tests.server.test_tool_calls import (  # noqa: F401 (fixtures)
     AFTER_CALL,
     ANSWER,
+    HUGE,
     MAX_TOKENS,
     PARIS,
     ROME,
@@ -243,6 +245,7 @@ def test_the_server_keeps_serving_after_refusals(served, client, pair):
     assert text_of(ask(client, USER, max_tokens=12)) == standard(pair, chat_ids(pair, USER), 12).text
 
 
+@pytest.mark.alone  # timed against the wall clock: generation stops within 5 s of the client leaving
 def test_a_client_that_leaves_mid_stream_leaves_the_server_serving(served, client, pair):
     url = served[0]
     messages = [{"role": "user", "content": "def long_function():"}]
@@ -313,6 +316,22 @@ def test_a_call_comes_back_as_tool_use(qwen3_served, qwen3):  # noqa: F811
     assert prompt_tokens(message.usage) == len(server_ids(qwen3[1].tokenizer, PARIS))
     assert message.usage.model_extra["speculative"]["accepted"] > 0  # prompt lookup drafted from the tools
     assert "tools 1 (auto)" in log.read_text()  # the console line says tools were in force
+
+
+def test_a_call_with_a_number_past_a_double_s_range_comes_back_whole(qwen3_served):
+    """`1e999` parses as infinity, which JSON cannot carry: this route answered 500 and the
+    chat route sent `{"city": Infinity}`. Both send the largest double, whole and streamed."""
+    client, _ = qwen3_served
+    url = str(client.base_url).rstrip("/")
+    largest = {"city": sys.float_info.max}
+    message = ask_tools(client, HUGE)
+    assert message.stop_reason == "tool_use" and message.content[0].input == largest
+    with client.messages.stream(model="m", messages=HUGE, tools=ANTHROPIC_TOOLS, max_tokens=MAX_TOKENS) as stream:
+        assert stream.get_final_message().content[0].input == largest
+    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    reply = chat.chat.completions.create(model="m", messages=HUGE, tools=TOOLS, temperature=0, max_tokens=MAX_TOKENS)
+    arguments = reply.choices[0].message.tool_calls[0].function.arguments
+    assert json.loads(arguments, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == largest
 
 
 def test_a_streamed_call_comes_as_input_json_delta(qwen3_served):

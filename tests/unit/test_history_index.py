@@ -1,13 +1,17 @@
-"""The suffix index over history (mlxspec/drafters/history.py, issue 32): its longest match
+"""The suffix index over history (mlxspec/drafters/history/, issue 32): its longest match
 against a brute-force search, the counts and probabilities of its tries, the budget set by
 the match length, eviction, memory, namespaces, files on disk and their damage, determinism.
 Plain Python and numpy: no model, no MLX."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 import tracemalloc
 from collections import Counter
 
@@ -26,6 +30,7 @@ from mlxspec.drafters.history import (
     namespace_of,
     read_documents,
 )
+from mlxspec.drafters.history.files import within
 from mlxspec.errors import DamagedHistory
 
 EVERYTHING = Speculation(factor=1000, min_prob=0.0)  # no budget or probability cut: the whole trie
@@ -312,7 +317,7 @@ def test_a_resent_conversation_adds_only_its_new_turns():
 
 def test_one_namespace_never_drafts_from_another():
     store = HistoryStore(limit_tokens=10_000)
-    alice, bob = namespace_of("sk-alice"), namespace_of("sk-bob")
+    alice, bob = store.namespace_of("sk-alice"), store.namespace_of("sk-bob")
     assert alice != bob and "alice" not in alice
     answered(store.drafter(alice), PROMPT, SECRET)
     with store.drafter(bob).begin(PROMPT) as drafter:
@@ -461,7 +466,7 @@ def test_a_foreign_or_altered_file_is_refused(saved, change, reason):
 def test_a_resealed_file_with_bad_ids_is_refused(saved):
     """A consistent file (its digest matches) with ids no tokenizer has: still refused."""
     lengths, tokens = np.array([3], "<i8"), np.array([1, -5, 2], "<i4")
-    from mlxspec.drafters.history import _digest
+    from mlxspec.drafters.history.files import digest as _digest
 
     rewrite(saved, header={"format": FORMAT, "sha256": _digest(lengths, tokens)}, lengths=lengths, tokens=tokens)
     with pytest.raises(DamagedHistory, match="out of range"):
@@ -512,3 +517,58 @@ def test_history_imports_without_mlx():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# --- hostile paths and names (issue 39) ---------------------------------------------------
+def test_a_keys_namespace_is_a_keyed_digest_and_its_secret_is_kept(tmp_path):
+    assert namespace_of("sk-alice", secret=b"a" * 32) != namespace_of("sk-alice", secret=b"b" * 32)
+    plain = "key-" + hashlib.sha256(b"sk-alice").hexdigest()[:32]
+    assert HistoryStore().namespace_of("sk-alice") not in (plain, HistoryStore().namespace_of("sk-alice"))
+    kept = HistoryStore(folder=tmp_path / "h").namespace_of("sk-alice")
+    assert kept == HistoryStore(folder=tmp_path / "h").namespace_of("sk-alice") != plain  # the same secret, read back
+    assert (tmp_path / "h" / "key-secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_describe_never_waits_on_the_lock_the_worker_holds():
+    """/health reads describe() on the event loop: it must answer while the worker holds the
+    store's lock (drafting, adding, or reading a file)."""
+    store = HistoryStore(limit_tokens=256)
+    store.index("team").add([1, 2, 3])
+    described = []
+    with store._lock:
+        reader = threading.Thread(target=lambda: described.append(store.describe("team")), daemon=True)
+        reader.start()
+        reader.join(timeout=5)
+    assert described and described[0]["documents"] == 1
+
+
+@pytest.mark.alone  # timed against the wall clock: refused within 5 s, abandoned within 2 s
+def test_a_fifo_is_refused_without_blocking_and_a_slow_read_is_abandoned(tmp_path):
+    fifo = tmp_path / "team.npz"
+    os.mkfifo(fifo)
+    warnings = []
+    started = time.monotonic()
+    store = HistoryStore(limit_tokens=256, folder=tmp_path, warn=warnings.append)
+    assert store.index("team").documents == 0 and time.monotonic() - started < 5
+    assert len(warnings) == 1 and "not a regular file" in warnings[0]
+    hung = threading.Event()  # a read that never returns, as on a mount that stopped answering
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer within 0.2 s"):
+        within(0.2, hung.wait, what="a hung file")
+    assert time.monotonic() - started < 2
+
+
+def test_a_namespace_that_cannot_be_saved_leaves_the_others_saved(tmp_path):
+    tmp_path.chmod(0o755)
+    folder = tmp_path / "cache" / "history"
+    warnings = []
+    store = HistoryStore(limit_tokens=256, folder=folder, warn=warnings.append)
+    for name in ("a", "b", "c"):
+        answered(store.drafter(name), [1, 2, 3], [4, 5])
+    folder.mkdir(parents=True)
+    (folder / "a.npz").mkdir()
+    store.save()
+    assert [p.name for p in sorted(folder.iterdir())] == ["a.npz", "b.npz", "c.npz"]  # no .partial left
+    assert len(warnings) == 1 and "a.npz: the history could not be saved" in warnings[0]
+    assert (folder / "b.npz").stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
+    assert tmp_path.stat().st_mode & 0o777 == 0o755  # a folder above that was there already is left as it was

@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp, LM Studio, Ollama) in, mlx-lm model folders out.
 
 `import_gguf` converts once and keeps the folder: by default in mlxspec's cache, named
-after the file and the dtype, and reused while the file is unchanged. The folder is an
+after the file and the dtype, and reused for the same content under any name (keyed by its
+size and sha256; a file already recorded by path, size and time is not hashed again). The folder is an
 ordinary mlx-lm model (config.json, model*.safetensors, tokenizer.json), written under a
 temporary name and renamed when complete, so an interrupted conversion leaves nothing that
 looks finished. gguf-py (llama.cpp's own package) reads the file; see `tensors` for how
@@ -35,6 +36,7 @@ __all__ = [
     "GGUFError",
     "UnsupportedGGUF",
     "default_dtype",
+    "find_import",
     "import_gguf",
     "imported_folder",
     "is_current",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int, str], None]  # (done, total, what): bytes of tensors converted
+Hashing = Callable[[int, int], None]  # (done, total): bytes of a source read for its sha256
+HASH_SHOWN_FROM = 1 << 29  # a source this big shows its hashing (about a second or two per GiB)
+MAX_COPIES = 8  # the other names of an import's source its record keeps
 
 
 class GGUFError(ModelLoadError):
@@ -69,17 +74,75 @@ def default_dtype() -> str:
     return "float32" if mx.default_device() == mx.cpu else "bfloat16"
 
 
-def imported_folder(path: str | Path, dtype: str = "auto") -> Path:
-    """Where `import_gguf(path, dtype=dtype)` writes by default."""
+def imported_folder(path: str | Path, dtype: str = "auto", *, on_hash: Hashing | None = None) -> Path:
+    """Where `import_gguf(path, dtype=dtype)` keeps its import: the cache's folder that holds
+    this file's content as `dtype` (`find_import`), else one named after the file and dtype."""
     path = Path(path).expanduser().resolve()
     dtype = default_dtype() if dtype == "auto" else dtype
+    return find_import(path, dtype, on_hash=on_hash) or _named_folder(path, dtype)
+
+
+def _named_folder(path: Path, dtype: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-") or "model"
     return cache_root() / "models" / f"{stem}-{dtype}"
+
+
+def find_import(path: Path, dtype: str, *, on_hash: Hashing | None = None) -> Path | None:
+    """The folder in mlxspec's cache holding the import of this file's content as `dtype`,
+    keyed by the content: a record that names this file as it is now (path, size, time), else
+    one made from a file of the same size and sha256 (a copy under another name, a registry
+    package's GGUF), which then names this file too. The file is hashed only when a record of
+    its size exists (`on_hash(done, total)` for a big one); None when no folder holds it."""
+    key = _source_key(path)
+    named = _named_folder(path, dtype)
+    models = cache_root() / "models"
+    others = sorted(f for f in models.iterdir() if f != named) if models.is_dir() else []
+    candidates = []
+    for folder in [named, *others]:
+        manifest = read_manifest(folder)
+        if not manifest or manifest.get("dtype") != dtype:
+            continue
+        if _names(manifest, key):
+            return folder
+        if manifest.get("size") == key["size"] and manifest.get("source_sha256"):
+            candidates.append((folder, manifest))
+    for folder, manifest in candidates:
+        if _source_sha256(key, on_hash) == manifest["source_sha256"]:
+            _remember(folder, manifest, key)
+            return folder
+    return None
 
 
 def _source_key(path: Path) -> dict:
     stat = path.stat()
     return {"source": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+_digests: dict[tuple, str] = {}  # this process's sha256 of each source as it was (path, size, time)
+
+
+def _source_sha256(key: dict, on_hash: Hashing | None = None) -> str:
+    """The source's sha256, read once per process while it is unchanged; a big file's reading
+    shown through `on_hash`."""
+    memo = (key["source"], key["size"], key["mtime_ns"])
+    if memo not in _digests:
+        shown = on_hash if on_hash and key["size"] >= HASH_SHOWN_FROM else None
+        _digests[memo] = sha256(Path(key["source"]), shown)
+    return _digests[memo]
+
+
+def _names(manifest: dict, key: dict) -> bool:
+    """The record names this source as it is now: as its own, or among the copies found by
+    their sha256."""
+    return key == {k: manifest.get(k) for k in key} or key in manifest.get("copies", [])
+
+
+def _remember(folder: Path, manifest: dict, key: dict) -> None:
+    """The record names `key` as its source from now on (what `verify` hashes), the source it
+    named before kept among its copies, so that either is found without hashing."""
+    before = {k: manifest.get(k) for k in key}
+    copies = [c for c in [*manifest.get("copies", []), before] if isinstance(c, dict) and c != key]
+    write_manifest(folder, {**manifest, **key, "copies": copies[-MAX_COPIES:]})
 
 
 def is_current(folder: Path, path: str | Path, dtype: str) -> bool:
@@ -88,18 +151,17 @@ def is_current(folder: Path, path: str | Path, dtype: str) -> bool:
     return _matches(folder, _source_key(Path(path).expanduser().resolve()), dtype)
 
 
-def _matches(folder: Path, key: dict, dtype: str) -> bool:
-    """The folder holds this source's import as `dtype`: the same file (path, size, time), or
-    one of the same size and sha256 (a registry wheel fetched again, a copy), which the
-    record then names so the next check is quick."""
+def _matches(folder: Path, key: dict, dtype: str, on_hash: Hashing | None = None) -> bool:
+    """The folder holds this source's import as `dtype`: the file its record names (path, size,
+    time), or one of the same size and sha256, which the record then names too."""
     manifest = read_manifest(folder)
     if not manifest or manifest.get("dtype") != dtype:
         return False
-    if all(manifest.get(k) == v for k, v in key.items()):
+    if _names(manifest, key):
         return True
-    if manifest.get("size") != key["size"] or sha256(Path(key["source"])) != manifest.get("source_sha256"):
+    if manifest.get("size") != key["size"] or _source_sha256(key, on_hash) != manifest.get("source_sha256"):
         return False
-    write_manifest(folder, {**manifest, **key})
+    _remember(folder, manifest, key)
     return True
 
 
@@ -109,10 +171,12 @@ def import_gguf(
     dtype: str = "auto",
     out: str | Path | None = None,
     on_progress: Progress | None = None,
+    on_hash: Hashing | None = None,
     force: bool = False,
 ) -> Path:
     """Convert a GGUF file into an mlx-lm folder and return the folder. With `out` None,
-    mlxspec's cache (`imported_folder`), reused while the file is unchanged."""
+    mlxspec's cache (`imported_folder`): the import of the same content, under any name, is
+    reused. `on_hash(done, total)` shows a big file's sha256 being read."""
     path = Path(path).expanduser()
     if dtype not in DTYPES:
         raise InvalidOption(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -120,9 +184,9 @@ def import_gguf(
     if not path.is_file():
         raise GGUFError(f"no GGUF file at {path}")
     source = path.resolve()
-    folder = Path(out).expanduser() if out else imported_folder(source, dtype)
+    folder = Path(out).expanduser() if out else imported_folder(source, dtype, on_hash=on_hash)
     key = _source_key(source)
-    if not force and _matches(folder, key, dtype):
+    if not force and _matches(folder, key, dtype, on_hash):
         return folder
     reader = _open(source)
     meta = _metadata(reader)
@@ -157,7 +221,7 @@ def import_gguf(
         (partial / "tokenizer_config.json").write_text(
             json.dumps(tokenizer.config, indent=2, ensure_ascii=False) + "\n"
         )
-        record = {**key, "dtype": dtype, "architecture": arch.name, "source_sha256": sha256(source)}
+        record = {**key, "dtype": dtype, "architecture": arch.name, "source_sha256": _source_sha256(key, on_hash)}
         record["weights"] = weight_record(partial)  # stamps survive the rename below
         (partial / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
         shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import ModelLoadError
@@ -21,11 +22,15 @@ class DamagedWeights(ModelLoadError):
     """An imported folder whose weights are not the ones its import wrote."""
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def sha256(path: Path, on_progress: Callable[[int, int], None] | None = None) -> str:
+    """The file's sha256, read in chunks; `on_progress(done, total)` in bytes after each."""
+    digest, done, total = hashlib.sha256(), 0, Path(path).stat().st_size if on_progress else 0
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
             digest.update(block)
+            if on_progress:
+                done += len(block)
+                on_progress(done, total)
     return digest.hexdigest()
 
 
