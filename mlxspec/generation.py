@@ -7,7 +7,9 @@ models' caches between calls (chat): each call reads only what the cache does no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import operator
 import secrets
 import weakref
 from collections.abc import Iterator, Sequence
@@ -29,7 +31,7 @@ from .drafting.policy import TREE_EXTRA_DEPTH
 from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
 from .models.pairs import Pair, fit_context
-from .options import Auto, Options
+from .options import Auto, Options, label
 from .stats import Stats, repeated_tokens
 from .text import StopFilter, TextStream, check_text
 
@@ -136,11 +138,19 @@ def encode_prompt(
     """Token ids for a prompt: ids pass through; text goes through the chat template unless
     `raw` or the tokenizer has none."""
     if not isinstance(prompt, str):
-        return [int(t) for t in prompt]
+        return [token_id(t, where=f"prompt[{i}]") for i, t in enumerate(prompt)]
     if not raw and pair.templated:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return apply_template(pair.tokenizer, messages, think=think)
     return list(pair.tokenizer.encode(prompt))
+
+
+def token_id(value, *, where: str) -> int:
+    """An id as given (an int, a numpy integer); a float or a bool is refused, never truncated."""
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)
+    raise InvalidOption(f"token ids are whole numbers: {where} is {value!r}")
 
 
 def apply_template(
@@ -271,7 +281,7 @@ def _stream(
     policy = drafting_policy(pair, session, options, ids, namespace=namespace)
     grammar = grammar_for(pair, options)
 
-    stats = Stats(gamma=_gamma_label(options.gamma), seed=seed)
+    stats = Stats(gamma=label(options.gamma), seed=seed)
     if policy is not None and isinstance(options.tree, int) and options.tree:
         stats.chains_only = policy.why_chains
     text = TextStream(pair.tokenizer, ids[-4:])
@@ -325,10 +335,6 @@ def grammar_for(pair: Pair, options: Options) -> Matcher | None:
     if options.grammar is None:
         return None
     return matcher_for(options.grammar, pair.tokenizer, width=pair.target.width, eos_ids=pair.eos_ids)
-
-
-def _gamma_label(gamma) -> int | str:
-    return gamma if isinstance(gamma, int) else "auto"
 
 
 def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopFilter) -> tuple[Round, str | None]:

@@ -219,7 +219,7 @@ def _pointer(root, ref: str):
         part = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):  # not "²"
             node = node[int(part)]
         else:
             return None

@@ -16,6 +16,18 @@ from .errors import InvalidOption
 from .grammar import GrammarSpec
 
 SEED_LIMIT = 2**64  # MLX's random keys take an unsigned 64-bit seed
+# The most a request or a command may ask for, where a bigger value stops paying and only
+# holds the machine (issue 39: γ 1500 with a tree of 50,000 kept a server busy for minutes):
+# - γ: eight times the longest `--gamma auto` drafts (ControllerConfig.max_gamma, 8); a
+#   chain's 64th proposal is reached in α^64 of rounds (0.1% at α 0.9, 4% at 0.95), and
+#   each proposal costs a draft step and a verified id whether it is reached or not.
+# - tree: eight times what `--tree auto` verifies (TREE_AUTO_MAX, 32) and four times
+#   EAGLE-2's 60 on a GPU; a tree's yield grows with the log of its size, its verify with
+#   the size, and every curve in docs/trees.md favours trees of 8 to 32 nodes.
+MOST_GAMMA = 64
+MOST_TREE = 256
+GAMMA_WHY = "longer chains only cost time (a 64th proposal is reached in 0.1% of rounds at α 0.9)"
+TREE_WHY = "bigger trees cost more to verify than their extra branches bring (auto verifies at most 32)"
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,7 @@ class Options:
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidOption(f"max tokens must be a whole number >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.gamma, Auto) and (
-            isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 0
-        ):
-            raise InvalidOption(f"gamma (draft length) must be a whole number >= 0 or 'auto', got {self.gamma!r}")
+        object.__setattr__(self, "gamma", parse_gamma(self.gamma))
         if not isinstance(self.draft_min_p, Auto) and not (
             isinstance(self.draft_min_p, (int, float))
             and not isinstance(self.draft_min_p, bool)
@@ -70,10 +79,7 @@ class Options:
             raise InvalidOption("a stop text is empty: give the text to stop at")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidOption("sampling must be SamplingParams")
-        if not isinstance(self.tree, Auto) and (
-            isinstance(self.tree, bool) or not isinstance(self.tree, int) or self.tree < 0
-        ):
-            raise InvalidOption(f"tree (nodes per round) must be a whole number >= 0 or 'auto', got {self.tree!r}")
+        object.__setattr__(self, "tree", parse_tree(self.tree))
         if not isinstance(self.history, bool):
             raise InvalidOption(f"history is on (True) or off (False), got {self.history!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
@@ -110,7 +116,7 @@ class Options:
             )
         return cls(
             max_tokens=max_tokens,
-            gamma=parse_gamma(gamma),
+            gamma=gamma,
             sampling=SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p),
             seed=seed,
             stop=tuple(stop or ()),
@@ -120,7 +126,7 @@ class Options:
             system=system,
             think=think,
             grammar=grammar,
-            tree=parse_tree(tree),
+            tree=tree,
             history=history,
         )
 
@@ -129,10 +135,6 @@ class Options:
         sampling = {k: changes.pop(k) for k in ("temp", "top_p", "top_k", "min_p") if k in changes}
         if sampling:
             changes["sampling"] = dataclasses.replace(self.sampling, **sampling)
-        if "gamma" in changes:
-            changes["gamma"] = parse_gamma(changes["gamma"])
-        if "tree" in changes:
-            changes["tree"] = parse_tree(changes["tree"])
         if "draft_min_p" in changes:
             changes["draft_min_p"] = parse_draft_min_p(changes["draft_min_p"])
         if "stop" in changes:
@@ -146,13 +148,13 @@ class Options:
     def to_dict(self) -> dict:
         return {
             "max_tokens": self.max_tokens,
-            "gamma": _label(self.gamma),
+            "gamma": label(self.gamma),
             **dataclasses.asdict(self.sampling),
             "seed": self.seed,
             "stop": list(self.stop),
             "ngram": self.ngram,
-            "draft_min_p": _label(self.draft_min_p),
-            "tree": _label(self.tree),
+            "draft_min_p": label(self.draft_min_p),
+            "tree": label(self.tree),
             "history": self.history,
             "raw": self.raw,
             "system": self.system,
@@ -161,30 +163,45 @@ class Options:
         }
 
 
-def _label(value) -> int | float | str:
+def label(value) -> int | float | str:
+    """A setting as reports name it: "auto", or its value."""
     return "auto" if isinstance(value, Auto) else value
 
 
 def parse_gamma(value) -> int | Auto:
-    """A draft length: a whole number >= 0, or "auto"."""
-    if isinstance(value, Auto) or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return AUTO
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidOption(f"gamma (draft length) must be a whole number >= 0 or 'auto', got {value!r}")
-    return value
+    """A draft length: a whole number from 0 (standard decoding) to MOST_GAMMA, or "auto"."""
+    return parse_count(value, what="gamma (draft length)", most=MOST_GAMMA, why=GAMMA_WHY)
 
 
 def parse_tree(value) -> int | Auto:
-    """Tree nodes per round: a whole number >= 0 (0: chains), or "auto"."""
-    if isinstance(value, Auto) or (isinstance(value, str) and value.strip().lower() == "auto"):
+    """Tree nodes per round: a whole number from 0 (chains) to MOST_TREE, or "auto"."""
+    return parse_count(value, what="tree (nodes per round)", most=MOST_TREE, why=TREE_WHY)
+
+
+def parse_count(value, *, what: str, most: int, why: str) -> int | Auto:
+    """A count as a person types it ("4", " auto ") or as a value (4, AUTO): a whole number
+    from 0 to `most`, or "auto". Text counts in ASCII digits alone: `str.isdigit` also takes
+    "²" (which `int` refuses) and `int` takes "١٢" (12), neither of which anyone means."""
+    given = value
+    if isinstance(value, str):
+        word = value.strip()
+        if word.lower() == "auto":
+            return AUTO
+        if word.isascii() and word.isdigit():
+            # more digits than `most` has is too many, however many (int() refuses past 4300)
+            value = int(word) if len(word.lstrip("0")) <= len(str(most)) else most + 1
+    if isinstance(value, Auto):
         return AUTO
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidOption(f"tree (nodes per round) must be a whole number >= 0 or 'auto', got {value!r}")
+        raise InvalidOption(f"{what} must be a whole number from 0 to {most} or 'auto', got {value!r}")
+    if value > most:
+        raise InvalidOption(f"{what} must be at most {most}, got {_shown(given)}: {why}")
     return value
+
+
+def _shown(value) -> str:
+    text = str(value).strip()
+    return text if len(text) <= 24 else f"{text[:20]}… ({len(text)} digits)"
 
 
 def parse_draft_min_p(value) -> float | Auto:

@@ -13,19 +13,18 @@ from .common import err, load, wide_console, writable, write_text
 from .options import Models, model_options
 
 
-def _gamma_value(text: str):
-    text = text.strip().lower()
-    return text if text == "auto" else int(text)
-
-
 def _number_list(text: str, kind, name: str) -> list:
+    """Comma-separated values, each read by `kind` (an InvalidOption or a ValueError refuses
+    it); an empty item is a slip ("0,,8"), not a value to skip."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise InvalidOption(f"{name} is empty: give a comma-separated list, e.g. 2,4,6")
+    if not all(parts):
+        raise InvalidOption(f"{name} has an empty item in {text!r}: give a comma-separated list, e.g. 2,4,6")
     try:
-        values = [kind(part) for part in text.split(",") if part.strip()]
+        return [kind(part) for part in parts]
     except ValueError:
         raise InvalidOption(f"{name} takes a comma-separated list, e.g. 2,4,6; got {text!r}") from None
-    if not values:
-        raise InvalidOption(f"{name} is empty")
-    return values
 
 
 DEFAULT_GAMMAS = "auto,2,4,6"
@@ -41,7 +40,7 @@ def bench(
             "--gamma",
             "-g",
             metavar="LIST",
-            help=f"Draft lengths to sweep, e.g. 1,2,3,4,6,8 or auto,2,4. Default: {DEFAULT_GAMMAS} (--quick: "
+            help=f"Draft lengths to sweep (1 to 64), e.g. 1,2,3,4,6,8 or auto,2,4. Default: {DEFAULT_GAMMAS} (--quick: "
             "auto and the pair's recommended length, a preset's γ or 4).",
             show_default=False,
         ),
@@ -51,7 +50,8 @@ def bench(
         typer.Option(
             "--tree",
             metavar="LIST",
-            help="Tree sizes to sweep beside each γ, e.g. 0,8,16,auto (0: chains). Default: auto, as generate drafts.",
+            help="Tree sizes to sweep beside each γ (0 to 256), e.g. 0,8,16,auto (0: chains). "
+            "Default: auto, as generate drafts.",
             show_default=False,
         ),
     ] = None,
@@ -131,9 +131,9 @@ def bench(
 
     config = BenchConfig(
         prompts=suites.load_jsonl(prompts) if prompts else suites.suite(quick),
-        gammas=_number_list(gamma or ("auto" if quick else DEFAULT_GAMMAS), _gamma_value, "--gamma"),
-        temps=_number_list(temp or ("0" if quick else "0,1"), float, "--temp"),
-        trees=_number_list(tree or "auto", _gamma_value, "--tree"),
+        gammas=_number_list(_given(gamma, "auto" if quick else DEFAULT_GAMMAS), str, "--gamma"),
+        temps=_number_list(_given(temp, "0" if quick else "0,1"), float, "--temp"),
+        trees=_number_list(_given(tree, "auto"), str, "--tree"),
         max_tokens=max_tokens if max_tokens is not None else (64 if quick else 128),
         repeats=repeats if repeats is not None else (1 if quick else 3),
         peers=not no_peers,
@@ -142,8 +142,6 @@ def bench(
     )
     if any(g != "auto" and g < 1 for g in config.gammas):
         raise InvalidOption("--gamma values must be >= 1 or auto (standard decoding is always measured)")
-    if any(t != "auto" and t < 0 for t in config.trees):
-        raise InvalidOption("--tree values must be >= 0 or auto (0: chains)")
     if config.repeats < 1 or config.max_tokens < 1:
         raise InvalidOption("--repeats and --max-tokens must be >= 1")
     for t in config.temps:
@@ -170,6 +168,11 @@ def bench(
     else:
         console = wide_console()
         console.print(view.render(report, console.width))
+
+
+def _given(text: str | None, default: str) -> str:
+    """An option's text, or its default where it was left out (not where it is empty)."""
+    return default if text is None else text
 
 
 def _require_matplotlib() -> None:

@@ -158,8 +158,8 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             "-g",
             metavar="N|auto",
             help=(
-                "Draft tokens per round; 0 is standard decoding. Default 'auto': each round's is chosen from "
-                "what the run measures, plain decoding included."
+                "Draft tokens per round, 0 to 64; 0 is standard decoding. Default 'auto': each round's is chosen "
+                "from what the run measures, plain decoding included."
             ),
             show_default=False,
         ),
@@ -171,9 +171,9 @@ DECODING_OPTIONS: dict[str, tuple[Any, Any, Any]] = {
             "--tree",
             metavar="N|auto",
             help=(
-                "Verify a tree of proposals each round, at most N nodes ('auto': as many as pay on this machine, "
-                "round by round, from a head or prompt lookup at any temperature; chains beside a separate draft "
-                "model; 0: a chain). "
+                "Verify a tree of proposals each round, at most N nodes, N up to 256 ('auto': as many as pay on "
+                "this machine, round by round, from a head or prompt lookup at any temperature; chains beside a "
+                "separate draft model; 0: a chain). "
                 "The tree's longest path is --gamma. "
                 "Default: auto."
             ),

@@ -15,6 +15,10 @@ from ..options import Options
 from .common import err, load
 from .options import Models, decoding_options, model_options
 
+# what the history index takes (drafters/history/index.py): its ring has a marker before each
+# document, so a prompt needs two slots, and its chain links are uint32 distances
+FEWEST_HISTORY_TOKENS, MOST_HISTORY_TOKENS = 2, 1 << 31
+
 
 # a completion has no chat template and a chat request brings its own messages: --raw and
 # --system mean nothing here
@@ -49,7 +53,7 @@ def serve(
         typer.Option(
             "--history-tokens",
             metavar="N",
-            help="Ids of earlier prompts and answers kept per API key for drafting (about 44 bytes each).",
+            help="Ids of earlier prompts and answers kept per API key for drafting, 2 to 2^31 (about 44 bytes each).",
         ),
     ] = 1 << 20,
     history_keep: Annotated[
@@ -116,8 +120,10 @@ def serve(
         raise InvalidOption("--api-key is empty, which would turn authentication off: give a key, or leave it out")
     if not api_keys and os.environ.get("MLXSPEC_API_KEY") == "":  # click reads an empty variable as unset
         raise InvalidOption("MLXSPEC_API_KEY is set but empty, which would turn authentication off: give a key")
-    if history_tokens < 1:
-        raise InvalidOption(f"--history-tokens must be >= 1, got {history_tokens}")
+    if not FEWEST_HISTORY_TOKENS <= history_tokens <= MOST_HISTORY_TOKENS:
+        raise InvalidOption(
+            f"--history-tokens must be from {FEWEST_HISTORY_TOKENS} to {MOST_HISTORY_TOKENS}, got {history_tokens}"
+        )
     if cache_sessions < 0:
         raise InvalidOption(f"--cache-sessions must be >= 0, got {cache_sessions}")
     if not 0 <= port < 65536:

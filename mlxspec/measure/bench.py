@@ -29,7 +29,7 @@ from ..drafting.verdict import verdict as decide
 from ..generation import encode_prompt, generate
 from ..models.pairs import Pair
 from ..models.presets import shown_name
-from ..options import Options
+from ..options import Options, label, parse_gamma, parse_tree
 from ..stats import Stats
 from . import costs as cost_model
 from .prompts import BenchPrompt
@@ -51,10 +51,11 @@ class BenchConfig:
     raw: bool = False
 
     def __post_init__(self) -> None:
+        # read as Options reads them ("4", 4, "auto"; within its bounds), "auto" kept as text;
         # a value named twice ("--gamma 2,2") is one setting, run and reported once
-        self.gammas = list(dict.fromkeys(self.gammas))
+        self.gammas = list(dict.fromkeys(label(parse_gamma(g)) for g in self.gammas))
         self.temps = list(dict.fromkeys(self.temps))
-        self.trees = list(dict.fromkeys(self.trees))
+        self.trees = list(dict.fromkeys(label(parse_tree(t)) for t in self.trees))
 
 
 @dataclass

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PresetError, UnknownPreset
+from ..options import MOST_GAMMA
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,8 +78,8 @@ def read_file(path: Path) -> dict[str, Preset]:
         if missing:
             raise PresetError(f"{path}: preset [{name}] needs {' and '.join(missing)} (a repo id or folder)")
         gamma = table.get("gamma", 4)
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-            raise PresetError(f"{path}: preset [{name}]: gamma must be a whole number >= 0")
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= MOST_GAMMA:
+            raise PresetError(f"{path}: preset [{name}]: gamma must be a whole number from 0 to {MOST_GAMMA}")
         memory = table.get("memory_gb")
         if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0):
             raise PresetError(f"{path}: preset [{name}]: memory_gb must be a positive number")

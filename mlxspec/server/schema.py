@@ -274,7 +274,10 @@ def completion_prompt(body: CompletionBody) -> str | list[int]:
         if not prompt:
             raise RequestError("prompt is empty", param="prompt")
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(t, (int, float)) for t in prompt):
+        wrong = next((i for i, t in enumerate(prompt) if isinstance(t, (bool, float))), None)
+        if wrong is not None:  # 1.5 is no id, and 2.0 is not one either in OpenAI's schema
+            raise RequestError(f"token ids are whole numbers: prompt[{wrong}] is {prompt[wrong]!r}", param="prompt")
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise RequestError("one prompt per request: batches of prompts are not supported", param="prompt")

@@ -14,7 +14,7 @@ from rich.text import Text
 from ..decoding.events import ContextTrimmed, Done, Prefill, Round
 from ..drafting.verdict import judge
 from ..errors import MlxspecError
-from ..options import parse_gamma
+from ..options import MOST_GAMMA, parse_gamma
 from ..text import Reasoning
 from .progress import reading, spinner_after
 from .summary import VERDICT_WORDS, PartsLine, counted, repetition_words, speedup_part, stats_line
@@ -54,12 +54,8 @@ def help_table() -> Group:
     return Group(table, Text(HELP_FOOTER))
 
 
-def _gamma(text: str):
-    return parse_gamma(text.strip().lower())
-
-
 _SETTINGS = {
-    "/gamma": ("gamma", _gamma),
+    "/gamma": ("gamma", parse_gamma),
     "/temp": ("temp", float),
     "/top-p": ("top_p", float),
     "/top-k": ("top_k", int),
@@ -268,7 +264,7 @@ class ChatApp:
                 try:
                     value = kind(argument)
                 except (ValueError, MlxspecError):
-                    what = {int: "a whole number", float: "a number"}.get(kind, "a whole number or auto")
+                    what = {int: "a whole number", float: "a number"}.get(kind, f"0 to {MOST_GAMMA} or auto")
                     raise ValueError(f"{name} takes {what}, not {argument!r}") from None
                 self.conversation.update(**{field: value})
                 self.console.print(Text(f"({field.replace('_', '-')} = {value})", style="dim"))

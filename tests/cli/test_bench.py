@@ -132,7 +132,14 @@ def test_csv_and_plot_are_written(quick_report):
     "args,message",
     [
         (["--gamma", "0,2"], "must be >= 1"),
-        (["--gamma", "two"], "comma-separated list"),
+        (["--gamma", "two"], "gamma (draft length) must be a whole number from 0 to 64 or 'auto', got 'two'"),
+        # issue 39: an empty item was dropped, an empty list meant auto, a digit only to isdigit an internal error
+        (["--tree", "0,,8"], "--tree has an empty item in '0,,8'"),
+        (["--tree", ""], "--tree is empty"),
+        (["--gamma", " "], "--gamma is empty"),
+        (["--tree", "²"], "tree (nodes per round) must be a whole number from 0 to 256 or 'auto', got '²'"),
+        (["--gamma", "2,1500"], "gamma (draft length) must be at most 64, got 1500"),
+        (["--temp", "0,"], "--temp has an empty item"),
         (["--temp", "-1"], "temperature must be >= 0"),
         (["--prompts", "/no/such.jsonl"], "no prompts file"),
         (["--prompts", "/bin/sh"], "not UTF-8 text"),  # binary: an internal error once (issue 28)

@@ -95,6 +95,7 @@ def test_commands(load_pair, tmp_path):
             "first message",
             "/stats",
             "/gamma -1",
+            "/gamma 1500",
             "/temp hot",
             "/top-p 2",
             "/frobnicate",
@@ -108,7 +109,8 @@ def test_commands(load_pair, tmp_path):
     assert code == 0
     assert "(gamma = 2)" in out and "(temp = 0.0)" in out
     assert "acceptance α" in out and "tokens per round τ" in out and "by position" in out
-    assert "error: /gamma takes a whole number or auto, not '-1'" in out
+    assert "error: /gamma takes 0 to 64 or auto, not '-1'" in out
+    assert "error: /gamma takes 0 to 64 or auto, not '1500'" in out  # issue 39: past what a round pays for
     assert "error: /temp takes a number, not 'hot'" in out
     assert "error: top-p must be in (0, 1]" in out
     assert "unknown command /frobnicate; /help lists them" in out

@@ -149,11 +149,14 @@ BAD_INPUTS = {
     "tokenizers differ": (["-t", "{target}", "-d", "{foreign}"], "tokenizers differ: id"),
     "unknown cache type": (["-t", "{chunked}", "--no-draft"], "ChunkedKVCache is not supported"),
     "xtc": (["-t", "{target}", "-d", "{draft}", "--xtc-probability", "0.5"], "XTC sampling cannot be kept exact"),
-    "negative gamma": (["-t", "{target}", "-d", "{draft}", "-g", "-1"], "must be a whole number >= 0"),
+    "negative gamma": (["-t", "{target}", "-d", "{draft}", "-g", "-1"], "must be a whole number from 0 to 64"),
     "negative temperature": (["-t", "{target}", "-d", "{draft}", "--temp", "-0.5"], "temperature must be >= 0"),
     "top-p zero": (["-t", "{target}", "-d", "{draft}", "--top-p", "0"], "top-p must be in (0, 1]"),
     "top-p above one": (["-t", "{target}", "-d", "{draft}", "--top-p", "1.2"], "top-p must be in (0, 1]"),
-    "gamma not a number": (["-t", "{target}", "-g", "lots"], "must be a whole number >= 0 or 'auto', got 'lots'"),
+    "gamma not a number": (
+        ["-t", "{target}", "-g", "lots"],
+        "must be a whole number from 0 to 64 or 'auto', got 'lots'",
+    ),
     "draft without target": (["-d", "{draft}"], "--draft needs a --target"),
     "not enough memory": (["-t", "{target}", "-d", "{draft}", "ENV:MLXSPEC_MEMORY_LIMIT=10MB"], "needs about"),
     "config.json a list": (["-t", "{config_list}", "--no-draft"], "config.json holds a JSON list, not an object"),
@@ -274,6 +277,14 @@ def test_finding_a_pair_is_said_in_full_once_per_cache_then_in_one_line(tmp_path
         (["--stop", ""], "a stop text is empty"),
         (["--max-kv-size", "2"], "max KV size must be a whole number above 4"),
         (["--kv-bits", "7"], "KV bits must be one of"),
+        # issue 39: a digit only to str.isdigit was an internal error, Arabic-Indic digits a number
+        (["--tree", "²"], "tree (nodes per round) must be a whole number from 0 to 256 or 'auto', got '²'"),
+        (["--gamma", "²"], "gamma (draft length) must be a whole number from 0 to 64 or 'auto', got '²'"),
+        (["--gamma", "١٢"], "gamma (draft length) must be a whole number from 0 to 64 or 'auto', got '١٢'"),
+        # issue 39: one request's round held the machine for minutes
+        (["--gamma", "1500"], "gamma (draft length) must be at most 64, got 1500: longer chains only cost time"),
+        (["--tree", "50000"], "tree (nodes per round) must be at most 256, got 50000: bigger trees cost more"),
+        (["--tree", "9" * 5000], "tree (nodes per round) must be at most 256, got 99999999999999999999… (5000 digits)"),
     ],
 )
 def test_bad_options_are_refused_before_loading(capsys, args, message):

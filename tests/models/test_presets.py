@@ -63,6 +63,7 @@ def test_default_user_file_location(tmp_path, monkeypatch):
         ('[a]\ntarget = "x"\ndraft = \n', "line 3"),
         ('[a]\ntarget = "x"\n', "preset [a] needs draft"),
         ('[a]\ntarget = "x"\ndraft = "y"\ngamma = -1\n', "gamma must be"),
+        ('[a]\ntarget = "x"\ndraft = "y"\ngamma = 1500\n', "gamma must be a whole number from 0 to 64"),
         ('[a]\ntarget = "x"\ndraft = "y"\nngram = "yes"\n', "ngram must be true or false"),
         ('[a]\ntarget = "x"\ndraft = "y"\nraw = 1\n', "raw must be true or false"),
         ("a = 3\n", "'a' must be a table"),

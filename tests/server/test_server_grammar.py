@@ -121,8 +121,10 @@ def test_json_object_and_a_streamed_schema(client):  # noqa: F811
         ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema must be"),
         ({"type": "xml"}, "response_format.type must be"),
         ({"type": "json_schema", "json_schema": {"name": "s", "schema": "{not json"}}, "is not JSON"),
+        # issue 39: "²" passed str.isdigit, and int() made it a 500
+        (json_schema_format("sup", {"$ref": "#/$defs/x/²", "$defs": {"x": [{"type": "string"}]}}), "'sup'"),
     ],
-    ids=["bad-type", "no-schema", "unknown-format", "schema-not-json"],
+    ids=["bad-type", "no-schema", "unknown-format", "schema-not-json", "superscript-index"],
 )
 def test_a_schema_the_engine_rejects_is_a_400_naming_it(server, client, pair, response_format, message):  # noqa: F811
     body = {"messages": MESSAGES, "response_format": response_format}

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 import mlxspec
+from mlxspec.errors import InvalidOption
 from tests.server.test_server import CODE, ROOT, STARTUP_SECONDS, TIMEOUT, free_port, running_server, standard
 
 HEADER_TIMEOUT = 1.0  # seconds; short, so that the slow sockets end within the test
@@ -40,6 +41,11 @@ SLOW_PROBES = 0.1
 STALL_SECONDS = 1.5
 LIMITS = ("--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", "2", "--max-connections", str(MAX_CONNECTIONS))
 MB = 1 << 20
+# A round at γ 64 with a tree of 256 (the most a request may ask) took at most 1.6 s on the
+# bundled pair, on this shared machine: a client that left is seen within a few of them, not
+# the minutes a 1500-token run at the bounds takes (γ 1500 with a tree of 50,000 held the
+# worker for 106 s after its client left, issue 39).
+ROUND_SECONDS = 15
 # /health is timed: the other test process waits meanwhile (conftest.py)
 pytestmark = pytest.mark.alone
 
@@ -398,8 +404,68 @@ def test_bad_limits_are_one_line_before_anything_loads(capsys):
         (["--idle-timeout", "inf"], "--idle-timeout must be > 0 and finite"),  # no limit at all, silently
         (["--max-connections", "0"], "--max-connections must be from 1 to"),
         (["--max-connections", str(10**9)], "--max-connections must be from 1 to"),
+        # issue 39: these started a server whose every lookup request was a 500
+        (["--history-tokens", "1"], "--history-tokens must be from 2 to 2147483648, got 1"),
+        (["--history-tokens", "2147483649"], "--history-tokens must be from 2 to 2147483648, got 2147483649"),
+        (["--history-tokens", "99999999999999999999"], "--history-tokens must be from 2 to 2147483648"),
+        (["--tree", "²"], "tree (nodes per round) must be a whole number from 0 to 256 or 'auto', got '²'"),
+        (["--gamma", "1500"], "gamma (draft length) must be at most 64, got 1500"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["serve", *args])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+# --- what one request may ask of a round (issue 39) ----------------------------------------
+ROUTES = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    "completions": ("/v1/completions", {"prompt": CODE, "max_tokens": 4}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+}
+HUGE_ROUNDS = {  # each kept a worker busy for minutes after its client left, or was a 500
+    "a chain of 1500": ({"gamma": 1500, "tree": 0}, "gamma", "gamma (draft length) must be at most 64, got 1500"),
+    "a tree of 50000": ({"gamma": 4, "tree": 50000}, "tree", "tree (nodes per round) must be at most 256, got 50000"),
+    "both": ({"gamma": 1500, "tree": 50000, "max_tokens": 1500}, "gamma", "must be at most 64"),
+    "a superscript two": ({"tree": "²"}, "tree", "must be a whole number from 0 to 256 or 'auto', got '²'"),
+    "Arabic-Indic twelve": ({"gamma": "١٢"}, "gamma", "must be a whole number from 0 to 64 or 'auto', got '١٢'"),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("case", list(HUGE_ROUNDS))
+def test_gamma_and_tree_past_what_pays_get_a_400_naming_the_field(server, route, case):
+    path, body = ROUTES[route]
+    fields, param, message = HUGE_ROUNDS[case]
+    response = httpx.post(f"{server}{path}", json={**body, **fields}, timeout=TIMEOUT)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"]
+    assert error.get("param", param) == param  # Anthropic's error shape has no param
+
+
+def test_a_float_token_id_is_refused_not_truncated(server, client, pair):
+    response = httpx.post(f"{server}/v1/completions", json={"prompt": [1.5, 2], "max_tokens": 4}, timeout=TIMEOUT)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and error["message"] == "token ids are whole numbers: prompt[0] is 1.5"
+    with pytest.raises(InvalidOption, match=r"token ids are whole numbers: prompt\[1\] is 2.0"):
+        mlxspec.generate(pair, [5, 2.0], max_tokens=4)  # the API truncated it to 2 (issue 39)
+    assert greedy(client)
+
+
+def test_a_client_that_leaves_a_request_at_the_bounds_frees_the_worker(server, client, pair):
+    """γ and a tree at their most, for minutes' worth of tokens: the worker sees the client
+    gone at the end of the round it is in (a round at the bounds takes about a second here)."""
+    before = httpx.get(f"{server}/health", timeout=TIMEOUT).json()
+    body = {"prompt": CODE, "max_tokens": 1500, "temperature": 0, "gamma": 64, "tree": 256}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=httpx.Timeout(TIMEOUT, read=3))
+    left = time.monotonic()
+    while (state := httpx.get(f"{server}/health", timeout=TIMEOUT).json())["busy"] or state["stopped"] == before[
+        "stopped"
+    ]:
+        assert time.monotonic() - left < ROUND_SECONDS, f"still generating after the client left: {state}"
+        time.sleep(0.05)
+    assert state["served"] == before["served"]  # cut short, not finished
+    assert greedy(client) == standard(pair, CODE, 24, raw=True).text
