@@ -151,7 +151,7 @@ def throw_fields(url: str, tally: Tally, *, count: int, rng: random.Random) -> N
 def client_leaves(url: str, tally: Tally) -> None:
     """A long generation at the largest gamma and tree allowed, its client gone after 2 s: the
     worker is free within FREED_SECONDS, and /health answered all along."""
-    body = bodies("/v1/completions", {"max_tokens": 4000, "gamma": 64, "tree": 512, "temperature": 1})
+    body = bodies("/v1/completions", {"max_tokens": 4000, "gamma": 64, "tree": 256, "temperature": 1})
     body["max_tokens"] = 1500
 
     def go():

@@ -18,6 +18,18 @@ from ..errors import InvalidOption
 from ..models.loading import Reporter
 from .options import Models
 
+
+def _drop_unreadable_terminal_size() -> None:
+    """rich reads COLUMNS and LINES with `isdigit()` then `int()`: `COLUMNS=²` passes the first
+    and fails the second in every Console, so every command died. A size that is not ASCII
+    digits is no size: dropped, and the terminal's own is used. Before the first Console."""
+    for name in ("COLUMNS", "LINES"):
+        value = os.environ.get(name)
+        if value is not None and not (value.isascii() and value.isdigit()):
+            del os.environ[name]
+
+
+_drop_unreadable_terminal_size()
 err = Console(stderr=True, highlight=False)
 
 

@@ -56,3 +56,19 @@ def test_text_that_is_not_utf8_is_refused(capsys, factory, option):
     prompt = "hello" if option else "caf\udce9"
     code, out, err = run(capsys, "generate", prompt, "-t", str(factory.pair("llama")[0]), "--no-draft", *option)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "is not valid UTF-8 text" in err, err
+
+
+@pytest.mark.parametrize("columns", ["²", "١٢", "wide"])
+def test_a_terminal_size_that_is_not_ascii_digits_is_ignored(columns):
+    """rich took `COLUMNS=²` for a number (isdigit) and failed on int(): every command died
+    with a traceback. The size is dropped; the command runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": columns, "LINES": columns}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "models", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)
