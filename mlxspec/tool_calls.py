@@ -78,9 +78,13 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def _calls(parsed) -> list[ToolCall]:
-    """mlx-lm's parsed call(s) as ToolCalls; ValueError for anything not shaped as a call."""
+def _calls(parsed, *, taken: set[str] = frozenset()) -> list[ToolCall]:
+    """mlx-lm's parsed call(s) as ToolCalls; ValueError for anything not shaped as a call. An
+    id the model wrote (Mistral's parser keeps it) is kept unless an earlier call of the reply
+    (`taken`) or of this markup has it: clients key calls by id (the openai client's stream
+    state fails on two calls with one id)."""
     calls = []
+    taken = set(taken)
     for call in parsed if isinstance(parsed, list) else [parsed]:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
             raise ValueError("not a call: no function name")
@@ -89,7 +93,9 @@ def _calls(parsed) -> list[ToolCall]:
             arguments = json.loads(arguments)
         if not isinstance(arguments, dict):
             raise ValueError("a call's arguments must be an object")
-        call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else new_call_id()
+        written = call.get("id")
+        call_id = written if isinstance(written, str) and written and written not in taken else new_call_id()
+        taken.add(call_id)
         text = json.dumps(_finite(arguments), ensure_ascii=False, allow_nan=False)
         calls.append(ToolCall(id=call_id, name=call["name"], arguments=text))
     if not calls:
@@ -159,7 +165,7 @@ class ToolCallSplitter:
     def _close(self, *, closed: bool) -> list[str | ToolCall]:
         text, self._call_text = self._call_text, ""
         try:
-            calls = _calls(self.format.parser(text, self.tools))
+            calls = _calls(self.format.parser(text, self.tools), taken={call.id for call in self.calls})
         except Exception:  # any parser's failure: the markup is the answer
             return [self.format.start + text + (self.format.end if closed else "")]
         self.calls += calls

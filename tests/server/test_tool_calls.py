@@ -499,6 +499,16 @@ def test_mistral_calls_are_read_with_its_parser(mistral):
     assert content == "" and call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
 
 
+def test_two_calls_that_write_one_id_get_two(mistral):
+    """Mistral's parser keeps an id the model wrote; two calls with one id broke the openai
+    client's stream state. The first keeps it, the second gets its own."""
+    format = tool_format(mistral[1].tokenizer)
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcdefghi"}'
+    _, calls = split_tool_calls(f"[TOOL_CALLS] [{call}, {call}]", format, tools=TOOLS)
+    assert [c.name for c in calls] == ["get_weather"] * 2
+    assert calls[0].id == "abcdefghi" and calls[1].id != "abcdefghi"
+
+
 def test_generate_json_shows_parsed_calls(mistral):
     folder, _ = mistral
     command = [sys.executable, "-m", "mlxspec", "generate", OSLO, "--target", str(folder), "--json"]
