@@ -111,6 +111,7 @@ class CompletionBody(_Body):
 
 def parse(kind: type[_Body], raw: bytes) -> _Body:
     """The body as `kind`, or a RequestError naming the first thing wrong with it."""
+    _refuse_non_finite(raw)
     try:
         return kind.model_validate_json(raw or b"")
     except ValidationError as e:
@@ -124,6 +125,23 @@ def parse(kind: type[_Body], raw: bytes) -> _Body:
         if first["type"] == "missing":
             raise RequestError(f"{param} is required", param=param) from None
         raise RequestError(f"{param}: {first['msg']}", param=param) from None
+
+
+def _refuse_non_finite(raw: bytes) -> None:
+    """pydantic's JSON reader takes NaN and Infinity, which are not JSON: a field that is
+    echoed (metadata, a format) then failed the response's writing after the generation ran
+    (a 500), or went out bare in a stream that strict clients reject. Read again with
+    Python's reader only where such a word appears at all (inside a text it is no constant)."""
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return
+
+    def constant(name: str):
+        raise RequestError(f"the request body is not valid JSON ({name} is not a JSON number)")
+
+    try:
+        json.loads(raw, parse_constant=constant)
+    except ValueError:
+        pass  # not JSON at all: pydantic's reader says where
 
 
 def _param(loc: tuple) -> str:

@@ -444,6 +444,22 @@ def test_gamma_and_tree_past_what_pays_get_a_400_naming_the_field(server, route,
     assert error.get("param", param) == param  # Anthropic's error shape has no param
 
 
+@pytest.mark.parametrize("route", [*ROUTES, "responses"])
+def test_nan_and_infinity_in_a_body_are_not_json(server, client, route):
+    """pydantic's reader took them: an echoed field (a response's metadata) then failed the
+    answer's writing after the generation ran, a 500. A 400 before anything runs; the word
+    inside a text is text."""
+    path, body = ROUTES[route] if route != "responses" else ("/v1/responses", {"input": "hi", "max_output_tokens": 4})
+    text = json.dumps(body)[:-1]
+    for bad in (', "temperature": NaN}', ', "metadata": {"a": Infinity}}', ', "top_p": -Infinity}'):
+        response = httpx.post(f"{server}{path}", content=text + bad, timeout=TIMEOUT)
+        assert response.status_code == 400, response.text
+        assert "not a JSON number" in response.json()["error"]["message"]
+    fine = httpx.post(f"{server}{path}", content=text + ', "metadata": {"a": "NaN Infinity"}}', timeout=TIMEOUT)
+    assert fine.status_code == 200, fine.text
+    assert greedy(client)
+
+
 def test_a_float_token_id_is_refused_not_truncated(server, client, pair):
     response = httpx.post(f"{server}/v1/completions", json={"prompt": [1.5, 2], "max_tokens": 4}, timeout=TIMEOUT)
     assert response.status_code == 400
