@@ -17,7 +17,7 @@ from .answer import answer, error_of, error_response, namespace
 from .limits import read_body
 from .responses import Items, Reply
 from .schema import RequestError
-from .stored import StoredResponses
+from .stored import StoredResponses, size_of
 
 
 class Responses:
@@ -33,26 +33,29 @@ class Responses:
             body = schema.parse(responses.ResponsesBody, await read_body(request, api.limits))
             responses.refuse_unsupported(body)
             space = namespace(request)
-            earlier = self._earlier(body, space)
+            earlier, earlier_size = self._earlier(body, space)
             try:
-                prompt = await api.chat_prompt(responses.chat_body(body, earlier))
+                chat, asked, asked_size = await api.offload.run(responses.translate, body, earlier)
+                prompt = await api.chat_prompt(chat)
             except RequestError as e:
                 raise responses.reworded(e) from None
             reply = Reply(model=api.model, body=body)
-            conversation = earlier + responses.input_items(body)
 
             def keep(output: list[dict]) -> None:
                 if body.store:
-                    self.stored.put(space, reply.id, conversation + output)
+                    answered = [responses.plain_item(item) for item in output]
+                    size = earlier_size + asked_size + size_of(answered)
+                    self.stored.put(space, reply.id, earlier + asked + answered, size=size)
 
             return await answer(request, api.worker, prompt, view=ResponseView(reply, keep=keep), stream=body.stream)
         except (RequestError, MlxspecError) as e:
             return error_response(e)
 
-    def _earlier(self, body, space: str) -> list[dict]:
-        """The stored conversation `previous_response_id` names (its own key's alone)."""
+    def _earlier(self, body, space: str) -> tuple[list[dict], int]:
+        """The stored conversation `previous_response_id` names (its own key's alone), and its
+        size."""
         if body.previous_response_id is None:
-            return []
+            return [], 0
         earlier = self.stored.get(space, body.previous_response_id)
         if earlier is None:
             raise RequestError(

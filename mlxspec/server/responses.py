@@ -32,6 +32,7 @@ from ..stats import Stats
 from ..tool_calls import ToolCall
 from . import blocks, schema
 from .schema import ChatBody, RequestError
+from .stored import size_of
 
 # service_tier, user, prompt_cache_key, safety_identifier, stream_options: change nothing here
 _STRICT = ConfigDict(strict=True, extra="ignore")
@@ -87,8 +88,8 @@ class ResponsesBody(BaseModel):
 def refuse_unsupported(body: ResponsesBody) -> None:
     refusals = [
         (body.background, "background", "background responses are not supported: the answer comes with the request"),
-        (body.conversation, "conversation", "conversations are not supported: use previous_response_id"),
-        (body.prompt, "prompt", "prompt templates are not supported: give input"),
+        (body.conversation is not None, "conversation", "conversations are not supported: use previous_response_id"),
+        (body.prompt is not None, "prompt", "prompt templates are not supported: give input"),
         (body.top_logprobs, "top_logprobs", "log probabilities are not supported"),
         (body.max_tool_calls is not None, "max_tool_calls", "max_tool_calls is not supported"),
         (
@@ -112,6 +113,27 @@ def input_items(body: ResponsesBody) -> list[dict]:
     if isinstance(body.input, str):
         return [{"type": "message", "role": "user", "content": body.input}]
     return list(body.input or [])
+
+
+def translate(body: ResponsesBody, earlier: list[dict]) -> tuple[ChatBody, list[dict], int]:
+    """On the offload thread (a body of many items takes seconds to read): the chat request,
+    the request's input items in their plain form (what a stored response keeps) and their
+    size (stored.size_of)."""
+    chat = chat_body(body, earlier)
+    items = [plain_item(item) for item in input_items(body)]
+    return chat, items, size_of(items)
+
+
+def plain_item(item: dict) -> dict:
+    """An item as kept for previous_response_id: only the fields the translation reads, the
+    text parts joined (a client's other fields are not kept: they would cost memory and
+    change nothing). `item` has been read by chat_messages, so it is sound."""
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        return {"type": "message", "role": item["role"], "content": _text(item.get("content"), "content")}
+    if kind == "function_call":
+        return {key: item[key] for key in ("type", "call_id", "name", "arguments")}
+    return {"type": kind, "call_id": item["call_id"], "output": _text(item.get("output"), "output")}
 
 
 def chat_body(body: ResponsesBody, earlier: list[dict]) -> ChatBody:
@@ -283,7 +305,7 @@ def usage(stats: Stats) -> dict:
     and the speculative figures under `speculative`, as on the other routes."""
     return {
         "input_tokens": stats.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": stats.prompt_tokens - stats.prefill_tokens},
+        "input_tokens_details": {"cached_tokens": stats.prompt_tokens - stats.prefill_tokens, "cache_write_tokens": 0},
         "output_tokens": stats.tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": stats.prompt_tokens + stats.tokens,
