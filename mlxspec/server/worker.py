@@ -311,7 +311,10 @@ class Worker:
         """Write the history to disk (when kept), so that a restarted server starts warm (a
         namespace that cannot be saved is said so in a line, and the others are saved)."""
         if self.history is not None and self._history.keep:
-            self.history.save()
+            try:
+                self.history.save()
+            except Exception as e:  # the store says each namespace's failure; this is past them
+                self._log(f"warning: the history was not saved ({type(e).__name__}: {e})")
 
 
 def _release_thread() -> None:

@@ -529,6 +529,37 @@ def test_a_keys_namespace_is_a_keyed_digest_and_its_secret_is_kept(tmp_path):
     assert (tmp_path / "h" / "key-secret").stat().st_mode & 0o777 == 0o600
 
 
+def test_servers_starting_at_once_read_one_whole_secret(tmp_path):
+    """The secret was made empty and filled after: a second server starting at that moment
+    read 0 bytes and refused to start (3 in 60 in review), as would every start after a crash
+    between the two. Made whole and linked in place, every reader sees all of one secret."""
+    from mlxspec.drafters.history.files import folder_secret
+
+    for attempt in range(20):
+        folder, seen = tmp_path / str(attempt), []
+        readers = [threading.Thread(target=lambda f=folder, s=seen: s.append(folder_secret(f))) for _ in range(4)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        assert len(seen) == 4 and len(set(seen)) == 1 and len(seen[0]) == 32
+        assert sorted(p.name for p in folder.iterdir()) == ["key-secret"]  # no part left
+
+
+def test_a_link_at_a_history_path_is_not_followed(tmp_path):
+    """A link planted in the history folder is not read through (nor written through: each
+    write is a new file of its own name, put in place)."""
+    elsewhere = tmp_path / "elsewhere.npz"
+    store = HistoryStore(limit_tokens=256, folder=tmp_path / "a")
+    answered(store.drafter("team"), [1, 2, 3], [4, 5])
+    store.save()
+    (tmp_path / "a" / "team.npz").rename(elsewhere)
+    (tmp_path / "a" / "team.npz").symlink_to(elsewhere)
+    warnings = []
+    assert HistoryStore(limit_tokens=256, folder=tmp_path / "a", warn=warnings.append).index("team").documents == 0
+    assert len(warnings) == 1 and "team.npz" in warnings[0]
+
+
 def test_describe_never_waits_on_the_lock_the_worker_holds():
     """/health reads describe() on the event loop: it must answer while the worker holds the
     store's lock (drafting, adding, or reading a file)."""

@@ -49,11 +49,26 @@ def unkeyed_digest(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:32]
 
 
+# opened as written, never through a link planted at a history path, and closed on exec
+_NO_LINKS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _new_private_file(path: Path):
+    """A file made at `path` (0600), never one that is there already nor a link's target."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_LINKS, _PRIVATE_FILE), "wb")
+
+
+def _partial_of(path: Path) -> Path:
+    """A name of its own for one write of `path`: a write left behind on a hung filesystem
+    (`within`) never shares it with the next."""
+    return path.with_name(f"{path.name}.{secrets.token_hex(6)}.partial")
+
+
 def open_regular(path: Path):
     """`path` opened for reading if it is a regular file: opened without blocking (a FIFO's
     open would wait for a writer), then checked; DamagedHistory otherwise. FileNotFoundError
     when there is nothing there."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NO_LINKS)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DamagedHistory(f"{path}: not a regular file, not read")
@@ -104,11 +119,9 @@ def write_documents(path: Path, lengths: np.ndarray, tokens: np.ndarray) -> None
         "sha256": digest(lengths, tokens),
     }
     private_folder(path.parent)
-    partial = path.with_name(path.name + ".partial")
+    partial = _partial_of(path)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-        with os.fdopen(os.open(partial, flags, _PRIVATE_FILE), "wb") as f:
-            os.fchmod(f.fileno(), _PRIVATE_FILE)  # one left by an older version may have been wider
+        with _new_private_file(partial) as f:
             np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), lengths=lengths, tokens=tokens)
         os.replace(partial, path)
     except BaseException:
@@ -136,17 +149,25 @@ def folder_secret(folder: Path) -> bytes:
     every file it named."""
     path = folder / SECRET_NAME
     private_folder(folder)
+    # written whole under a name of its own, then linked in place: a second server starting
+    # at the same moment, or a crash mid-write, never sees a part of it (link is atomic, and
+    # fails where one is there already: that one is read)
+    partial = _partial_of(path)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), _PRIVATE_FILE)
-    except FileExistsError:
-        with open_regular(path) as f:
-            secret = f.read(_SECRET_BYTES + 1)
-        if len(secret) != _SECRET_BYTES:
-            raise DamagedHistory(f"{path}: not a history secret ({len(secret)} bytes, not {_SECRET_BYTES})") from None
-        return secret
-    secret = secrets.token_bytes(_SECRET_BYTES)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret)
+        with _new_private_file(partial) as f:
+            f.write(secrets.token_bytes(_SECRET_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            pass
+    finally:
+        partial.unlink(missing_ok=True)
+    with open_regular(path) as f:
+        secret = f.read(_SECRET_BYTES + 1)
+    if len(secret) != _SECRET_BYTES:
+        raise DamagedHistory(f"{path}: not a history secret ({len(secret)} bytes, not {_SECRET_BYTES})")
     return secret
 
 
