@@ -337,7 +337,6 @@ BOUNDED = {
     "required": ["city", "days", "units"],
     "additionalProperties": False,
 }
-BOUNDED_TOOLS = [{"type": "function", "function": {"name": "forecast", "parameters": BOUNDED}}]
 COMPACT_MAX_TOKENS = 160  # the call's fixed text and its bounded values fit with room to spare
 
 
@@ -364,21 +363,15 @@ def random_hermes(factory, tmp_path_factory):
         yield url, target
 
 
-def test_a_forced_call_from_a_random_model_comes_back_parsed_on_both_routes(random_hermes):
-    """With white space free between JSON tokens, this model wrote `<tool_call>\n{\n\n   \n…`
-    until max tokens and no call came back. Compact, it can spend its tokens only on the
-    values: greedy and sampled, without a draft and with one, on /v1/chat/completions and
-    /v1/messages, the call parses, valid, inside max tokens; greedy speculative calls are
-    standard decoding's."""
+def forced_calls(url: str, parameters: dict, *, chat_choice, anthropic_choice: dict):
+    """A call forced on both APIs from the random model, greedy and sampled, without a draft
+    and with one: yields (sampling, the chat route's arguments, the Messages route's input)
+    once each came back as a call."""
     import anthropic
-    import jsonschema
 
-    url, _ = random_hermes
     chat = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
     messages = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
-    named = {"type": "function", "function": {"name": "forecast"}}
-    anthropic_tools = [{"name": "forecast", "input_schema": BOUNDED}]
-    greedy = {}
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": parameters}}]
     for temperature, seeds in ((0, [0]), (1, [0, 1, 2])):
         for gamma in (0, 3):
             for seed in seeds:
@@ -386,8 +379,8 @@ def test_a_forced_call_from_a_random_model_comes_back_parsed_on_both_routes(rand
                 reply = chat.chat.completions.create(
                     model="m",
                     messages=PARIS,
-                    tools=BOUNDED_TOOLS,
-                    tool_choice=named,
+                    tools=tools,
+                    tool_choice=chat_choice,
                     max_tokens=COMPACT_MAX_TOKENS,
                     temperature=temperature,
                     seed=seed,
@@ -396,21 +389,36 @@ def test_a_forced_call_from_a_random_model_comes_back_parsed_on_both_routes(rand
                 choice = reply.choices[0]
                 assert choice.finish_reason == "tool_calls", (sampling, choice.message.content)
                 [call] = choice.message.tool_calls
-                arguments = json.loads(call.function.arguments)
-                jsonschema.validate(arguments, BOUNDED)
                 message = messages.messages.create(
                     model="m",
                     messages=PARIS,
-                    tools=anthropic_tools,
-                    tool_choice={"type": "tool", "name": "forecast"},
+                    tools=[{"name": "forecast", "input_schema": parameters}],
+                    tool_choice=anthropic_choice,
                     max_tokens=COMPACT_MAX_TOKENS,
                     extra_body=sampling,
                 )
                 assert message.stop_reason == "tool_use", (sampling, message.content)
                 [block] = message.content
-                jsonschema.validate(block.input, BOUNDED)
-                if temperature == 0:
-                    greedy[gamma] = (arguments, block.input)
+                yield sampling, json.loads(call.function.arguments), block.input
+
+
+def test_a_forced_call_from_a_random_model_comes_back_parsed_on_both_routes(random_hermes):
+    """With white space free between JSON tokens, this model wrote `<tool_call>\n{\n\n   \n…`
+    until max tokens and no call came back. Compact, it can spend its tokens only on the
+    values: greedy and sampled, without a draft and with one, on /v1/chat/completions and
+    /v1/messages, the call parses, valid, inside max tokens; greedy speculative calls are
+    standard decoding's."""
+    import jsonschema
+
+    url, _ = random_hermes
+    named = {"type": "function", "function": {"name": "forecast"}}
+    greedy = {}
+    calls = forced_calls(url, BOUNDED, chat_choice=named, anthropic_choice={"type": "tool", "name": "forecast"})
+    for sampling, arguments, given in calls:
+        jsonschema.validate(arguments, BOUNDED)
+        jsonschema.validate(given, BOUNDED)
+        if sampling["temperature"] == 0:
+            greedy[sampling["gamma"]] = (arguments, given)
     assert greedy[0] == greedy[3]
 
 
@@ -433,7 +441,6 @@ def test_a_forced_call_with_an_open_schema_ends_in_a_parsed_call(random_hermes):
     grammars take a missing `additionalProperties`, and OpenAI's strict mode requires), at
     every depth: forced, greedy and sampled, with and without the draft, on both APIs, the
     random model's call ends, parses and names only the schema's keys."""
-    import anthropic
     import jsonschema
 
     url, _ = random_hermes
@@ -442,38 +449,11 @@ def test_a_forced_call_with_an_open_schema_ends_in_a_parsed_call(random_hermes):
         **OPEN["properties"],
         "where": {**OPEN["properties"]["where"], "additionalProperties": False},
     }
-    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-    messages = anthropic.Anthropic(base_url=url, api_key="unused", timeout=TIMEOUT, max_retries=0)
-    tools = [{"type": "function", "function": {"name": "forecast", "parameters": OPEN}}]
-    for temperature, seeds in ((0, [0]), (1, [0, 1, 2])):
-        for gamma in (0, 3):
-            for seed in seeds:
-                sampling = {"temperature": temperature, "seed": seed, "gamma": gamma}
-                reply = chat.chat.completions.create(
-                    model="m",
-                    messages=PARIS,
-                    tools=tools,
-                    tool_choice="required",
-                    max_tokens=COMPACT_MAX_TOKENS,
-                    temperature=temperature,
-                    seed=seed,
-                    extra_body={"gamma": gamma},
-                )
-                choice = reply.choices[0]
-                assert choice.finish_reason == "tool_calls", (sampling, choice.message.content)
-                [call] = choice.message.tool_calls
-                jsonschema.validate(json.loads(call.function.arguments), closed)
-                message = messages.messages.create(
-                    model="m",
-                    messages=PARIS,
-                    tools=[{"name": "forecast", "input_schema": OPEN}],
-                    tool_choice={"type": "any"},
-                    max_tokens=COMPACT_MAX_TOKENS,
-                    extra_body=sampling,
-                )
-                assert message.stop_reason == "tool_use", (sampling, message.content)
-                [block] = message.content
-                jsonschema.validate(block.input, closed)
+    calls = list(forced_calls(url, OPEN, chat_choice="required", anthropic_choice={"type": "any"}))
+    assert len(calls) == 8
+    for _, arguments, given in calls:
+        jsonschema.validate(arguments, closed)
+        jsonschema.validate(given, closed)
 
 
 # --- a template without tools -----------------------------------------------------------
