@@ -6,7 +6,10 @@ rewinds); the seconds of a plain, pipelined decoding step; and the draft's catch
 emitted without it (plain steps, prompt lookup), C(n) = e + r n, which a probe after a plain
 stretch pays on top of its round (until it is timed, guessed from the draft's step). The
 lines are fitted by least squares with older rounds weighted down, as the rounds vary in
-length.
+length. Given the draft's weights over the target's (`draft_weight`: the controller gives
+it for a draft that outweighs its target), a plain step timed stands in for the lines not
+timed yet: a verify as a plain step PLAIN_DOUBT dearer, a draft step as that verify times
+the weights' ratio (decoding reads every weight once a step).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+
+PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
 
 
 def proportional(mean_x: float, mean_y: float, x: float) -> float:
@@ -79,6 +84,7 @@ class RoundTimes:
 
     decay: float = 0.92
     prior_slope: float = 0.05  # T(k) = a (1 + prior_slope (k - 1)) until two sizes are seen
+    draft_weight: float | None = None  # the draft's weights over the target's (None: unknown)
     plain_step: float | None = None
     overhead: float = 0.0
     _plains: int = 0
@@ -117,10 +123,17 @@ class RoundTimes:
         return self._draft.fitted
 
     def draft_time(self, gamma: float) -> float | None:
-        return self._draft.at(gamma)
+        measured = self._draft.at(gamma)
+        if measured is not None or self.draft_weight is None:
+            return measured
+        verify = self.verify_time(1)
+        return None if verify is None else self.draft_weight * gamma * verify
 
     def verify_time(self, tokens: float) -> float | None:
-        return self._verify.at(tokens)
+        measured = self._verify.at(tokens)
+        if measured is not None or self.draft_weight is None or self.plain_step is None:
+            return measured
+        return relative_slope(self.prior_slope, 1, PLAIN_DOUBT * self.plain_step, tokens)
 
     def draft_step(self) -> float | None:
         """One more proposal's seconds (c): the draft line's slope, or its mean per proposal

@@ -634,3 +634,59 @@ def test_a_tree_round_teaches_the_rates_its_first_choices_would_have_shown_as_a_
     assert tree_fed.acceptance.rates == chain_fed.acceptance.rates
     assert tree_fed.acceptance.rates[0] > tree_fed.acceptance.rates[1]  # the second choice was wrong
     assert tree_fed.times.draft_time(3) == pytest.approx(chain_fed.times.draft_time(3))  # 3 levels, not 5
+
+
+def useless_draft_round(r: int, gamma: int) -> int:
+    """A draft that knows nothing: its first round has one lucky id (as on a code prompt), then
+    every draft is rejected."""
+    return 1 if r == 0 else 0
+
+
+# the bundled target with a useless draft of the bundled draft's size (never_slower's first
+# bar), as this CPU timed them: a pipelined plain step 3 ms, a round of 2 about 2.3 plain steps
+USELESS_STEP = 0.003
+
+
+def useless_draft_costs(c, ids: int) -> tuple[float, int]:
+    return run_on_machine(
+        c,
+        ids=ids,
+        plain_step=USELESS_STEP,
+        draft=lambda g: 0.0005 + 0.00125 * g,
+        verify=lambda k: 0.0033 * (1 + 0.18 * (k - 1)),
+        accepted=useless_draft_round,
+        catch_up=lambda n: 0.0012 + 0.00003 * n,
+    )
+
+
+def test_a_useless_draft_stops_costing_within_two_rounds():
+    """A generation of 256 ids with a draft that is always rejected: the blind first round and
+    one probe, at most, whose cost stays within 2% of plain decoding. When probes were budgeted
+    at what the rates expected them to emit (the prior, 0.6 counted as three rounds, said half
+    as much again) and the blind first round was free, two more probes fitted: 3.3% (either
+    change alone keeps them out)."""
+    c = controller(max_gamma=8)
+    seconds, _ = useless_draft_costs(c, 256)
+    assert c.rounds <= 2
+    assert seconds - 256 * USELESS_STEP <= 0.02 * 256 * USELESS_STEP
+
+
+@pytest.mark.parametrize("ids", [256, 20_000])
+def test_a_draft_whose_weights_outweigh_its_target_s_is_never_drafted_blind(ids):
+    """The bundled pair the other way round (draft 6.0x the target's weights), as this CPU timed
+    it: a plain step 1.35 ms, a round of 2 some 14 ms (10 plain steps; 10-25 measured). Run
+    blind, the first round cost up to a tenth of a 256-id generation (0.84-0.91x of standard
+    decoding). Priced from the weights, no round is drafted at all; a draft a sixth of its
+    target's still opens blind."""
+    c = controller(max_gamma=8, draft_weight=6.0)
+    seconds, plain_ids = run_on_machine(
+        c,
+        ids=ids,
+        plain_step=0.00135,
+        draft=lambda g: 0.003 + 0.0045 * g,
+        verify=lambda k: 0.0018 * (1 + 0.05 * (k - 1)),
+        accepted=often_fully_accepted,
+        catch_up=lambda n: 0.003 + 0.0003 * n,
+    )
+    assert c.rounds == 0 and plain_ids == ids
+    assert controller(max_gamma=8, draft_weight=0.17).choose() == 2
