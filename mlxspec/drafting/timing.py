@@ -2,7 +2,8 @@
 round of gamma proposals, D(gamma) = d0 + c gamma (c the draft step; d0 the round's fixed
 cost: the wait for the drafts, reading the ids the last round emitted); the target's verify
 time as a function of the ids it reads, T(k) = a + b k; the rest of a round (bookkeeping,
-rewinds); the seconds of a plain, pipelined decoding step; and the draft's catching up on ids
+rewinds); the seconds of a plain, pipelined decoding step (the median of the latest); and
+the draft's catching up on ids
 emitted without it (plain steps, prompt lookup), C(n) = e + r n, which a probe after a plain
 stretch pays on top of its round (until it is timed, guessed from the draft's step). The
 lines are fitted by least squares with older rounds weighted down, as the rounds vary in
@@ -14,11 +15,17 @@ the weights' ratio (decoding reads every weight once a step).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
+# plain steps whose median is the plain step: on a loaded machine a step another process
+# preempted takes many times the others, and a mean of them made drafting look cheap (a
+# useless draft drafted 15.6 rounds in 256 ids there, against 4 on a quiet machine)
+PLAIN_WINDOW = 15
 
 
 def proportional(mean_x: float, mean_y: float, x: float) -> float:
@@ -87,7 +94,7 @@ class RoundTimes:
     draft_weight: float | None = None  # the draft's weights over the target's (None: unknown)
     plain_step: float | None = None
     overhead: float = 0.0
-    _plains: int = 0
+    _plains: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW), repr=False)
     _rounds: int = 0
     _draft: LineFit = field(init=False, repr=False)
     _verify: LineFit = field(init=False, repr=False)
@@ -99,8 +106,8 @@ class RoundTimes:
         self._catch_up = LineFit(self.decay, partial(relative_slope, self.prior_slope))
 
     def observe_plain(self, seconds: float) -> None:
-        self._plains += 1
-        self.plain_step = running_mean(self.plain_step, seconds, self._plains, self.decay)
+        self._plains.append(seconds)
+        self.plain_step = statistics.median(self._plains)
 
     def observe_draft(self, proposals: int, seconds: float) -> None:
         self._draft.add(proposals, seconds)
