@@ -26,6 +26,11 @@ PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-t
 # preempted takes many times the others, and a mean of them made drafting look cheap (a
 # useless draft drafted 15.6 rounds in 256 ids there, against 4 on a quiet machine)
 PLAIN_WINDOW = 15
+# a pipelined step timed at more than this many one-token verifies was timed in a slow spell
+# (pipelined, it costs less than one): forgotten, so that it is timed again. Else, while
+# drafting seemed to win against it, it was never timed again: a useless draft drafted all
+# of a generation, 106 rounds of one rejected id, on this loaded machine
+STALE_PLAIN = 2.0
 
 
 def proportional(mean_x: float, mean_y: float, x: float) -> float:
@@ -115,6 +120,10 @@ class RoundTimes:
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
             self._verify.add(tokens, seconds)
+        one = self._verify.at(1)
+        if self.plain_step is not None and one is not None and self.plain_step > STALE_PLAIN * one:
+            self.plain_step = None
+            self._plains.clear()
 
     def observe_catch_up(self, ids: int, seconds: float) -> None:
         """The draft read `ids` it had not proposed in a forward of its own, before a round."""

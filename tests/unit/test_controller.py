@@ -709,3 +709,15 @@ def test_a_draft_whose_weights_outweigh_its_target_s_is_never_drafted_blind(ids)
     )
     assert c.rounds == 0 and plain_ids == ids
     assert controller(max_gamma=8, draft_weight=0.17).choose() == 2
+
+
+def test_a_plain_step_timed_in_a_slow_spell_is_timed_again():
+    """The same draft where the six steps that first time plain decoding each wait nine plain
+    steps more: drafting one id, rejected, looked cheaper than such a step, and as a drafting
+    run never times plain decoding again, it drafted to the end of the generation (106
+    rounds of one id measured on this loaded machine). A pipelined step timed at more than
+    two one-token verifies is forgotten and timed again: one round drafted against it, then
+    the probes' own."""
+    c = controller(max_gamma=8)
+    useless_draft_costs(c, 256, preempted=lambda n: 1 <= n <= 6)
+    assert c.rounds <= 5
