@@ -683,7 +683,7 @@ def test_a_loaded_machine_does_not_talk_the_controller_into_drafting(every):
     """The same draft where one step or round in `every` waits nine plain steps more (the
     machine shared). A decaying mean of the plain steps swung with each wait: now a round of
     one draft looked cheaper than a plain step, now a probe cheap, and a generation drafted
-    10, 6 and 41 rounds (15.6 on average in one loaded run of never_slower's first bar). The
+    10, 6 and 41 rounds (15.6 on average on never_slower's first bar, loaded). The
     median of the latest steps is not moved by them: the blind round and one probe."""
     c = controller(max_gamma=8)
     useless_draft_costs(c, 256, preempted=lambda n: n % every == every - 1)
