@@ -80,7 +80,9 @@ class Session:
         shared (a server's, one namespace per API key); default: this session's own, so a
         chat's later turns draft from its earlier ones."""
         self.pair = pair
-        self.controller = controller or Controller(ControllerConfig(start_gamma=pair.gamma_hint))
+        self.controller = controller or Controller(
+            ControllerConfig(start_gamma=pair.gamma_hint, draft_weight=pair.draft_weight)
+        )
         self.history = history or HistoryStore(limit_tokens=SESSION_HISTORY_TOKENS)
         self.target, self.draft = make_cursors(pair, cache_options=cache_options)
         if cache_options.kv_bits is not None:

@@ -11,21 +11,25 @@ Early on: each of the draft's position rates starts from the prior as three
 pseudo-observations (a lookup's beside it, as one), so one lucky round does not send gamma
 to the maximum, nor a few unlucky ones (common under sampling) gamma to 0. The first round
 drafts half the preset's length: it runs blind, so a draft dearer than expected costs
-little. When its first proposal was accepted and what it cost says a round of the preset's length pays even against
-the cheapest plain step plausible, the second round drafts that length, so both cost lines
-are fitted; gamma grows at most one position beyond those tried (an untried position borrows
-the last measured rate).
+little. A draft whose weights outweigh its target's (`draft_weight` above 1: no length can
+pay) is not run blind at all: plain decoding is timed first, and the draft is priced from
+its weights (timing.py) like any probe. When the first round's first proposal was accepted
+and what it cost says a round of the preset's length pays even against the cheapest plain
+step plausible, the second round drafts that length, so both cost lines are fitted; gamma
+grows at most one position beyond those tried (an untried position borrows the last
+measured rate).
 A pipelined plain step can be much cheaper than a one-token verify, so plain decoding is not
 judged before it is timed: while no draft length is clearly ahead of the verify-based
 guess, a short plain stretch times it. While plain decoding wins, `probes` says when to
 draft again; now and then a length one beyond the best is tried, to learn that position.
 
-Probing has a budget (`budget`): probes are charged what they cost beyond plain decoding,
-the draft's catching up included, and a probe runs only when the budget covers what the
-cost model expects it to cost. Where a round costs many plain
-steps (a draft dearer than its target; a backend that is slow on multi-token calls) probes
-become rare and the first round, run blind, is the only dear one: `--gamma auto` stays within
-a few percent of standard decoding. Where rounds are cheap the budget seldom binds.
+Probing has a budget (`budget`): probes, and the blind first round, are charged what they
+cost beyond plain decoding, the draft's catching up included, and a probe runs only when the
+budget covers what the cost model says it costs were all its drafts rejected (the rates'
+prior would price an always-rejected draft's probe as if it emitted half as much again).
+Where a round costs many plain steps (a backend that is slow on multi-token calls) probes
+become rare and the first round, run blind, is the only dear one; a draft dearer than its
+target is never drafted at all. Where rounds are cheap the budget seldom binds.
 
 Everything here is learnt across a session's generations (chat's turns); a pure function of
 its observations: no clocks, no MLX.
@@ -40,10 +44,9 @@ from .budget import ProbeBudget
 from .early_stop import StopLearner
 from .probes import ProbeSchedule
 from .theory import expected_tokens_by_position
-from .timing import RoundTimes
+from .timing import PLAIN_DOUBT, RoundTimes
 from .tree_budget import TreeCalibration
 
-PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
 LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
 
 
@@ -60,6 +63,9 @@ class ControllerConfig:
     probe_gamma: int = 2
     probe_weight: float = 0.5  # a probe is fresh evidence after a stretch without drafting
     probe_budget: float = 0.05  # of plain decoding's time that probes may cost
+    # the draft's weights over the target's (a draft model's; None: unknown). Above 1 a draft
+    # step costs more than a target step: no length can pay, so no round is drafted blind
+    draft_weight: float | None = None
 
 
 @dataclass
@@ -100,7 +106,12 @@ class Controller:
 
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
-        self.times = RoundTimes(decay=self.config.decay, prior_slope=self.config.prior_slope)
+        # a lighter draft's costs are not guessed: its first round runs blind and costs little
+        self.times = RoundTimes(
+            decay=self.config.decay,
+            prior_slope=self.config.prior_slope,
+            draft_weight=self.config.draft_weight if self._dear_draft() else None,
+        )
         self.acceptance = AcceptanceModel(
             prior=self.config.prior_acceptance, decay=self.config.decay, prior_weight=self.config.prior_weight
         )
@@ -152,7 +163,7 @@ class Controller:
         )  # the draft read what it had not seen
         if proposing and outcome.catch_up_seconds > 0:
             self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
-        if self.probes.probing:
+        if self.probes.probing or self.rounds == 0:  # the first round too: it ran blind
             self.budget.charge(seconds=outcome.seconds + outcome.catch_up_seconds, ids=len(outcome.emitted))
         self._observe_verified(outcome, proposed_by_draft=proposing)
         if not outcome.drafted:
@@ -222,28 +233,30 @@ class Controller:
         guess = self.times.verify_time(1)
         return self.times.plain_step or (guess / PLAIN_DOUBT if guess else None)
 
-    def probe_cost(self, gamma: int, *, unheard: int | None = None) -> float | None:
+    def probe_cost(self, gamma: int, *, unheard: int | None = None, worst: bool = False) -> float | None:
         """Plain steps a round of `gamma` is expected to cost beyond plain decoding of the ids
         it emits, the draft's catching up on `unheard` ids (default: those now) included;
-        None before anything is timed."""
+        `worst`: if every draft is rejected (it emits one id). None before anything is timed."""
         step, round_time = self._plain_step_for_budget(), self.times.round_time(gamma)
         if step is None or round_time is None:
             return None
         catch_up = self.times.catch_up_time(self.unheard if unheard is None else unheard)
-        return (catch_up + round_time) / step - self.expected_tokens(gamma)
+        return (catch_up + round_time) / step - (1.0 if worst else self.expected_tokens(gamma))
 
+    # A probe is budgeted at its worst: the rates' prior (0.6, as three rounds) would price a
+    # draft that is always rejected as if it emitted half as much again, and buy it more probes.
     def affords(self, gamma: int) -> bool:
-        """The budget covers a probe of `gamma` now."""
-        cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
+        """The budget covers a probe of `gamma` now, were all its drafts rejected."""
+        cost, step = self.probe_cost(gamma, worst=True), self._plain_step_for_budget()
         return cost is None or self.budget.affords(cost, plain_step=step)
 
     def _affordable_in(self, gamma: int) -> int | None:
-        """Plain ids to decode before the budget covers a probe of `gamma`, whose catching up
-        grows with them; None: never foreseeably."""
-        cost, step = self.probe_cost(gamma), self._plain_step_for_budget()
+        """Plain ids to decode before the budget covers a probe of `gamma` (at its worst),
+        whose catching up grows with them; None: never foreseeably."""
+        cost, step = self.probe_cost(gamma, worst=True), self._plain_step_for_budget()
         if cost is None:
             return 0
-        growth = self.probe_cost(gamma, unheard=self.unheard + 1) - cost
+        growth = self.probe_cost(gamma, unheard=self.unheard + 1, worst=True) - cost
         return self.budget.ids_until(cost, growth=growth, plain_step=step)
 
     # --- the decision -----------------------------------------------------------------
@@ -265,9 +278,15 @@ class Controller:
         cost = self.probe_cost(second)
         return second if accepted and cost is not None and cost <= 0 else None
 
+    def _dear_draft(self) -> bool:
+        """The draft's weights say a step of it costs more than a target step."""
+        return self.config.draft_weight is not None and self.config.draft_weight > 1
+
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
         config = self.config
+        if self.rounds == 0 and self.times.plain_step is None and self._dear_draft():
+            return 0  # not blind: plain decoding is timed, then the draft is priced from its weights
         second = self._second_size()
         if second is not None:
             return second

@@ -2,18 +2,35 @@
 round of gamma proposals, D(gamma) = d0 + c gamma (c the draft step; d0 the round's fixed
 cost: the wait for the drafts, reading the ids the last round emitted); the target's verify
 time as a function of the ids it reads, T(k) = a + b k; the rest of a round (bookkeeping,
-rewinds); the seconds of a plain, pipelined decoding step; and the draft's catching up on ids
+rewinds); the seconds of a plain, pipelined decoding step (the median of the latest); and
+the draft's catching up on ids
 emitted without it (plain steps, prompt lookup), C(n) = e + r n, which a probe after a plain
 stretch pays on top of its round (until it is timed, guessed from the draft's step). The
 lines are fitted by least squares with older rounds weighted down, as the rounds vary in
-length.
+length. Given the draft's weights over the target's (`draft_weight`: the controller gives
+it for a draft that outweighs its target), a plain step timed stands in for the lines not
+timed yet: a verify as a plain step PLAIN_DOUBT dearer, a draft step as that verify times
+the weights' ratio (decoding reads every weight once a step).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+
+PLAIN_DOUBT = 1.5  # a pipelined step may be up to this much faster than a one-token verify
+# plain steps whose median is the plain step: on a loaded machine a step another process
+# preempted takes many times the others, and a mean of them made drafting look cheap (a
+# useless draft drafted 15.6 rounds in 256 ids there, against 4 on a quiet machine)
+PLAIN_WINDOW = 15
+# a pipelined step timed at more than this many one-token verifies was timed in a slow spell
+# (pipelined, it costs less than one): forgotten, so that it is timed again. Else, while
+# drafting seemed to win against it, it was never timed again: a useless draft drafted all
+# of a generation, 106 rounds of one rejected id, on this loaded machine
+STALE_PLAIN = 2.0
 
 
 def proportional(mean_x: float, mean_y: float, x: float) -> float:
@@ -79,9 +96,10 @@ class RoundTimes:
 
     decay: float = 0.92
     prior_slope: float = 0.05  # T(k) = a (1 + prior_slope (k - 1)) until two sizes are seen
+    draft_weight: float | None = None  # the draft's weights over the target's (None: unknown)
     plain_step: float | None = None
     overhead: float = 0.0
-    _plains: int = 0
+    _plains: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW), repr=False)
     _rounds: int = 0
     _draft: LineFit = field(init=False, repr=False)
     _verify: LineFit = field(init=False, repr=False)
@@ -93,8 +111,8 @@ class RoundTimes:
         self._catch_up = LineFit(self.decay, partial(relative_slope, self.prior_slope))
 
     def observe_plain(self, seconds: float) -> None:
-        self._plains += 1
-        self.plain_step = running_mean(self.plain_step, seconds, self._plains, self.decay)
+        self._plains.append(seconds)
+        self.plain_step = statistics.median(self._plains)
 
     def observe_draft(self, proposals: int, seconds: float) -> None:
         self._draft.add(proposals, seconds)
@@ -102,6 +120,10 @@ class RoundTimes:
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
             self._verify.add(tokens, seconds)
+        one = self._verify.at(1)
+        if self.plain_step is not None and one is not None and self.plain_step > STALE_PLAIN * one:
+            self.plain_step = None
+            self._plains.clear()
 
     def observe_catch_up(self, ids: int, seconds: float) -> None:
         """The draft read `ids` it had not proposed in a forward of its own, before a round."""
@@ -117,10 +139,17 @@ class RoundTimes:
         return self._draft.fitted
 
     def draft_time(self, gamma: float) -> float | None:
-        return self._draft.at(gamma)
+        measured = self._draft.at(gamma)
+        if measured is not None or self.draft_weight is None:
+            return measured
+        verify = self.verify_time(1)
+        return None if verify is None else self.draft_weight * gamma * verify
 
     def verify_time(self, tokens: float) -> float | None:
-        return self._verify.at(tokens)
+        measured = self._verify.at(tokens)
+        if measured is not None or self.draft_weight is None or self.plain_step is None:
+            return measured
+        return relative_slope(self.prior_slope, 1, PLAIN_DOUBT * self.plain_step, tokens)
 
     def draft_step(self) -> float | None:
         """One more proposal's seconds (c): the draft line's slope, or its mean per proposal

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..distributed import ranks
 from ..errors import InvalidOption, MlxspecError, ModelNotFound, PromptTooLong
 from . import backend, kinds, loading
-from .loading import LoadedModel
+from .loading import DRAFT_MODEL, LoadedModel
 from .memory import check_memory
 from .presets import resolve_name
 
@@ -61,6 +61,14 @@ class Pair:
     def own_head(self) -> bool:
         """The target drafts for itself with its own head (its MTP head)."""
         return self.kind is not None and self.kind.in_target
+
+    @property
+    def draft_weight(self) -> float | None:
+        """A draft model's weights over the target's, what a step of each reads (None: no
+        draft model of its own: a head, lookup); `--gamma auto` prices an untimed draft by it."""
+        if self.draft is None or self.draft.kind != DRAFT_MODEL or not self.target.weight_bytes:
+            return None
+        return self.draft.weight_bytes / self.target.weight_bytes
 
     @property
     def drafting(self) -> str | None:

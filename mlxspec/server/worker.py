@@ -254,7 +254,7 @@ class Worker:
             self.pair = pair = self._load()
             # one pair, one generation at a time: what is learnt of its costs and acceptance
             # serves every conversation
-            controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint))
+            controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint, draft_weight=pair.draft_weight))
             options = {"cache_options": self._cache_options} if self._cache_options is not None else {}
             # one history for every conversation, a namespace per API key
             self.history = history = self._history.store(self.pair, warn=self._log)

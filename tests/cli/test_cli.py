@@ -74,6 +74,20 @@ def test_no_draft_gives_the_same_tokens_at_temperature_zero(capsys, folders):
     assert runs[0] == runs[1] == runs[2]
 
 
+def test_auto_never_drafts_blind_with_a_draft_that_outweighs_its_target(capsys):
+    """The bundled pair the other way round: the 5-layer model drafts for the 2-layer one (six
+    times its weights). `--gamma auto` used to draft its first round blind, a tenth of a short
+    generation's time; priced from the weights, it decodes plainly from the start."""
+    from mlxspec.models.pairs import BUNDLED_DRAFT, BUNDLED_TARGET
+
+    swapped = ["-t", str(BUNDLED_DRAFT), "-d", str(BUNDLED_TARGET), "-m", "48", "--json"]
+    code, out, _ = run(capsys, "generate", "def main(", *swapped)
+    auto = json.loads(out)
+    _, out, _ = run(capsys, "generate", "def main(", *swapped, "-g", "0")
+    assert code == 0 and auto["tokens"] == json.loads(out)["tokens"]
+    assert auto["stats"]["model_rounds"] == 0 and auto["stats"]["plain_rounds"] == auto["stats"]["rounds"] > 0
+
+
 def test_seeded_sampling_is_reproducible(capsys, folders):
     """With a fixed gamma a seed fixes the sample. (With auto, each round's draft length
     follows measured timings, so a seed fixes the distribution, not the exact sample.)"""

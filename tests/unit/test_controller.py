@@ -405,23 +405,29 @@ def run_on_machine(
     verify,
     accepted,
     catch_up=lambda unheard: 0.0,
+    preempted=lambda n: False,
 ) -> tuple[float, int]:
     """Decodes `ids` ids as the controller chooses, on a machine where a plain step costs
     `plain_step`, drafting gamma ids `draft(gamma)`, verifying k ids `verify(k)`, the draft's
     catching up on n ids it did not propose `catch_up(n)` (a forward of its own past 4 ids, as
-    the model drafter does), and the round numbered r accepts `accepted(r, gamma)` drafts.
-    Returns the seconds spent and the ids emitted in plain steps."""
-    seconds, emitted, plain_ids, rounds, unheard = 0.0, 0, 0, 0, 0
+    the model drafter does), and the round numbered r accepts `accepted(r, gamma)` drafts; the
+    step or round numbered n (in the order they run) waits nine plain steps more when
+    `preempted(n)` (another process had the core). Returns the seconds spent and the ids
+    emitted in plain steps."""
+    seconds, emitted, plain_ids, rounds, unheard, timed = 0.0, 0, 0, 0, 0, 0
     while emitted < ids:
         gamma = min(c.choose(), ids - emitted - 1)
         if gamma == 0:
             for _ in range(min(c.plain_stretch(), ids - emitted)):
-                c.observe_plain(plain_step)
-                seconds, emitted, plain_ids, unheard = seconds + plain_step, emitted + 1, plain_ids + 1, unheard + 1
+                step = plain_step + (9 * plain_step if preempted(timed) else 0.0)
+                c.observe_plain(step)
+                seconds, emitted, plain_ids, unheard = seconds + step, emitted + 1, plain_ids + 1, unheard + 1
+                timed += 1
             continue
         hits = min(accepted(rounds, gamma), gamma)
         caught_up = catch_up(unheard) if unheard > 4 else 0.0
-        drafting, verifying = draft(gamma), verify(gamma + 1)
+        drafting, verifying = draft(gamma), verify(gamma + 1) + (9 * plain_step if preempted(timed) else 0.0)
+        timed += 1
         drafted(c, drafted=gamma, accepted=hits, draft=drafting, verify=verifying, catch_up=caught_up)
         seconds += drafting + verifying + caught_up
         emitted, rounds, unheard = emitted + hits + 1, rounds + 1, 0
@@ -634,3 +640,84 @@ def test_a_tree_round_teaches_the_rates_its_first_choices_would_have_shown_as_a_
     assert tree_fed.acceptance.rates == chain_fed.acceptance.rates
     assert tree_fed.acceptance.rates[0] > tree_fed.acceptance.rates[1]  # the second choice was wrong
     assert tree_fed.times.draft_time(3) == pytest.approx(chain_fed.times.draft_time(3))  # 3 levels, not 5
+
+
+def useless_draft_round(r: int, gamma: int) -> int:
+    """A draft that knows nothing: its first round has one lucky id (as on a code prompt), then
+    every draft is rejected."""
+    return 1 if r == 0 else 0
+
+
+# the bundled target with a useless draft of the bundled draft's size (never_slower's first
+# bar), as this CPU timed them: a pipelined plain step 3 ms, a round of 2 about 2.3 plain steps
+USELESS_STEP = 0.003
+
+
+def useless_draft_costs(c, ids: int, **machine) -> tuple[float, int]:
+    return run_on_machine(
+        c,
+        ids=ids,
+        plain_step=USELESS_STEP,
+        draft=lambda g: 0.0005 + 0.00125 * g,
+        verify=lambda k: 0.0033 * (1 + 0.18 * (k - 1)),
+        accepted=useless_draft_round,
+        catch_up=lambda n: 0.0012 + 0.00003 * n,
+        **machine,
+    )
+
+
+def test_a_useless_draft_stops_costing_within_two_rounds():
+    """A generation of 256 ids with a draft that is always rejected: the blind first round and
+    one probe, at most, whose cost stays within 2% of plain decoding. When probes were budgeted
+    at what the rates expected them to emit (the prior, 0.6 counted as three rounds, said half
+    as much again) and the blind first round was free, two more probes fitted: 3.3% (either
+    change alone keeps them out)."""
+    c = controller(max_gamma=8)
+    seconds, _ = useless_draft_costs(c, 256)
+    assert c.rounds <= 2
+    assert seconds - 256 * USELESS_STEP <= 0.02 * 256 * USELESS_STEP
+
+
+@pytest.mark.parametrize("every", [8, 12, 20])
+def test_a_loaded_machine_does_not_talk_the_controller_into_drafting(every):
+    """The same draft where one step or round in `every` waits nine plain steps more (the
+    machine shared). A decaying mean of the plain steps swung with each wait: now a round of
+    one draft looked cheaper than a plain step, now a probe cheap, and a generation drafted
+    10, 6 and 41 rounds (15.6 on average on never_slower's first bar, loaded). The
+    median of the latest steps is not moved by them: the blind round and one probe."""
+    c = controller(max_gamma=8)
+    useless_draft_costs(c, 256, preempted=lambda n: n % every == every - 1)
+    assert c.rounds <= 2
+
+
+@pytest.mark.parametrize("ids", [256, 20_000])
+def test_a_draft_whose_weights_outweigh_its_target_s_is_never_drafted_blind(ids):
+    """The bundled pair the other way round (draft 6.0x the target's weights), as this CPU timed
+    it: a plain step 1.35 ms, a round of 2 some 14 ms (10 plain steps; 10-25 measured). Run
+    blind, the first round cost up to a tenth of a 256-id generation (0.84-0.91x of standard
+    decoding). Priced from the weights, no round is drafted at all; a draft a sixth of its
+    target's still opens blind."""
+    c = controller(max_gamma=8, draft_weight=6.0)
+    seconds, plain_ids = run_on_machine(
+        c,
+        ids=ids,
+        plain_step=0.00135,
+        draft=lambda g: 0.003 + 0.0045 * g,
+        verify=lambda k: 0.0018 * (1 + 0.05 * (k - 1)),
+        accepted=often_fully_accepted,
+        catch_up=lambda n: 0.003 + 0.0003 * n,
+    )
+    assert c.rounds == 0 and plain_ids == ids
+    assert controller(max_gamma=8, draft_weight=0.17).choose() == 2
+
+
+def test_a_plain_step_timed_in_a_slow_spell_is_timed_again():
+    """The same draft where the six steps that first time plain decoding each wait nine plain
+    steps more: drafting one id, rejected, looked cheaper than such a step, and as a drafting
+    run never times plain decoding again, it drafted to the end of the generation (106
+    rounds of one id measured on this loaded machine). A pipelined step timed at more than
+    two one-token verifies is forgotten and timed again: one round drafted against it, then
+    the probes' own."""
+    c = controller(max_gamma=8)
+    useless_draft_costs(c, 256, preempted=lambda n: 1 <= n <= 6)
+    assert c.rounds <= 5
