@@ -7,7 +7,6 @@ within the disk it is given."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -163,11 +162,10 @@ def test_a_damaged_corpus_is_one_line_before_any_work(damage, target, tmp_path):
     change, said = DAMAGED[damage]
     path = tmp_path / "corpus.json"
     path.write_bytes(change(sharegpt_text(ITEMS)[0]).encode("utf-8", "surrogateescape"))
-    started = time.perf_counter()
     done = _run("--target", target, "--out", tmp_path / "run", "--corpus", path, "--minutes", 0.1, timeout=30)
     line = one_line(done)
     assert done.returncode == 1 and str(path) in line and said in line, line
-    assert time.perf_counter() - started < 10 and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()  # refused before any work: no run folder made
 
 
 def test_prompts_and_a_corpus_together_are_refused(target, tmp_path):

@@ -48,7 +48,9 @@ def test_a_failure_is_named_as_it_happens(tmp_path):
     running = subprocess.Popen(
         [*command, str(tmp_path / "test_long.py"), str(tmp_path / "test_fails.py")],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        # not this run's xdist worker: the inner run is a run of its own (it would skip the
+        # hook, as a worker does, and share this run's locks)
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
