@@ -163,7 +163,9 @@ class Controller:
         )  # the draft read what it had not seen
         if proposing and outcome.catch_up_seconds > 0:
             self.times.observe_catch_up(self.unheard, outcome.catch_up_seconds)
-        if self.probes.probing or self.rounds == 0:  # the first round too: it ran blind
+        # the first round too where a draft model ran it blind; a lookup's costs no drafting
+        # (charged, a server's first request left no budget for a key's own history to draft)
+        if self.probes.probing or (self.rounds == 0 and outcome.plan.draft):
             self.budget.charge(seconds=outcome.seconds + outcome.catch_up_seconds, ids=len(outcome.emitted))
         self._observe_verified(outcome, proposed_by_draft=proposing)
         if not outcome.drafted:
