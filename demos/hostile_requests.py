@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from tests.server.test_server import running_server  # noqa: E402
+from tests.server.test_server import KEY, running_server  # noqa: E402
 
-KEY_A, KEY_B = "hostile-key-a", "hostile-key-b"
+KEY_A, KEY_B = KEY, "hostile-key-b"  # the first is the one running_server asks /health with
 ANSWER_SECONDS = 30  # any one answer, a refusal or a short generation on the bundled pair
 FREED_SECONDS = 10  # a worker busy with a request whose client left
 PROMPT = "def fibonacci(n):"
@@ -203,7 +203,18 @@ def history_runs(tally: Tally, work: Path) -> None:
     """SIGTERM keeps what was taught; a restart counts it before any request; a FIFO in its
     place neither hangs a request nor /health; the files are private."""
     env = {"MLXSPEC_CACHE": str(work / "cache")}
-    args = ("--history-keep", "--api-key", KEY_A, "--api-key", KEY_B)
+    # prompt lookup drafts (and so keeps a history); the bundled pair's draft model does not
+    args = (
+        "--target",
+        "bundled:tiny-target",
+        "--draft",
+        "ngram",
+        "--history-keep",
+        "--api-key",
+        KEY_A,
+        "--api-key",
+        KEY_B,
+    )
     with running_server(*args, log=work / "first.log", env=env, stop=signal.SIGTERM) as (url, _):
         client_leaves(url, tally)
         keys_apart(url, tally)
