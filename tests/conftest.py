@@ -61,7 +61,7 @@ def pytest_runtest_logreport(report):
     """A failure named as it happens, in the process that prints (under xdist, the one the
     workers report to): `-ra`'s summary comes only at the end, and a run stopped before it
     would have shown only its F's."""
-    if not report.failed or "PYTEST_XDIST_WORKER" in os.environ:
+    if not report.failed or _is_xdist_worker(_config):
         return
     terminal = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
     if terminal is not None:
@@ -70,6 +70,14 @@ def pytest_runtest_logreport(report):
 
 
 _config = None
+
+
+def _is_xdist_worker(config) -> bool:
+    """This process is a worker of an xdist run: by its config, not by PYTEST_XDIST_WORKER,
+    which a pytest a test starts (the session walk's negative control) inherits. Read from
+    the environment, such an inner run took the outer run's locks while its parent test held
+    one, and deadlocked the suite with a waiting `alone` test (the whole run stood idle)."""
+    return config is not None and hasattr(config, "workerinput")
 
 
 def pytest_configure(config):
@@ -83,9 +91,9 @@ def pytest_runtest_protocol(item, nextitem):
     exclusive one, from its setup (a module's server starting, a model loading) to its
     teardown; a turnstile taken first keeps a waiting `alone` test from being starved by the
     other process's stream of shared ones. Outside xdist, nothing."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if not _is_xdist_worker(item.config):
         return (yield)
-    shared = Path(tempfile.gettempdir()) / f"mlxspec-tests-{os.environ['PYTEST_XDIST_TESTRUNUID']}"
+    shared = Path(tempfile.gettempdir()) / f"mlxspec-tests-{item.config.workerinput['testrunuid']}"
     shared.mkdir(exist_ok=True)  # one folder for the run's processes
     alone = item.get_closest_marker("alone") is not None
     with open(shared / "machine.lock", "a") as machine, open(shared / "turnstile.lock", "a") as turnstile:
