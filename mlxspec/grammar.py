@@ -43,6 +43,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from .errors import InvalidOption
+from .text import ascii_digits
 
 KINDS = ("json_schema", "json_object", "regex", "lark", "llguidance")
 # any JSON object: OpenAI's {"type": "json_object"}
@@ -219,7 +220,7 @@ def _pointer(root, ref: str):
         part = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):  # not "²"
+        elif isinstance(node, list) and ascii_digits(part) and int(part) < len(node):  # not "²"
             node = node[int(part)]
         else:
             return None

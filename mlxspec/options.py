@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .decoding.sampling import SamplingParams
 from .errors import InvalidOption
 from .grammar import GrammarSpec
+from .text import ascii_digits
 
 SEED_LIMIT = 2**64  # MLX's random keys take an unsigned 64-bit seed
 # The most a request or a command may ask for, where a bigger value stops paying and only
@@ -187,7 +188,7 @@ def parse_count(value, *, what: str, most: int, why: str) -> int | Auto:
         word = value.strip()
         if word.lower() == "auto":
             return AUTO
-        if word.isascii() and word.isdigit():
+        if ascii_digits(word):
             # more digits than `most` has is too many, however many (int() refuses past 4300)
             value = int(word) if len(word.lstrip("0")) <= len(str(most)) else most + 1
     if isinstance(value, Auto):

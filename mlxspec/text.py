@@ -12,6 +12,13 @@ from pathlib import Path
 
 from .errors import InvalidOption, MlxspecError
 
+
+def ascii_digits(text: str) -> bool:
+    """`text` is a whole number written in ASCII digits: `str.isdigit` also takes "²" (which
+    `int` refuses) and `int` takes "١٢" (12), neither of which anyone typing a count means."""
+    return text.isascii() and text.isdigit()
+
+
 _PARTIAL = "\ufffd"
 
 

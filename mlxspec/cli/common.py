@@ -16,6 +16,7 @@ from rich.text import Text
 from ..distributed import ranks
 from ..errors import InvalidOption
 from ..models.loading import Reporter
+from ..text import ascii_digits
 from .options import Models
 
 
@@ -25,7 +26,7 @@ def _drop_unreadable_terminal_size() -> None:
     digits is no size: dropped, and the terminal's own is used. Before the first Console."""
     for name in ("COLUMNS", "LINES"):
         value = os.environ.get(name)
-        if value is not None and not (value.isascii() and value.isdigit()):
+        if value is not None and not ascii_digits(value):
             del os.environ[name]
 
 
@@ -229,7 +230,7 @@ def wide_console() -> Console:
     if console.is_terminal:
         return console
     columns = os.environ.get("COLUMNS", "")
-    width = int(columns) if columns.isdigit() and int(columns) > 0 else terminal_columns() or PIPE_WIDTH
+    width = int(columns) if ascii_digits(columns) and int(columns) > 0 else terminal_columns() or PIPE_WIDTH
     return Console(width=width, file=_TrimmedLines(sys.stdout))
 
 

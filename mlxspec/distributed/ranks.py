@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from ..text import ascii_digits
+
 SHARD_MODES = ("pipeline", "tensor")
 _RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 # how MLX's backends start the message of a failed send or receive
@@ -24,7 +26,7 @@ def rank() -> int:
     """This process's rank (0 when not launched)."""
     for name in _RANK_VARIABLES:
         value = os.environ.get(name, "")
-        if value.strip().isdigit():
+        if ascii_digits(value.strip()):
             return int(value)
     return 0
 

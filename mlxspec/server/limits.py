@@ -8,6 +8,7 @@ import asyncio
 import resource
 from dataclasses import dataclass
 
+from ..text import ascii_digits
 from .schema import RequestError
 
 MB = 1 << 20
@@ -60,7 +61,7 @@ async def read_body(request, limits: Limits) -> bytes:
     """The whole body, refused (413) as soon as it is known to be over the limit, and (408)
     when the client pauses longer than the idle timeout."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limits.max_body_bytes:
+    if ascii_digits(declared) and int(declared) > limits.max_body_bytes:
         raise too_large(limits)
     chunks, size = [], 0
     stream = aiter(request.stream())

@@ -124,11 +124,16 @@ def translate(body: ResponsesBody, earlier: list[dict]) -> tuple[ChatBody, list[
     return chat, items, size_of(items)
 
 
+def _kind(item: dict) -> str | None:
+    """An input item's type; an item with a role and no type is a message, as OpenAI reads it."""
+    return item.get("type", "message" if "role" in item else None)
+
+
 def plain_item(item: dict) -> dict:
     """An item as kept for previous_response_id: only the fields the translation reads, the
     text parts joined (a client's other fields are not kept: they would cost memory and
     change nothing). `item` has been read by chat_messages, so it is sound."""
-    kind = item.get("type", "message" if "role" in item else None)
+    kind = _kind(item)
     if kind == "message":
         return {"type": "message", "role": item["role"], "content": _text(item.get("content"), "content")}
     if kind == "function_call":
@@ -184,7 +189,7 @@ def chat_messages(labelled: list[tuple[dict, str]]) -> list[dict]:
     for item, where in labelled:
         if not isinstance(item, dict):
             raise RequestError(f"{where} must be an item (an object with a type)", param=where)
-        kind = item.get("type", "message" if "role" in item else None)
+        kind = _kind(item)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
