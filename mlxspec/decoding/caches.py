@@ -113,6 +113,8 @@ class ModelCache:
     """One model's per-layer caches and how many tokens they hold. A layer is one cache or
     a CacheList of parts; rollback works part by part."""
 
+    chunk: int | None = None  # at most this many ids per prefill forward (None: any)
+
     def __init__(self, layers: list, model_name: str = "model"):
         self.layers = layers
         try:

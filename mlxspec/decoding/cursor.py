@@ -13,10 +13,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
 
 from . import tree_attention
 from .caches import CacheOptions, CacheRollbackError, Mark, ModelCache
 from .features import FeatureStore
+from .packed import Lane, PackedCache
 from .tree import Tree
 
 PREFILL_STEP = 512
@@ -75,9 +77,12 @@ class Cursor:
         self.reset()
 
     def reset(self) -> None:
-        # built before anything changes: a Ctrl-C while building leaves all as it was
-        cache = self.cache_options.make(self.model, self.name)
-        self.cache: ModelCache = cache
+        if isinstance(getattr(self, "cache", None), Lane):  # in a batch: its lane, emptied
+            self.cache.trim_to(0)
+        else:
+            # built before anything changes: a Ctrl-C while building leaves all as it was
+            cache = self.cache_options.make(self.model, self.name)
+            self.cache: ModelCache | Lane = cache
         if self.taps is not None:
             self.features = FeatureStore()
         self.tokens: list[int] = []
@@ -110,11 +115,15 @@ class Cursor:
         if self.table < self.width:
             ids = mx.where(ids < self.table, ids, 0)
         start = self.cache.length
-        logits = self.model(ids[None], cache=self.cache.layers)[0]
-        self.cache.length += ids.shape[0]
+        if isinstance(self.cache, Lane):  # read with the batch's other lanes
+            logits, hidden = self.cache.read(ids, tree_attention.take_layout(self.model))
+        else:
+            logits = self.model(ids[None], cache=self.cache.layers)[0]
+            self.cache.length += ids.shape[0]
+            hidden = None
         if self.features is not None:
             if self.keep_features:
-                self.features.write(start, self.taps.take()[0])
+                self.features.write(start, self.taps.take()[0] if hidden is None else hidden)
             else:  # standard decoding: nothing kept, and nothing stale left behind either
                 self.taps.seen.clear()
                 self.features.forget_from(start)
@@ -149,6 +158,29 @@ class Cursor:
             self.features.keep_block_rows(start, block, kept)
         self.tokens += pending + list(path_ids)
 
+    def join(self, packed: PackedCache) -> None:
+        """Move into a lane of `packed` (a batch's): what the cache holds is copied over when
+        it reads back exactly, else read again."""
+        lane = packed.lane()
+        states = _exported(self.cache, len(self.tokens))
+        if states:
+            packed.adopt(lane, states)
+        else:
+            self.invalidate(self.history)
+        self.cache, self.checkpoints = lane, []
+
+    def leave(self) -> None:
+        """Out of its lane, into a cache of its own holding the same ids (read again later
+        where they cannot be copied into it exactly)."""
+        lane = self.cache
+        states = lane.packed.gather(lane) if lane.length else []
+        mx.eval(states)
+        history = self.history
+        self.cache = self.cache_options.make(self.model, self.name)
+        lane.packed.release(lane)
+        if not _imported(self.cache, states):
+            self.invalidate(history)
+
     def sync(self, ids: list[int]) -> int:
         """Make history == ids, keeping what the cache already holds of them, and leave at
         least the last id pending. Returns how many ids were reused from the cache."""
@@ -182,7 +214,9 @@ class Cursor:
             self.checkpoints = (others + [Checkpoint(ids, self.cache.mark())])[-CHECKPOINTS:]
 
     def catch_up(self, step: int = PREFILL_STEP) -> None:
-        """Read all pending ids but the last, in chunks."""
+        """Read all pending ids but the last, in chunks (shorter in a batch, where the other
+        lanes wait for each chunk)."""
+        step = min(step, self.cache.chunk or step)
         with self.atomic(self.history):
             while len(self.pending) > 1:
                 chunk = self.pending[: min(step, len(self.pending) - 1)]
@@ -248,6 +282,41 @@ class Cursor:
             self.pending = pending
         except BaseException:
             self.invalidate(history)
+
+
+def _exported(cache, length: int) -> list | None:
+    """Per layer, the keys and values of a cache holding `length` ids in position order, or
+    None where some layer does not hold them so (a window that wrapped, quantized keys)."""
+    if isinstance(cache, Lane) or not length or not cache.holds(length):
+        return None
+    states = []
+    for layer in cache.layers:
+        if type(layer) is mlx_cache.KVCache:
+            states.append(layer.state)
+        elif (
+            type(layer) is mlx_cache.RotatingKVCache and not layer.keep and layer.offset == layer._idx <= layer.max_size
+        ):
+            states.append(layer.state)
+        else:
+            return None
+    return states
+
+
+def _imported(cache: ModelCache, states: list) -> bool:
+    """Fill a fresh cache with per-layer keys and values (positions 0 on); False where some
+    layer cannot hold them so (a window shorter than them)."""
+    if not states:
+        return True
+    length = states[0][0].shape[2]
+    for layer, (keys, values) in zip(cache.layers, states):
+        if type(layer) is mlx_cache.KVCache:
+            layer.keys, layer.values, layer.offset = keys, values, length
+        elif type(layer) is mlx_cache.RotatingKVCache and not layer.keep and length <= layer.max_size:
+            layer.keys, layer.values, layer.offset, layer._idx = keys, values, length, length
+        else:
+            return False
+    cache.length = length
+    return True
 
 
 def common_prefix(a: list[int], b: list[int], *, limit: int | None = None) -> int:

@@ -173,6 +173,18 @@ def _attention_modules(model) -> list | None:
 
 def why_not(model, cache) -> str | None:
     """None when `model` with `cache` (a caches.ModelCache) can read trees; else why not."""
+    reason = why_not_family(model)
+    if reason is not None:
+        return reason
+    for layer in cache.layers:
+        if type(layer) not in (*_PLAIN, *_WINDOWED):
+            return f"a {type(layer).__name__} cannot hold a tree's branches"
+    return None
+
+
+def why_not_family(model) -> str | None:
+    """None when `model`'s attention can read a block laid out by position and mask (a tree,
+    a packed batch); else why not."""
     family = model_family(model)
     if family not in FAMILIES:
         return f"{family} targets read chains only (trees: {', '.join(FAMILIES)})"
@@ -182,9 +194,6 @@ def why_not(model, cache) -> str | None:
     for rope in {_unwrapped(type(m.rope)) for m in modules}:
         if rope.__name__ not in ROPES_BY_ROW:
             return f"{rope.__name__} cannot place a tree's rows at their own positions"
-    for layer in cache.layers:
-        if type(layer) not in (*_PLAIN, *_WINDOWED):
-            return f"a {type(layer).__name__} cannot hold a tree's branches"
     return None
 
 
@@ -203,6 +212,16 @@ def install(model, attention_modules=None) -> TreeSlot:
             object.__setattr__(module, "_mlxspec_tree", slot)
     object.__setattr__(model, "_mlxspec_tree", slot)
     return slot
+
+
+def take_layout(model) -> TreeLayout | None:
+    """The layout a forward of `model` is to read (None: a chain), cleared: a batch's lane
+    hands it to the packed forward, and other lanes' reads in between must not find it."""
+    slot = getattr(model, "_mlxspec_tree", None)
+    if slot is None:
+        return None
+    layout, slot.layout = slot.layout, None
+    return layout
 
 
 @contextmanager

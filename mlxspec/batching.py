@@ -1,0 +1,124 @@
+"""Several generations at once, each exactly what it would be alone (decoding/batch.py).
+
+`generate_many` is the Python API; `Lanes` is what the server's worker uses: the pair's
+packed caches, which a session's cursors join for one generation and leave after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+
+from .decoding import packed
+from .decoding.batch import Batch, Finished
+from .decoding.caches import CacheOptions
+from .drafters.model import ModelDrafter
+from .generation import GenerationResult, Session, generate
+from .models.pairs import Pair
+from .options import Options
+
+
+def why_not(pair: Pair, cache_options: CacheOptions = CacheOptions()) -> str | None:
+    """None when the pair's target can share its forwards across generations; else why
+    not (its generations then run one after another)."""
+    if cache_options.kv_bits is not None:
+        return "quantized KV caches are not batched"
+    if cache_options.max_kv_size is not None:
+        return "a --max-kv-size window is not batched"
+    if pair.target.shard is not None:
+        return "a target split across ranks is not batched"
+    reason = packed.why_not(pair.target.model)
+    return None if reason is None else f"the target: {reason}"
+
+
+class Lanes:
+    """The pair's packed caches for one batch: the target's, and a draft model's where it has
+    one that packs (a head reads the target's features and drafts per lane)."""
+
+    def __init__(self, pair: Pair, batch: Batch):
+        self.pair = pair
+        self.batch = batch
+        target = pair.target.model
+        self.target = packed.PackedCache(target, name=pair.target.name, batch=batch, taps=_taps(target), order=1)
+        draft = pair.draft.model if pair.draft is not None else None
+        self.draft = None
+        if (
+            draft is not None
+            and pair.kind is not None
+            and not pair.kind.reads_features
+            and packed.why_not(draft) is None
+        ):
+            self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0)
+
+    @contextmanager
+    def joined(self, session: Session):
+        """While inside, the session's cursors are lanes of the batch."""
+        cursors = [(session.target, self.target)]
+        if self.draft is not None and isinstance(session.draft, ModelDrafter):
+            cursors.append((session.draft, self.draft))
+        for cursor, cache in cursors:
+            cursor.join(cache)
+        try:
+            yield
+        finally:
+            for cursor, _ in cursors:
+                cursor.leave()
+
+
+def generate_many(
+    pair: Pair,
+    prompts: Sequence[str | Sequence[int]],
+    options: Options | Sequence[Options] | None = None,
+    *,
+    max_batch: int | None = None,
+    batch: Batch | None = None,
+    **overrides,
+) -> list[GenerationResult]:
+    """Generate for every prompt, `max_batch` at a time (default: all), the target's (and a
+    draft model's) forwards shared: each result is what `generate` gives that prompt alone
+    (greedy ids identical; sampled ones from their own seed's keys). `options`: one for all,
+    or one per prompt; keywords as for `generate`; `batch`: one to run them in (its counts
+    of forwards and rows read stay on it). Where the pair cannot batch (`why_not`),
+    the prompts run one after another."""
+    each = list(options) if isinstance(options, Sequence) else [options] * len(prompts)
+    if len(each) != len(prompts):
+        raise ValueError(f"{len(each)} options for {len(prompts)} prompts")
+    results: list[GenerationResult | None] = [None] * len(prompts)
+    batch = batch or Batch()
+    lanes = Lanes(pair, batch) if why_not(pair) is None else None
+
+    def task(i: int) -> Callable[[], GenerationResult]:
+        def run() -> GenerationResult:
+            session = Session(pair)
+            if lanes is None:
+                return generate(pair, prompts[i], each[i], session=session, **overrides)
+            with lanes.joined(session):
+                return generate(pair, prompts[i], each[i], session=session, **overrides)
+
+        run.index = i
+        return run
+
+    queue = [task(i) for i in range(len(prompts))]
+    limit = max_batch or len(prompts)
+    running = [0]
+
+    def admit(idle: bool) -> list:
+        room = limit - running[0]
+        taken, queue[:] = queue[:room], queue[room:]
+        running[0] += len(taken)
+        return taken
+
+    def done(run, finished: Finished) -> None:
+        running[0] -= 1
+        if finished.error is not None:
+            raise finished.error
+        results[run.index] = finished.value
+
+    batch.run(admit, done=done)
+    return results
+
+
+def _taps(model):
+    from .decoding import capture
+
+    return capture.taps_of(model)
