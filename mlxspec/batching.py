@@ -6,6 +6,7 @@ packed caches, which a session's cursors join for one generation and leave after
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
@@ -29,6 +30,39 @@ def why_not(pair: Pair, cache_options: CacheOptions = CacheOptions()) -> str | N
         return "a target split across ranks is not batched"
     reason = packed.why_not(pair.target.model)
     return None if reason is None else f"the target: {reason}"
+
+
+MOST_BATCH = 8  # rows past which a decode step here stops costing about one (docs/server.md)
+CONTEXT_SIZED = 8192  # the context each generation of a default batch is given room for
+
+
+def default_max_batch(pair: Pair) -> int:
+    """Generations at once by default: as many as a quarter of the machine's memory holds the
+    KV caches of (the target's and the draft's, each at CONTEXT_SIZED ids), 1 to MOST_BATCH."""
+    per_token = sum(
+        kv_bytes_per_token(model) for model in (pair.target.model, pair.draft and pair.draft.model) if model
+    )
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(MOST_BATCH, memory // 4 // max(per_token * CONTEXT_SIZED, 1)))
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes a token's keys and values take over all of a model's layers (its own config;
+    an unknown shape counts as a large model's, 256 KiB)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    args = getattr(model, "args", None)
+    try:
+        heads = args.num_attention_heads
+        kv_heads = getattr(args, "num_key_value_heads", None) or heads
+        head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
+        layers = args.num_hidden_layers
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return 256 << 10
+    # keys and values are kept in the activations' type: the first floating weight's
+    floats = (v.dtype.size for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+    return 2 * layers * kv_heads * head_dim * next(floats, 2)
 
 
 class Lanes:

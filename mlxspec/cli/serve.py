@@ -15,6 +15,8 @@ from ..options import Options
 from .common import err, load
 from .options import Models, decoding_options, model_options
 
+MOST_MAX_BATCH = 256  # a batch's rows each hold a whole context: past this, memory, not speed
+
 # what the history index takes (drafters/history/index.py): its ring has a marker before each
 # document, so a prompt needs two slots, and its chain links are uint32 distances
 FEWEST_HISTORY_TOKENS, MOST_HISTORY_TOKENS = 2, 1 << 31
@@ -71,6 +73,16 @@ def serve(
             help="Conversations whose KV caches are kept between requests (least recently used dropped first).",
         ),
     ] = 4,
+    max_batch: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-batch",
+            metavar="N",
+            help="Generations at once, their forwards shared, each answer exactly what it is alone (1: one at a "
+            "time). Default: what a quarter of the memory holds the KV caches of, at most 8.",
+            show_default=False,
+        ),
+    ] = None,
     max_body_mb: Annotated[
         float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body; a larger one gets a 413.")
     ] = 8,
@@ -126,6 +138,8 @@ def serve(
         )
     if cache_sessions < 0:
         raise InvalidOption(f"--cache-sessions must be >= 0, got {cache_sessions}")
+    if max_batch is not None and not 1 <= max_batch <= MOST_MAX_BATCH:
+        raise InvalidOption(f"--max-batch must be from 1 to {MOST_MAX_BATCH}, got {max_batch}")
     if not 0 <= port < 65536:
         raise InvalidOption(f"--port must be from 0 to 65535, got {port}")
     if not run.is_loopback(host):
@@ -139,6 +153,7 @@ def serve(
         port=port,
         api_keys=tuple(api_keys or ()),
         cache_sessions=cache_sessions,
+        max_batch=max_batch,
         cache_options=models.cache_options(),
         history=HistorySettings(tokens=history_tokens, keep=history_keep),
         limits=limits,

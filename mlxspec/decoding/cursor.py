@@ -291,14 +291,11 @@ def _exported(cache, length: int) -> list | None:
         return None
     states = []
     for layer in cache.layers:
-        if type(layer) is mlx_cache.KVCache:
-            states.append(layer.state)
-        elif (
-            type(layer) is mlx_cache.RotatingKVCache and not layer.keep and layer.offset == layer._idx <= layer.max_size
-        ):
-            states.append(layer.state)
-        else:
+        plain = type(layer) is mlx_cache.KVCache
+        window = type(layer) is mlx_cache.RotatingKVCache and not layer.keep and layer.offset == layer._idx
+        if not (plain or window) or layer.keys is None or layer.offset > layer.keys.shape[2]:
             return None
+        states.append((layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]))
     return states
 
 

@@ -46,13 +46,21 @@ def serve(
     port: int,
     api_keys: tuple[str, ...],
     cache_sessions: int,
+    max_batch: int | None = None,
     cache_options=None,
     history: HistorySettings = HistorySettings(),
     limits: Limits = Limits(),
     log: Callable[[str], None],
 ) -> None:
     sock = listen(host, port)
-    worker = Worker(load, cache_sessions=cache_sessions, cache_options=cache_options, history=history, log=log)
+    worker = Worker(
+        load,
+        cache_sessions=cache_sessions,
+        cache_options=cache_options,
+        history=history,
+        max_batch=max_batch,
+        log=log,
+    )
     try:
         pair = worker.start()
         keys = namespaces(worker.history, api_keys)

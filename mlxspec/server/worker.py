@@ -28,9 +28,12 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 
+from ..decoding.caches import CacheOptions
 from ..decoding.events import Done
 from ..errors import MlxspecError
 from ..options import Options
@@ -41,7 +44,7 @@ REWRITTEN_TAIL = 32
 END = object()  # the last item of every job
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: hashed by identity (the worker's set of running ones)
 class Job:
     """One generation, seen from both sides: the worker posts events, the event loop reads
     them; either side may set `stop`."""
@@ -110,14 +113,16 @@ class PromptCache:
         """Conversations cached under one namespace (from any thread: a copy is read)."""
         return sum(entry.namespace == namespace for entry in list(self.entries))
 
-    def session_for(self, ids: list[int], namespace: str):
+    def session_for(self, ids: list[int], namespace: str, *, busy: Collection = ()):
         """The session of the conversation `ids` continues under `namespace`, else a free or
-        the oldest one. A session's caches never pass from one namespace (API key) to
-        another: a prompt sharing their prefix would read faster, and its usage would count
-        the cached tokens, telling one key what another sent."""
+        the oldest one; never one of `busy` (generating now, in a batch), so with every
+        session busy a fresh one that is not kept. A session's caches never pass from one
+        namespace (API key) to another: a prompt sharing their prefix would read faster, and
+        its usage would count the cached tokens, telling one key what another sent."""
+        idle = [e for e in self.entries if e.session not in busy]
         continuing = [
             (shared, e)
-            for e in self.entries
+            for e in idle
             if e.namespace == namespace and continues(shared := _common(e.prompt, ids), e.prompt)
         ]
         if continuing:
@@ -125,9 +130,9 @@ class PromptCache:
         if len(self.entries) < self.size:
             self.entries.append(_Entry(self.make_session(), namespace))
             return self.entries[-1].session
-        if not self.entries:
+        if not idle:
             return self.make_session()
-        oldest = self.entries[0]
+        oldest = idle[0]
         if oldest.namespace != namespace:  # another key's: its caches go with it
             oldest.session, oldest.namespace, oldest.prompt = self.make_session(), namespace, ()
         return oldest.session
@@ -167,9 +172,14 @@ class Worker:
         cache_sessions: int = 4,
         cache_options=None,
         history: HistorySettings = HistorySettings(),
+        max_batch: int | None = None,
         log: Callable[[str], None] | None = None,
     ):
+        """`max_batch`: generations that share their forwards at most (1: one at a time;
+        None: sized from the machine's memory and the models, once loaded)."""
         self._load = load
+        self.max_batch = max_batch
+        self.batched_because: str | None = None  # why generations run one at a time, if they do
         self._history = history
         self.history = None  # the HistoryStore every session shares, once loaded
         self._cache_sessions = cache_sessions
@@ -181,7 +191,7 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name="mlxspec-worker", daemon=True)
         self.pair = None
         self.cache: PromptCache | None = None
-        self.current: Job | None = None
+        self.current: dict[Job, object] = {}  # the jobs generating now, and their sessions
         self.served = 0
         # per namespace: what /health tells a key is its own, never another key's
         self.served_by: Counter[str] = Counter()
@@ -214,9 +224,11 @@ class Worker:
         queue's own mutex (held for a put or a get, never for a generation)."""
         with self._jobs.mutex:
             queued = sum(1 for job in self._jobs.queue if job is not None and job.namespace == namespace)
-        current, cache = self.current, self.cache
+        current, cache = list(self.current), self.cache
         return {
-            "busy": current is not None and current.namespace == namespace,
+            "busy": any(job.namespace == namespace for job in current),
+            "generating": sum(job.namespace == namespace for job in current),
+            "max_batch": self.max_batch,
             "queued": queued,
             "cached_sessions": cache.held_for(namespace) if cache is not None else 0,
             "served": self.served_by[namespace],
@@ -227,7 +239,7 @@ class Worker:
         """Stop the running generation at its next round and every queued one (shutdown)."""
         with self._jobs.mutex:
             waiting = [job for job in self._jobs.queue if job is not None]
-        for job in waiting + ([self.current] if self.current else []):
+        for job in waiting + list(self.current):
             job.cancel()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -239,8 +251,11 @@ class Worker:
     def _run(self) -> None:
         try:
             if self._load_pair():
-                while (job := self._jobs.get()) is not None:
-                    self._serve(job)
+                if self.max_batch > 1:
+                    self._run_batched()
+                else:
+                    while (job := self._jobs.get()) is not None:
+                        self._serve(job)
         finally:
             self.cache = None  # the sessions' caches go with the thread that made them
             self._save_history()
@@ -261,6 +276,7 @@ class Worker:
             self.cache = PromptCache(
                 lambda: Session(pair, controller=controller, history=history, **options), self._cache_sessions
             )
+            self._size_batch()
             return True
         except BaseException as e:  # reported by start(), on the main thread
             self._failure = e
@@ -268,41 +284,85 @@ class Worker:
         finally:
             self._ready.set()
 
-    def _serve(self, job: Job) -> None:
+    def _size_batch(self) -> None:
+        from ..batching import default_max_batch, why_not
+
+        self.batched_because = why_not(self.pair, self._cache_options or CacheOptions())
+        if self.batched_because is not None:
+            if self.max_batch not in (None, 1):
+                self._log(f"generations run one at a time: {self.batched_because}")
+            self.max_batch = 1
+        elif self.max_batch is None:
+            self.max_batch = default_max_batch(self.pair)
+
+    def _run_batched(self) -> None:
+        """Up to max_batch generations at once, their forwards shared (decoding/batch.py): a
+        job joins between forwards and leaves when it ends."""
+        from ..batching import Lanes
+        from ..decoding.batch import Batch
+
+        batch = Batch()
+        lanes = Lanes(self.pair, batch)
+        closing = False
+
+        def admit(idle: bool) -> list:
+            nonlocal closing
+            jobs = []
+            while not closing and len(self.current) + len(jobs) < self.max_batch:
+                try:
+                    job = self._jobs.get(block=idle and not jobs)
+                except queue.Empty:
+                    break
+                if job is None:
+                    closing = True
+                else:
+                    jobs.append(job)
+            return [partial(self._serve, job, lanes=lanes) for job in jobs]
+
+        batch.run(admit)
+
+    def _serve(self, job: Job, *, lanes=None) -> None:
+        """One job to its end; `lanes`: in a batch, whose lanes its session's cursors join."""
         from ..generation import stream
 
         if job.stop.is_set():  # its client left while it waited
             self._stopped(job)
             job.post(END)
             return
-        self.current = job
         session, events = None, None
         try:
-            session = self.cache.session_for(job.ids, job.namespace)
-            events = stream(self.pair, job.ids, job.options, session=session, namespace=job.namespace)
-            for event in events:
-                job.post(event)
-                if isinstance(event, Done):
-                    self.served += 1
-                    self.served_by[job.namespace] += 1
-                    self._log(_summary(event, note=job.note, by_position=self.pair.own_head))
-                elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
-                    self._stopped(job)
-                    break
+            session = self.cache.session_for(job.ids, job.namespace, busy=set(self.current.values()))
+            self.current[job] = session
+            with lanes.joined(session) if lanes is not None else nullcontext():
+                try:
+                    events = stream(self.pair, job.ids, job.options, session=session, namespace=job.namespace)
+                    self._post_events(job, events)
+                finally:
+                    if events is not None:  # in its lane: the clean-up may touch the caches
+                        events.close()
         except MlxspecError as e:
             job.post(e)
         except Exception as e:  # a bug: say so to the client and the console, keep serving
             self._log(traceback.format_exc())
             job.post(e)
         finally:
-            if events is not None:
-                events.close()
             if session is not None:
                 self.cache.used(session, job.ids)
-            self.current = None
+            self.current.pop(job, None)
             if self._history.keep and self.served % self._history.save_every == 0:
                 self._save_history()
             job.post(END)
+
+    def _post_events(self, job: Job, events) -> None:
+        for event in events:
+            job.post(event)
+            if isinstance(event, Done):
+                self.served += 1
+                self.served_by[job.namespace] += 1
+                self._log(_summary(event, note=job.note, by_position=self.pair.own_head))
+            elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
+                self._stopped(job)
+                break
 
     def _stopped(self, job: Job) -> None:
         self.stopped_by[job.namespace] += 1
