@@ -1,0 +1,257 @@
+"""Many generations in one batch (mlxspec.batching, decoding/packed.py, decoding/batch.py):
+each answer is the one that request gets alone. Greedy ids identical across families
+(sliding windows that wrap, a quantized target, heads, prompt lookup, trees); seeded sampled
+ids identical at a fixed gamma and tree (each request's own keys); a randomized walk of
+requests joining and leaving a batch at random rounds, sessions continued inside it; the
+law of every row under sampling against the exact one; and the harness catching a lane that
+keeps what it should forget."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mlxspec
+from mlxspec.batching import Lanes, generate_many, why_not
+from mlxspec.decoding import engine
+from mlxspec.decoding.batch import Batch
+from mlxspec.decoding.events import Round
+from mlxspec.decoding.packed import Lane
+from mlxspec.generation import Session
+from mlxspec.grammar import GrammarSpec
+from tests.exactness.test_distribution import (
+    LENGTH,
+    PROMPT,
+    RUNS,
+    SETTINGS,
+    exact_law,
+    fits,
+    policy,
+    small_pair,  # noqa: F401 - a fixture
+)
+from tests.models.test_eagle3 import Heads
+
+PROMPTS = [list(range(10 + i, 22 + 3 * i)) for i in range(4)]
+MAX_TOKENS = 24
+PACKED = ["llama", "qwen3", "gemma2", "phi3", "gemma3_text", "llama_sliding"]
+ALONE = ["qwen3_next", "mamba", "deepseek_v32"]  # recurrent state, MLA: one after another
+
+
+def alone(pair, prompts, **options) -> list[list[int]]:
+    return [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options).tokens for p in prompts]
+
+
+def batched(pair, prompts, **options) -> tuple[list[list[int]], Batch]:
+    batch = Batch()
+    results = generate_many(pair, prompts, max_tokens=MAX_TOKENS, batch=batch, **options)
+    return [r.tokens for r in results], batch
+
+
+MODES = {
+    "standard": dict(gamma=0),
+    "chain": dict(gamma=3),
+    "tree": dict(gamma=3, tree=8),
+    "auto": dict(gamma="auto", tree="auto"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("arch", PACKED)
+def test_greedy_ids_in_a_batch_are_the_ids_alone(load_pair, arch, mode):
+    pair = load_pair(arch)
+    options = MODES[mode]
+    together, batch = batched(pair, PROMPTS, **options)
+    assert together == alone(pair, PROMPTS, **options)
+    # it batched: the forwards read more rows than there were forwards
+    assert batch.rows > 1.5 * batch.forwards > 0, (batch.rows, batch.forwards)
+
+
+def test_a_quantized_target_batches_exactly(load_pair):
+    pair = load_pair("llama", bits=4)
+    together, batch = batched(pair, PROMPTS, gamma=3, tree=8)
+    assert together == alone(pair, PROMPTS, gamma=3, tree=8)
+    assert batch.rows > batch.forwards
+
+
+@pytest.fixture(scope="module")
+def heads(factory) -> Heads:
+    return Heads(factory)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_heads_draft_per_lane_and_stay_exact(heads, arch):
+    pair = heads.pair(arch)
+    for options in (dict(gamma=3), dict(gamma=3, tree=8)):
+        together, batch = batched(pair, PROMPTS, **options)
+        assert together == alone(pair, PROMPTS, **options), options
+        assert batch.rows > batch.forwards
+
+
+def test_prompt_lookup_and_a_grammar_row_beside_free_rows(load_pair):
+    pair = load_pair("llama")
+    prompts = [PROMPTS[0] * 3, PROMPTS[1] * 3, "Say yes or no.", PROMPTS[2]]
+    grammar = GrammarSpec("regex", "(yes|no)[a-z ]{0,30}", "--regex")
+    options = [
+        mlxspec.Options.build(gamma=3, ngram=True, max_tokens=MAX_TOKENS),
+        mlxspec.Options.build(gamma=0, ngram=True, max_tokens=MAX_TOKENS),
+        mlxspec.Options.build(gamma=3, grammar=grammar, max_tokens=MAX_TOKENS),
+        mlxspec.Options.build(gamma=3, tree=8, temp=0.8, seed=3, max_tokens=MAX_TOKENS),
+    ]
+    batch = Batch()
+    together = [r.tokens for r in generate_many(pair, prompts, options, batch=batch)]
+    assert together == [mlxspec.generate(pair, p, o).tokens for p, o in zip(prompts, options)]
+    assert batch.rows > batch.forwards
+
+
+@pytest.mark.parametrize("arch", ALONE)
+def test_families_that_cannot_share_a_forward_run_one_after_another(load_pair, arch):
+    pair = load_pair(arch)
+    assert why_not(pair) is not None
+    together, batch = batched(pair, PROMPTS[:2], gamma=3)
+    assert together == alone(pair, PROMPTS[:2], gamma=3)
+    assert batch.forwards == 0
+
+
+@pytest.mark.parametrize("options", [dict(gamma=3), dict(gamma=3, tree=8), dict(gamma=0)], ids=["chain", "tree", "plain"])
+def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options):
+    """A fixed gamma and tree: the drafts do not depend on timing, so each request's own keys
+    give it the ids it gets alone (never the batch's keys)."""
+    pair = load_pair("qwen3")
+    seeded = [mlxspec.Options.build(temp=1.0, seed=100 + i, max_tokens=MAX_TOKENS, **options) for i in range(4)]
+    together = [r.tokens for r in generate_many(pair, PROMPTS, seeded)]
+    assert together == [mlxspec.generate(pair, p, o).tokens for p, o in zip(PROMPTS, seeded)]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, data):
+    """A random stream of requests (prompts, lengths, modes, some continuing an earlier
+    request's conversation in its session) through a batch smaller than them: they join as
+    others leave, at whatever round that is. Each answer equals the one given alone, and a
+    continued session's caches stay exact across the join and the leave."""
+    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding"]))
+    pair = load_pair(arch)
+    count = data.draw(st.integers(2, 6))
+    sessions = [Session(pair) for _ in range(2)]
+    jobs = []
+    for i in range(count):
+        prompt = data.draw(st.lists(st.integers(5, 300), min_size=1, max_size=30))
+        mode = data.draw(st.sampled_from(list(MODES)))
+        length = data.draw(st.integers(1, 20))
+        session = data.draw(st.sampled_from([None, 0, 1]))
+        jobs.append((prompt, mlxspec.Options.build(max_tokens=length, **MODES[mode]), session))
+    limit = data.draw(st.integers(1, 4))
+
+    answers = {}
+    batch = Batch()
+    lanes = Lanes(pair, batch)
+    queue = list(range(count))
+    busy = set()
+
+    def task(i):
+        def run():
+            prompt, options, which = jobs[i]
+            session = sessions[which] if which is not None else Session(pair)
+            # a session continues: its last prompt and answer, then the new prompt
+            history = getattr(session, "_walk_history", [])
+            ids = history + prompt
+            with lanes.joined(session):
+                result = mlxspec.generate(pair, ids, options, session=session)
+            session._walk_history = ids + result.tokens
+            answers[i] = (ids, result.tokens)
+            busy.discard(which)
+
+        return run
+
+    def admit(idle):
+        started = []
+        while queue and len(started) + len(running) < limit:
+            i = queue[0]
+            which = jobs[i][2]
+            if which is not None and which in busy:  # one generation per session at a time
+                break
+            queue.pop(0)
+            if which is not None:
+                busy.add(which)
+            started.append(i)
+        running.update(started)
+        return [task(i) for i in started]
+
+    running = set()
+
+    def done(run, finished):
+        if finished.error is not None:
+            raise finished.error
+        running.clear()
+        running.update(i for i in range(count) if i not in answers and i not in queue)
+
+    batch.run(admit, done=done)
+    assert sorted(answers) == list(range(count))
+    for i, (ids, tokens) in answers.items():
+        assert tokens == mlxspec.generate(pair, ids, jobs[i][1]).tokens, (i, jobs[i][1])
+
+
+def sample_rows_in_batches(pair, params, *, runs: int, seed: int, per_batch: int = 8) -> Counter:
+    """The first LENGTH ids of `runs` generations, `per_batch` at a time in one batch: rows
+    drafting chains of 2, trees of 4 nodes, or nothing, side by side, each with its own key."""
+    counts = Counter()
+    modes = [(2, 0), (2, 4), (0, 0)]
+    for first in range(0, runs, per_batch):
+        batch = Batch()
+        lanes = Lanes(pair, batch)
+
+        def task(i):
+            def run():
+                session = Session(pair)
+                gamma, tree = modes[i % len(modes)]
+                emitted = []
+                with lanes.joined(session):
+                    for event in engine.decode(
+                        session.target,
+                        session.draft,
+                        PROMPT,
+                        policy=policy(session, gamma, tree),
+                        params=params,
+                        max_tokens=LENGTH,
+                        eos_ids=frozenset(),
+                        key=mx.random.key(seed + i),
+                    ):
+                        if isinstance(event, Round):
+                            emitted += event.emitted
+                counts[tuple(emitted)] += 1
+
+            return run
+
+        tasks = [task(i) for i in range(first, min(first + per_batch, runs))]
+        batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))])
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["temp1", "temp0.7-top_p0.9"])
+def test_every_row_of_a_batch_has_the_targets_law(small_pair, name):  # noqa: F811 - the fixture
+    params = SETTINGS[name]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_rows_in_batches(small_pair, params, runs=RUNS, seed=7000), law)
+    assert ok, f"{name}: chi2 {statistic:.1f} > {threshold:.1f}"
+
+
+@pytest.mark.slow
+def test_harness_rejects_a_lane_that_keeps_what_it_forgets(small_pair, monkeypatch):  # noqa: F811
+    """A lane that drops rejected drafts from its count but leaves their columns visible (no
+    holes) gives later ids the wrong context: the same test must fail."""
+
+    def keeps_columns(self, length):
+        del self.columns[length:]
+        self.length = length
+        return True
+
+    monkeypatch.setattr(Lane, "trim_to", keeps_columns)
+    params = SETTINGS["temp1"]
+    law = exact_law(small_pair.target.model, params)
+    ok, statistic, threshold = fits(sample_rows_in_batches(small_pair, params, runs=RUNS // 2, seed=7000), law)
+    assert not ok, f"a lane without holes passed: chi2 {statistic:.1f} <= {threshold:.1f}"
