@@ -354,12 +354,16 @@ class Worker:
             job.post(END)
 
     def _post_events(self, job: Job, events) -> None:
+        shared = 1  # the most generations this one ran beside, itself included
         for event in events:
             job.post(event)
+            shared = max(shared, len(self.current))
             if isinstance(event, Done):
                 self.served += 1
                 self.served_by[job.namespace] += 1
-                self._log(_summary(event, note=job.note, by_position=self.pair.own_head))
+                batch = f"batch of {shared}" if shared > 1 else None
+                note = " · ".join(part for part in (job.note, batch) if part) or None
+                self._log(_summary(event, note=note, by_position=self.pair.own_head))
             elif job.stop.is_set():  # between rounds: closing the stream keeps the caches exact
                 self._stopped(job)
                 break

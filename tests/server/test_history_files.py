@@ -147,6 +147,8 @@ def test_health_tells_a_key_nothing_of_another_keys_requests(tmp_path):
         "status": "ok",
         "model": mine["model"],
         "busy": False,
+        "generating": 0,
+        "max_batch": mine["max_batch"],
         "queued": 0,
         "cached_sessions": 0,
         "served": 0,
