@@ -37,13 +37,14 @@ import openai  # noqa: E402
 
 from mlxspec.measure import prompts as suites  # noqa: E402
 
-CODE = [
+CODE = [  # small functions, each with one name to change
     "def total(prices):\n    result = 0\n    for price in prices:\n        result += price\n    return result\n",
-    "def longest(words):\n    best = ''\n    for word in words:\n        if len(word) > len(best):\n            best = word\n"
-    "    return best\n",
-    "def count_lines(path):\n    count = 0\n    with open(path) as handle:\n        for line in handle:\n            count += 1\n"
-    "    return count\n",
-    "def mean(values):\n    total = 0.0\n    for value in values:\n        total += value\n    return total / len(values)\n",
+    "def longest(words):\n    best = ''\n    for word in words:\n        if len(word) > len(best):\n"
+    "            best = word\n    return best\n",
+    "def count_lines(path):\n    count = 0\n    with open(path) as handle:\n        for line in handle:\n"
+    "            count += 1\n    return count\n",
+    "def mean(values):\n    total = 0.0\n    for value in values:\n        total += value\n"
+    "    return total / len(values)\n",
     "def flatten(rows):\n    out = []\n    for row in rows:\n        for item in row:\n            out.append(item)\n"
     "    return out\n",
     "def squares(limit):\n    found = []\n    for n in range(limit):\n        found.append(n * n)\n    return found\n",
