@@ -7,7 +7,7 @@ draft) on the same target folder, as the peer.
         python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 [--prompts chat|edit] [--json]
 
 Each run sends `clients` chat requests at once (streamed, temperature 0, --max-tokens each,
-a different prompt each: the bench suite's chat prompts, or "rewrite this code with one name
+a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code with one name
 changed" requests where prompt lookup drafts well), and measures from the first send to the
 last token: aggregate tokens/s = completion tokens / that time; per request the first and
 last token's time. Every greedy answer is checked against the same prompt's answer one at a
@@ -64,7 +64,7 @@ def prompts(kind: str, count: int) -> list[str]:
             f"```python\n{CODE[i % len(CODE)]}```"
             for i, (old, new) in ((i, RENAMES[i % len(RENAMES)]) for i in range(count))
         ]
-    chat = [p.text for p in suites.suite() if p.kind == "chat"] or [p.text for p in suites.suite()]
+    chat = [p.prompt for p in suites.suite()]  # chat, code and writing requests
     return [chat[i % len(chat)] for i in range(count)]
 
 

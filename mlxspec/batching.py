@@ -14,6 +14,7 @@ from .decoding import packed
 from .decoding.batch import Batch, Finished
 from .decoding.caches import CacheOptions
 from .drafters.model import ModelDrafter
+from .drafting import Controller, ControllerConfig
 from .generation import GenerationResult, Session, generate
 from .models.pairs import Pair
 from .options import Options
@@ -92,9 +93,11 @@ class Lanes:
             cursors.append((session.draft, self.draft))
         for cursor, cache in cursors:
             cursor.join(cache)
+        session.controller.batch.join()
         try:
             yield
         finally:
+            session.controller.batch.leave()
             for cursor, _ in cursors:
                 cursor.leave()
 
@@ -120,10 +123,12 @@ def generate_many(
     results: list[GenerationResult | None] = [None] * len(prompts)
     batch = batch or Batch()
     lanes = Lanes(pair, batch) if why_not(pair) is None else None
+    # one controller for all, as a server has: what it learns of the pair, and the batch's gate
+    controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint, draft_weight=pair.draft_weight))
 
     def task(i: int) -> Callable[[], GenerationResult]:
         def run() -> GenerationResult:
-            session = Session(pair)
+            session = Session(pair, controller=controller)
             if lanes is None:
                 return generate(pair, prompts[i], each[i], session=session, **overrides)
             with lanes.joined(session):

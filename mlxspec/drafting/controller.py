@@ -32,7 +32,8 @@ become rare and the first round, run blind, is the only dear one; a draft dearer
 target is never drafted at all. Where rounds are cheap the budget seldom binds.
 
 Everything here is learnt across a session's generations (chat's turns); a pure function of
-its observations: no clocks, no MLX.
+its observations: no clocks, no MLX. In a batch of generations (`batch`: batch_gate.py, the
+one clock) the batch's own throughput also says whether to draft at all.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..decoding.plan import Outcome
+from .batch_gate import BatchGate
 from .budget import ProbeBudget
 from .early_stop import StopLearner
 from .probes import ProbeSchedule
@@ -48,6 +50,7 @@ from .timing import PLAIN_DOUBT, RoundTimes
 from .tree_budget import TreeCalibration
 
 LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
+BATCH_STRETCH = 4  # plain steps at most between plans in a batch, whose gate may turn
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class Controller:
         self.budget = ProbeBudget(fraction=self.config.probe_budget)
         self.stop = StopLearner(self.times)
         self.tree_calibration = TreeCalibration()  # a tree drafter's confidence against its acceptance
+        self.batch = BatchGate()  # the batch the generations it chooses for share, if any
         self.rounds = 0  # drafting rounds observed
         self.unheard = 0  # ids emitted since the draft model last proposed: it catches up on them
 
@@ -133,6 +137,7 @@ class Controller:
     def observe_plain(self, seconds: float) -> None:
         """One plain, pipelined decoding step."""
         self.times.observe_plain(seconds)
+        self.batch.count(1)
         self.budget.earn(1)
         self.budget.settle(self.times.plain_step)
         self.unheard += 1
@@ -151,6 +156,7 @@ class Controller:
         budget; the draft catches up on them unless it proposed in this round)."""
         if outcome.verify_seconds is not None:
             self.times.observe_verify(outcome.verified, outcome.verify_seconds)
+        self.batch.count(len(outcome.emitted))
         self.budget.earn(len(outcome.emitted))
         self.unheard = 0 if proposed_by_draft else self.unheard + len(outcome.emitted)
 
@@ -287,6 +293,8 @@ class Controller:
     def choose(self) -> int:
         """The next round's draft length; 0: a plain stretch (`plain_stretch` long)."""
         config = self.config
+        if not self.batch.drafting():
+            return 0  # the batch decodes faster without drafts for now
         if self.rounds == 0 and self.times.plain_step is None and self._dear_draft():
             return 0  # not blind: plain decoding is timed, then the draft is priced from its weights
         second = self._second_size()
@@ -305,6 +313,7 @@ class Controller:
         return best
 
     def plain_stretch(self) -> int:
-        return self.probes.stretch(
+        stretch = self.probes.stretch(
             plain_timed=self.times.plain_step is not None, affordable_in=self._affordable_in(self._probe_size())
         )
+        return min(stretch, BATCH_STRETCH) if self.batch.active else stretch

@@ -1,0 +1,83 @@
+"""`--gamma auto` in a batch: whether its generations draft at all, from the batch's own
+throughput.
+
+Alone, a generation's controller weighs a round against a plain step from its own timings.
+In a batch those timings describe the batch: a lane's drafts make every other lane's step
+wait and its verify longer, which its own timings do not charge it. So while two or more
+generations share the forwards, the batch itself is measured: windows of its aggregate
+tokens per second (every lane's tokens over wall-clock time) with drafting on and with
+every lane decoding plainly, kept per batch size, and the better regime runs, the other
+tried again every few windows. Drafting on means each lane's controller chooses as alone;
+plain means every `--gamma auto` lane decodes plainly (a fixed gamma is the user's and is
+kept). Vllm sizes drafts by batch size for the same reason; here the size is measured, not
+assumed. One generation alone never sees the gate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+DRAFT, PLAIN = "draft", "plain"
+WINDOW_TOKENS = 12  # per lane: a window is this many tokens of each generation, about
+TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse
+SMOOTHING = 0.5  # weight of a new window in a regime's rate
+
+
+class BatchGate:
+    """See the module's docstring. `clock`: seconds, monotonic."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.live = 0  # generations in the batch now
+        self.regime = DRAFT
+        self.rates: dict[tuple[int, str], float] = {}  # (batch size, regime) -> tokens/s
+        self.windows = 0
+        self._start: float | None = None
+        self._tokens = 0
+
+    @property
+    def active(self) -> bool:
+        return self.live > 1
+
+    def drafting(self) -> bool:
+        """Whether `--gamma auto` generations may draft now."""
+        return not self.active or self.regime == DRAFT
+
+    def join(self) -> None:
+        self.live += 1
+        self._begin()
+
+    def leave(self) -> None:
+        self.live = max(self.live - 1, 0)
+        self._begin()
+
+    def count(self, tokens: int) -> None:
+        """Tokens a lane emitted (a round's, or a plain step's)."""
+        if not self.active:
+            return
+        now = self.clock()
+        if self._start is None:  # the window opens at the first tokens after a change
+            self._start = now
+            return
+        self._tokens += tokens
+        if self._tokens < WINDOW_TOKENS * self.live or now <= self._start:
+            return
+        key = (self.live, self.regime)
+        rate = self._tokens / (now - self._start)
+        self.rates[key] = rate if key not in self.rates else (1 - SMOOTHING) * self.rates[key] + SMOOTHING * rate
+        self.windows += 1
+        self.regime = self._next()
+        self._begin()
+
+    def _next(self) -> str:
+        drafting, plain = self.rates.get((self.live, DRAFT)), self.rates.get((self.live, PLAIN))
+        if drafting is None:
+            return DRAFT
+        if plain is None:
+            return PLAIN
+        best, other = (DRAFT, PLAIN) if drafting >= plain else (PLAIN, DRAFT)
+        return other if self.windows % TRY_OTHER_EVERY == 0 else best
+
+    def _begin(self) -> None:
+        self._start, self._tokens = None, 0

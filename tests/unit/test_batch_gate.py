@@ -1,0 +1,70 @@
+"""The batch gate (drafting/batch_gate.py) on a hand-driven clock: alone it never says plain;
+in a batch it measures windows of aggregate tokens/s per regime and runs the better one,
+trying the other every few windows; a change of batch size starts a fresh window."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxspec.drafting.batch_gate import DRAFT, PLAIN, TRY_OTHER_EVERY, WINDOW_TOKENS, BatchGate
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def window(gate: BatchGate, clock: Clock, *, seconds: float) -> None:
+    """One window's tokens (every lane's), spread over `seconds`."""
+    gate.count(1)  # opens the window
+    steps = WINDOW_TOKENS * gate.live
+    for _ in range(steps):
+        clock.now += seconds / steps
+        gate.count(1)
+
+
+def test_one_generation_alone_is_never_gated():
+    clock = Clock()
+    gate = BatchGate(clock)
+    gate.join()
+    assert not gate.active and gate.drafting()
+    for _ in range(50):
+        clock.now += 1
+        gate.count(3)
+    assert gate.drafting() and gate.windows == 0
+
+
+def test_the_faster_regime_runs_and_the_other_is_tried_again():
+    clock = Clock()
+    gate = BatchGate(clock)
+    gate.join(), gate.join()
+    assert gate.regime == DRAFT  # untried: drafting first
+    window(gate, clock, seconds=2.0)  # 24 tokens in 2 s with drafts
+    assert gate.regime == PLAIN and gate.rates[2, DRAFT] == pytest.approx(12.0)
+    window(gate, clock, seconds=1.0)  # 24 in 1 s without: plain is faster
+    assert gate.rates[2, PLAIN] == pytest.approx(24.0) and not gate.drafting()
+    regimes = []
+    for _ in range(2 * TRY_OTHER_EVERY):
+        window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 2.0)
+        regimes.append(gate.regime)
+    assert regimes.count(DRAFT) == 2, regimes  # tried again, once every TRY_OTHER_EVERY windows
+
+
+def test_drafting_wins_when_it_is_faster_and_sizes_are_kept_apart():
+    clock = Clock()
+    gate = BatchGate(clock)
+    gate.join(), gate.join()
+    window(gate, clock, seconds=1.0)  # drafting: 24 tok/s
+    window(gate, clock, seconds=2.0)  # plain: 12 tok/s
+    assert gate.drafting()
+    gate.join()  # three: a size not measured yet, and a fresh window
+    assert gate.live == 3 and (3, DRAFT) not in gate.rates
+    gate.count(1)
+    clock.now += 100  # a window left open across the change would have measured this pause
+    gate.leave()
+    assert gate.live == 2 and gate.drafting()
+    window(gate, clock, seconds=1.0)
+    assert gate.rates[2, DRAFT] == pytest.approx(24.0)
