@@ -1,21 +1,24 @@
-"""Many sequences in one cache, read in one forward: continuous batching without padding.
+"""Many sequences in one cache, read in one forward: continuous batching with per-row rollback.
 
-A `PackedCache` is one model's plain KV cache (batch 1) whose columns belong to *lanes*, one
-lane a sequence. A forward reads every waiting lane's block (a chain of ids, or a tree) as
-one row of ids; each query attends to its own lane's columns only and to its ancestors in its
-block, at its own position (the mask and rotary positions of tree_attention.py, whose wrapped
-attention modules read them). A window layer (Gemma's sliding attention) sees what a single
-step at that position would see: the mask applies the window by position. So every lane
-reads exactly the context it would read alone, and a decode step reads the weights once for
-all lanes: the memory-bound shape that makes batching pay.
+A `PackedCache` is one model's KV cache with a row per *lane* (a sequence) on the batch axis
+and columns shared by all rows: a forward writes every row's block at the same columns. Each
+waiting lane's block (a chain of ids, or a tree) fills its row, shorter ones padded; each
+query attends to its own row's live columns and to its ancestors in its block, at its own
+position (the mask and rotary positions of tree_attention.py, whose wrapped attention
+modules read them). A window layer (Gemma's sliding attention) sees what a single step at
+that position would see: the mask applies the window by position. So every lane reads
+exactly the context it would read alone, and a decode step reads the weights once for all
+lanes: the memory-bound shape that makes batching pay.
 
 Rollback is per lane and moves no data: the columns a lane forgets (a rejected draft, a
-tree's other branches) become holes that no query sees, and are dropped when the cache is
-compacted (one gather, when holes outgrow the live columns). A lane is a `caches.ModelCache`
-to its cursor: the same marks, trims and tree keeps, each exact by construction.
+tree's other branches, the padding of a short block) become holes that no query sees, and
+are dropped when the cache is compacted (one gather per layer, when holes outgrow the live
+columns, or rows are free). A lane is a `caches.ModelCache` to its cursor: the same marks,
+trims and tree keeps, each exact by construction.
 
-This is the layout vLLM calls a flat batch of ragged rows (`cu_num_draft_tokens`); here the
-ragged rows share one sequence axis, which mlx-lm's models take unchanged.
+mlx-lm's BatchKVCache keeps rows aligned by left padding and trims every row by the same
+count; vLLM packs ragged drafts into one flat batch. Rows with holes give each lane its own
+length and its own rollback, at the cost of attention over the padded columns.
 """
 
 from __future__ import annotations
@@ -27,11 +30,10 @@ import numpy as np
 from mlx_lm.models import cache as mlx_cache
 
 from ..errors import UnsupportedCache
-from . import tree_attention
+from . import capture, tree_attention
 from .caches import CacheRollbackError, Mark
 
-HOLE = -1
-COMPACT_SLACK = 512  # holes tolerated before compacting, beyond as many as live columns
+COMPACT_SLACK = 32  # columns tolerated beyond twice the longest lane before compacting
 CHUNK = 128  # prefill ids a lane reads per forward while others decode
 
 
@@ -75,7 +77,7 @@ class Read:
 
 
 class PackedCache:
-    """One model's cache shared by lanes; see the module's docstring."""
+    """One model's cache shared by lanes, a row each; see the module's docstring."""
 
     def __init__(self, model, *, name: str, batch=None, taps=None, order: int = 0):
         """`batch` (batch.Batch): where lanes' reads wait for the others' (None: each read
@@ -83,54 +85,92 @@ class PackedCache:
         `order`: among the caches of a batch, lower ones run their waiting reads first (a
         drafter's before its target's, so the target reads every lane's drafts at once)."""
         self.model = model
-        self.batch = batch
         self.name = name
+        self.batch = batch
         self.taps = taps
         self.order = order
         self.windows = windows_of(model)
-        self.layers = [mlx_cache.KVCache() for _ in self.windows]
-        self.owner = np.zeros(0, dtype=np.int64)  # per column: its lane's number, or HOLE
-        self.positions = np.zeros(0, dtype=np.int64)  # per column: its position in its lane
-        self.lanes: dict[int, Lane] = {}
-        self._numbers = 0
+        # the mask's axes before (rows, columns): one for the heads where attention is
+        # mlx-lm's; gemma2 computes its own over (batch, kv heads, repeats, rows, columns)
+        self._mask_axes = (slice(None), None, None) if capture.model_family(model) == "gemma2" else (slice(None), None)
         tree_attention.install(model)
+        self._empty()
+
+    def _empty(self) -> None:
+        self.layers = [mlx_cache.KVCache() for _ in self.windows]  # (rows, heads, columns, dim)
+        self.rows: list[Lane | None] = []  # each row's lane (None: free)
+        self.live = np.zeros((0, 0), dtype=bool)  # (rows, columns): the row's lane holds it
+        self.positions = np.zeros((0, 0), dtype=np.int64)  # (rows, columns): its position there
 
     @property
     def columns(self) -> int:
-        return len(self.owner)
+        return self.live.shape[1]
+
+    @property
+    def lanes(self) -> list[Lane]:
+        return [lane for lane in self.rows if lane is not None]
 
     def lane(self) -> Lane:
-        self._numbers += 1
-        lane = Lane(self, self._numbers)
-        self.lanes[lane.number] = lane
+        """A new lane, in a free row or a new one."""
+        free = next((r for r, lane in enumerate(self.rows) if lane is None), None)
+        if free is None:
+            free = len(self.rows)
+            self._grow_rows()
+        lane = Lane(self, free)
+        self.rows[free] = lane
+        self.live[free] = False
         return lane
 
     def release(self, lane: Lane) -> None:
         lane.trim_to(0)
-        self.lanes.pop(lane.number, None)
+        self.rows[lane.row] = None
         if not self.lanes:  # nothing to keep: start again empty
-            self.layers = [mlx_cache.KVCache() for _ in self.windows]
-            self.owner, self.positions = self.owner[:0], self.positions[:0]
+            self._empty()
+
+    def _grow_rows(self) -> None:
+        for layer in self.layers:
+            if layer.keys is not None:
+                layer.keys = _with_row(layer.keys)
+                layer.values = _with_row(layer.values)
+        self.rows.append(None)
+        self.live = np.concatenate([self.live, np.zeros((1, self.columns), dtype=bool)])
+        self.positions = np.concatenate([self.positions, np.zeros((1, self.columns), dtype=np.int64)])
+
+    def _grow_columns(self, count: int) -> None:
+        """`count` more columns, holes in every row (the layers write theirs in the forward)."""
+        rows = len(self.rows)
+        self.live = np.concatenate([self.live, np.zeros((rows, count), dtype=bool)], axis=1)
+        self.positions = np.concatenate([self.positions, np.zeros((rows, count), dtype=np.int64)], axis=1)
 
     # --- one forward for many lanes ------------------------------------------------------
     def forward(self, reads: list[Read]) -> list[tuple[mx.array, mx.array | None]]:
-        """Every read's block in one forward; returns per read (logits (n, vocab), the tapped
-        hidden states (n, width) or None). On any exception no lane has changed."""
+        """Every read's block in one forward, a row each (the rows not reading read one
+        padding id); returns per read (logits (n, vocab), the tapped hidden states (n, width)
+        or None). On any exception no lane has changed."""
         self._compact_if_worth_it()
-        before = self.columns
-        blocks = [_block(read) for read in reads]
-        ids = mx.concatenate([read.ids.astype(mx.uint32) for read in reads])
-        positions = np.concatenate([block.positions for block in blocks])
+        before, rows = self.columns, len(self.rows)
+        blocks = {read.lane.row: (read, _block(read)) for read in reads}
+        width = max(len(block.positions) for _, block in blocks.values())
+        ids, positions = [], np.zeros((rows, width), dtype=np.int64)
+        for row in range(rows):
+            if row in blocks:
+                read, block = blocks[row]
+                n = len(block.positions)
+                ids.append(mx.concatenate([read.ids.astype(mx.uint32), mx.zeros((width - n,), dtype=mx.uint32)]))
+                positions[row, :n] = block.positions
+                positions[row, n:] = block.positions[-1]
+            else:
+                ids.append(mx.zeros((width,), dtype=mx.uint32))
         layout = _PackedLayout(
-            positions=positions,
-            masks={window: mx.array(self._mask(reads, blocks, window)) for window in set(self.windows)},
+            positions=positions.reshape(-1),
+            masks={w: mx.array(self._mask(blocks, width, w)[self._mask_axes]) for w in set(self.windows)},
             windows={id(layer): window for layer, window in zip(self.layers, self.windows)},
         )
         slot = tree_attention.install(self.model)
         slot.layout = layout
         try:
-            logits = self.model(ids[None], cache=self.layers)[0]
-            hidden = self.taps.take()[0] if self.taps is not None else None
+            logits = self.model(mx.stack(ids), cache=self.layers)
+            hidden = self.taps.take() if self.taps is not None else None
         except BaseException:
             for layer in self.layers:  # a layer may have taken the block: none keeps it
                 layer.offset = min(layer.offset, before)
@@ -139,89 +179,113 @@ class PackedCache:
             raise
         finally:
             slot.layout = None
-        results, start = [], 0
-        for read, block in zip(reads, blocks):
-            n = len(block.positions)
-            columns = np.arange(before + start, before + start + n)
-            read.lane.columns.extend(columns.tolist())
+        self._grow_columns(width)
+        results = []
+        for read in reads:
+            row = read.lane.row
+            n = len(blocks[row][1].positions)
+            self.live[row, before : before + n] = True
+            self.positions[row, before : before + n] = positions[row, :n]
+            read.lane.columns.extend(range(before, before + n))
             read.lane.length += n
-            results.append((logits[start : start + n], None if hidden is None else hidden[start : start + n]))
-            start += n
-        self.owner = np.concatenate(
-            [self.owner, np.concatenate([np.full(len(b.positions), r.lane.number) for r, b in zip(reads, blocks)])]
-        )
-        self.positions = np.concatenate([self.positions, positions])
+            results.append((logits[row, :n], None if hidden is None else hidden[row, :n]))
         return results
 
-    def _mask(self, reads: list[Read], blocks: list[_Block], window: int | None) -> np.ndarray:
-        """(block rows, columns + block rows) bool: row i sees its lane's columns (within the
-        window, by position) and its ancestors in its block."""
+    def _mask(self, blocks: dict, width: int, window: int | None) -> np.ndarray:
+        """(rows, width, columns + width) bool: a block's row i sees its lane's columns
+        (within the window, by position) and its ancestors in its block; padding sees itself."""
         before = self.columns
-        total = sum(len(b.positions) for b in blocks)
-        mask = np.zeros((total, before + total), dtype=bool)
-        row = 0
-        for read, block in zip(reads, blocks):
+        mask = np.zeros((len(self.rows), width, before + width), dtype=bool)
+        mask[:, np.arange(width), before + np.arange(width)] = True  # padding: finite, unread
+        for row, (read, block) in blocks.items():
             n = len(block.positions)
-            lane_columns = np.array(read.lane.columns, dtype=np.int64)
-            context = lane_columns[: len(lane_columns) - block.earlier]
-            earlier = lane_columns[len(lane_columns) - block.earlier :]
+            columns = np.array(read.lane.columns, dtype=np.int64)
+            context, earlier = columns[: len(columns) - block.earlier], columns[len(columns) - block.earlier :]
             queries = block.positions[:, None]
             sees_context = np.ones((n, len(context)), dtype=bool)
             if window is not None:
-                sees_context &= queries - self.positions[context][None] < window
-            mask[row : row + n, context] = sees_context
-            block_columns = np.concatenate([earlier, before + row + np.arange(n)])
-            block_positions = np.concatenate([self.positions[earlier], block.positions])
+                sees_context &= queries - self.positions[row, context][None] < window
+            mask[row][:n, context] = sees_context  # (a view: mixed indexing would reorder axes)
+            block_columns = np.concatenate([earlier, before + np.arange(n)])
+            block_positions = np.concatenate([self.positions[row, earlier], block.positions])
             sees_block = block.sees
             if window is not None:
                 sees_block = sees_block & (queries - block_positions[None] < window)
-            mask[row : row + n, block_columns] = sees_block
-            row += n
+            mask[row, :n][:, block_columns] = sees_block
         return mask
 
     # --- holes -------------------------------------------------------------------------
-    def forget(self, columns: list[int]) -> None:
-        self.owner[columns] = HOLE
+    def forget(self, lane: Lane, columns: list[int]) -> None:
+        self.live[lane.row, columns] = False
 
     def _compact_if_worth_it(self) -> None:
-        live = int((self.owner != HOLE).sum())
-        if self.columns - live <= live + COMPACT_SLACK:
+        """Gather every lane's columns to the front of its row and drop free rows, when holes
+        outgrow the live columns (or a row is free)."""
+        lanes = self.lanes
+        longest = max((lane.length for lane in lanes), default=0)
+        free = len(self.rows) - len(lanes)
+        if not lanes or (self.columns <= 2 * longest + COMPACT_SLACK and not free):
             return
-        kept = np.nonzero(self.owner != HOLE)[0]
-        index = mx.array(kept)
-        for layer in self.layers:
-            layer.keys, layer.values = layer.keys[:, :, index, :], layer.values[:, :, index, :]
-            layer.offset = len(kept)
-        mx.eval([(layer.keys, layer.values) for layer in self.layers])
-        renumber = np.full(self.columns, HOLE, dtype=np.int64)
-        renumber[kept] = np.arange(len(kept))
-        for lane in self.lanes.values():
-            lane.columns = renumber[np.array(lane.columns, dtype=np.int64)].tolist()
-        self.owner, self.positions = self.owner[kept], self.positions[kept]
+        width = max(longest, 1)
+        index = np.zeros((len(lanes), width), dtype=np.int64)
+        for i, lane in enumerate(lanes):
+            index[i, : lane.length] = lane.columns
+        rows = np.array([lane.row for lane in lanes])
+        if self.layers[0].keys is not None:
+            take = mx.array(index)[:, None, :, None]
+            selected = mx.array(rows)
+            for layer in self.layers:
+                layer.keys = mx.take_along_axis(layer.keys[selected], take, axis=2)
+                layer.values = mx.take_along_axis(layer.values[selected], take, axis=2)
+                layer.offset = width
+            mx.eval([(layer.keys, layer.values) for layer in self.layers])
+        positions = np.take_along_axis(self.positions[rows], index, axis=1)
+        self.live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
+        self.positions = np.where(self.live, positions, 0)
+        self.rows = list(lanes)
+        for i, lane in enumerate(lanes):
+            lane.row, lane.columns = i, list(range(lane.length))
 
     # --- a sequence's cache in and out ---------------------------------------------------
     def gather(self, lane: Lane) -> list[tuple[mx.array, mx.array]]:
         """Per layer, the lane's keys and values in position order (1, heads, length, dim)."""
         index = mx.array(np.array(lane.columns, dtype=np.int64))
-        return [(layer.keys[:, :, index, :], layer.values[:, :, index, :]) for layer in self.layers]
+        row = lane.row
+        return [
+            (layer.keys[row : row + 1, :, index, :], layer.values[row : row + 1, :, index, :]) for layer in self.layers
+        ]
 
     def adopt(self, lane: Lane, states: list[tuple[mx.array, mx.array]]) -> None:
-        """Append a sequence's keys and values (per layer, (1, heads, length, dim), positions 0
-        on) as the columns of an empty lane."""
+        """Write a sequence's keys and values (per layer, (1, heads, length, dim), positions
+        0 on) into an empty lane's row, at the first columns."""
         if lane.length:
             raise CacheRollbackError("a lane adopts a sequence only while empty")
-        length = states[0][0].shape[2]
-        before = self.columns
+        length, row = states[0][0].shape[2], lane.row
+        if self.columns < length:
+            self._grow_columns(length - self.columns)
         for layer, (keys, values) in zip(self.layers, states):
-            if layer.keys is not None:
-                held = layer.offset
-                keys = mx.concatenate([layer.keys[..., :held, :], keys], axis=2)
-                values = mx.concatenate([layer.values[..., :held, :], values], axis=2)
-            layer.keys, layer.values, layer.offset = keys, values, keys.shape[2]
-        self.owner = np.concatenate([self.owner, np.full(length, lane.number)])
-        self.positions = np.concatenate([self.positions, np.arange(length)])
-        lane.columns = list(range(before, before + length))
+            if layer.keys is None:  # the first: a buffer of every row, this one filled
+                layer.keys = mx.zeros((len(self.rows), *keys.shape[1:]), dtype=keys.dtype)
+                layer.values = mx.zeros((len(self.rows), *values.shape[1:]), dtype=values.dtype)
+            elif layer.keys.shape[2] < self.columns:
+                layer.keys = _with_columns(layer.keys, self.columns)
+                layer.values = _with_columns(layer.values, self.columns)
+            layer.keys[row : row + 1, :, :length, :] = keys
+            layer.values[row : row + 1, :, :length, :] = values
+            layer.offset = self.columns
+        self.live[row, :length] = True
+        self.positions[row, :length] = np.arange(length)
+        lane.columns = list(range(length))
         lane.length = length
+
+
+def _with_row(buffer: mx.array) -> mx.array:
+    return mx.concatenate([buffer, mx.zeros((1, *buffer.shape[1:]), dtype=buffer.dtype)])
+
+
+def _with_columns(buffer: mx.array, columns: int) -> mx.array:
+    grow = (*buffer.shape[:2], columns - buffer.shape[2], buffer.shape[3])
+    return mx.concatenate([buffer, mx.zeros(grow, dtype=buffer.dtype)], axis=2)
 
 
 class Lane:
@@ -230,9 +294,9 @@ class Lane:
 
     needs_snapshots = False
 
-    def __init__(self, packed: PackedCache, number: int):
+    def __init__(self, packed: PackedCache, row: int):
         self.packed = packed
-        self.number = number
+        self.row = row  # its row on the cache's batch axis
         self.columns: list[int] = []  # in position order
         self.length = 0
 
@@ -273,7 +337,7 @@ class Lane:
     def trim_to(self, length: int) -> bool:
         if not 0 <= length <= self.length:
             raise CacheRollbackError(f"cannot trim {self.length} tokens to {length}")
-        self.packed.forget(self.columns[length:])
+        self.packed.forget(self, self.columns[length:])
         del self.columns[length:]
         self.length = length
         return True
@@ -296,7 +360,7 @@ class Lane:
             raise CacheRollbackError(f"rows {kept} are not increasing rows of a {count}-row block")
         block = self.columns[len(self.columns) - count :]
         keep = set(kept)
-        self.packed.forget([column for i, column in enumerate(block) if i not in keep])
+        self.packed.forget(self, [column for i, column in enumerate(block) if i not in keep])
         self.columns[len(self.columns) - count :] = [block[i] for i in kept]
         self.length = len(self.columns)
 

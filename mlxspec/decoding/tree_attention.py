@@ -156,10 +156,13 @@ def _tree_rope_class(cls: type) -> type:
 
 
 def rotate_at(rope, x: mx.array, layout: TreeLayout) -> mx.array:
-    """`rope(x, offset)` with each of the block's rows at its own position: x (1, heads,
-    rows, dim) goes through as (rows, heads, 1, dim), where an offset array is one per row."""
-    rows = x[0].transpose(1, 0, 2)[:, :, None, :]
-    return rope(rows, layout.fresh_positions())[:, :, 0, :].transpose(1, 0, 2)[None]
+    """`rope(x, offset)` with each of the block's rows at its own position: x (batch, heads,
+    rows, dim) goes through as (batch * rows, heads, 1, dim), where an offset array is one per
+    row (`layout.fresh_positions()`, batch-major: a packed batch's lanes, packed.py)."""
+    batch, heads, rows, dim = x.shape
+    flat = x.transpose(0, 2, 1, 3).reshape(batch * rows, heads, 1, dim)
+    rotated = rope(flat, layout.fresh_positions())
+    return rotated.reshape(batch, rows, heads, dim).transpose(0, 2, 1, 3)
 
 
 def _attention_modules(model) -> list | None:
