@@ -150,7 +150,10 @@ def main() -> None:
         "mlx-lm": [sys.executable, "-m", "mlx_lm.server", "--model", target_path, "--port", str(ports["mlx-lm"])],
     }
     server_of = {"one-at-a-time": "one", "batched-plain": "batched", "batched-spec": "batched", "mlx-lm": "mlx-lm"}
-    extra_of = {"batched-plain": {"gamma": 0}}
+    # the server's history would draft a prompt asked before from its earlier answer: off, so
+    # that every configuration answers as if for the first time
+    extra_of = {"one-at-a-time": {"history": False}, "batched-plain": {"gamma": 0, "history": False}}
+    extra_of["batched-spec"] = {"history": False}
     needed = sorted({server_of[c] for c in configs})
     logs = tempfile.mkdtemp(prefix="serve-concurrency-")
     processes = {}

@@ -35,6 +35,7 @@ from .caches import CacheRollbackError, Mark
 
 COMPACT_SLACK = 32  # columns tolerated beyond twice the longest lane before compacting
 CHUNK = 128  # prefill ids a lane reads per forward while others decode
+ASIDE_AT = 16  # a read longer than this runs in a forward of its own (the others unpadded)
 
 
 def windows_of(model) -> list[int | None]:
@@ -145,9 +146,20 @@ class PackedCache:
     # --- one forward for many lanes ------------------------------------------------------
     def forward(self, reads: list[Read]) -> list[tuple[mx.array, mx.array | None]]:
         """Every read's block in one forward, a row each (the rows not reading read one
-        padding id); returns per read (logits (n, vocab), the tapped hidden states (n, width)
-        or None). On any exception no lane has changed."""
+        padding id), but a long read beside other rows, which runs aside (`_aside`);
+        returns per read (logits (n, vocab), the tapped hidden states (n, width) or None).
+        On any exception no lane has changed."""
         self._compact_if_worth_it()
+        answers = {}
+        for read in reads:
+            if read.ids.shape[0] > ASIDE_AT and len(self.rows) > 1:
+                answers[id(read)] = self._aside(read)
+        together = [read for read in reads if id(read) not in answers]
+        if together:
+            answers.update(zip(map(id, together), self._together(together)))
+        return [answers[id(read)] for read in reads]
+
+    def _together(self, reads: list[Read]) -> list[tuple[mx.array, mx.array | None]]:
         before, rows = self.columns, len(self.rows)
         blocks = {read.lane.row: (read, _block(read)) for read in reads}
         width = max(len(block.positions) for _, block in blocks.values())
@@ -192,27 +204,86 @@ class PackedCache:
         return results
 
     def _mask(self, blocks: dict, width: int, window: int | None) -> np.ndarray:
-        """(rows, width, columns + width) bool: a block's row i sees its lane's columns
-        (within the window, by position) and its ancestors in its block; padding sees itself."""
+        """(rows, width, columns + width) bool: a block's row i sees what `_sees` says;
+        padding sees itself alone (finite, and read by no one)."""
         before = self.columns
         mask = np.zeros((len(self.rows), width, before + width), dtype=bool)
-        mask[:, np.arange(width), before + np.arange(width)] = True  # padding: finite, unread
+        mask[:, np.arange(width), before + np.arange(width)] = True
         for row, (read, block) in blocks.items():
             n = len(block.positions)
-            columns = np.array(read.lane.columns, dtype=np.int64)
-            context, earlier = columns[: len(columns) - block.earlier], columns[len(columns) - block.earlier :]
-            queries = block.positions[:, None]
-            sees_context = np.ones((n, len(context)), dtype=bool)
-            if window is not None:
-                sees_context &= queries - self.positions[row, context][None] < window
-            mask[row][:n, context] = sees_context  # (a view: mixed indexing would reorder axes)
-            block_columns = np.concatenate([earlier, before + np.arange(n)])
-            block_positions = np.concatenate([self.positions[row, earlier], block.positions])
-            sees_block = block.sees
-            if window is not None:
-                sees_block = sees_block & (queries - block_positions[None] < window)
-            mask[row, :n][:, block_columns] = sees_block
+            columns, sees = self._sees(read.lane, block, window)
+            rows = mask[row]  # a view: mixed indexing below would reorder the axes
+            rows[:n, columns] = sees[:, : len(columns)]
+            rows[:n, before : before + n] = sees[:, len(columns) :]
         return mask
+
+    def _sees(self, lane: Lane, block: _Block, window: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the lane's columns, (n, columns + n) bool): block row i sees the lane's context,
+        of the tree's rows read before (the lane's newest `earlier`) and of its block its
+        ancestors and itself; under a window, only what a single step at its position sees."""
+        columns = np.array(lane.columns, dtype=np.int64)
+        n, context = len(block.positions), len(columns) - block.earlier
+        sees = np.zeros((n, len(columns) + n), dtype=bool)
+        sees[:, :context] = True
+        sees[:, context:] = block.sees
+        if window is not None:
+            positions = np.concatenate([self.positions[lane.row, columns], block.positions])
+            sees &= block.positions[:, None] - positions[None] < window
+        return columns, sees
+
+    def _aside(self, read: Read) -> tuple[mx.array, mx.array | None]:
+        """A long read (a prompt's chunk) in a forward of its own over a copy of its lane's
+        row, so the other rows are not padded to its length; its keys and values then join
+        the row as new columns (holes in the others)."""
+        lane, block = read.lane, _block(read)
+        n, row = len(block.positions), lane.row
+        columns = mx.array(np.array(lane.columns, dtype=np.int64))
+        aside = []
+        for layer in self.layers:
+            copy = mlx_cache.KVCache()
+            if lane.columns:
+                copy.keys, copy.values = (
+                    layer.keys[row : row + 1, :, columns, :],
+                    layer.values[row : row + 1, :, columns, :],
+                )
+                copy.offset = len(lane.columns)
+            aside.append(copy)
+        layout = _PackedLayout(
+            positions=block.positions,
+            masks={w: mx.array(self._sees(lane, block, w)[1]) for w in set(self.windows)},
+            windows={id(copy): window for copy, window in zip(aside, self.windows)},
+        )
+        slot = tree_attention.install(self.model)
+        slot.layout = layout
+        try:
+            logits = self.model(read.ids.astype(mx.uint32)[None], cache=aside)[0]
+            hidden = self.taps.take()[0] if self.taps is not None else None
+        except BaseException:
+            if self.taps is not None:
+                self.taps.seen.clear()
+            raise
+        finally:
+            slot.layout = None
+        before = self.columns
+        try:
+            self._append_row_columns(aside, row, n)
+        except BaseException:
+            for layer in self.layers:  # a layer may have taken the columns: none keeps them
+                layer.offset = min(layer.offset, before)
+            raise
+        self._grow_columns(n)
+        self.live[row, before : before + n] = True
+        self.positions[row, before : before + n] = block.positions
+        lane.columns.extend(range(before, before + n))
+        lane.length += n
+        return logits, hidden
+
+    def _append_row_columns(self, aside: list, row: int, n: int) -> None:
+        """The newest `n` columns of each copy, appended to the layers in `row` (holes in the others)."""
+        for layer, copy in zip(self.layers, aside):
+            keys = copy.keys[..., copy.offset - n : copy.offset, :]
+            values = copy.values[..., copy.offset - n : copy.offset, :]
+            layer.update_and_fetch(_in_row(keys, row, len(self.rows)), _in_row(values, row, len(self.rows)))
 
     # --- holes -------------------------------------------------------------------------
     def forget(self, lane: Lane, columns: list[int]) -> None:
@@ -277,6 +348,13 @@ class PackedCache:
         self.positions[row, :length] = np.arange(length)
         lane.columns = list(range(length))
         lane.length = length
+
+
+def _in_row(block: mx.array, row: int, rows: int) -> mx.array:
+    """(1, heads, n, dim) as row `row` of `rows`, the others zeros (holes)."""
+    zeros = mx.zeros((rows, *block.shape[1:]), dtype=block.dtype)
+    zeros[row : row + 1] = block
+    return zeros
 
 
 def _with_row(buffer: mx.array) -> mx.array:
