@@ -36,6 +36,9 @@ from .caches import CacheRollbackError, Mark
 COMPACT_SLACK = 32  # columns tolerated beyond twice the longest lane before compacting
 CHUNK = 128  # prefill ids a lane reads per forward while others decode
 ASIDE_AT = 16  # a read longer than this runs in a forward of its own (the others unpadded)
+# What one forward more costs, in ids read: a few here (a CPU's forward is compute-bound past
+# a few rows); a GPU's decode step reads every weight whatever its rows, so more there
+FORWARD_IDS = 8
 
 
 def windows_of(model) -> list[int | None]:
@@ -151,9 +154,8 @@ class PackedCache:
         On any exception no lane has changed."""
         self._compact_if_worth_it()
         answers = {}
-        for read in reads:
-            if read.ids.shape[0] > ASIDE_AT and len(self.rows) > 1:
-                answers[id(read)] = self._aside(read)
+        for read in _aside_of(reads, rows=len(self.rows)):
+            answers[id(read)] = self._aside(read)
         together = [read for read in reads if id(read) not in answers]
         if together:
             answers.update(zip(map(id, together), self._together(together)))
@@ -348,6 +350,20 @@ class PackedCache:
         self.positions[row, :length] = np.arange(length)
         lane.columns = list(range(length))
         lane.length = length
+
+
+def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
+    """The reads to run aside, each in a forward of its own: the widest ones, as many as
+    lowers the ids read in all (every row padded to the widest block left, plus each aside's
+    own, plus FORWARD_IDS for each forward more); a prompt's chunk always, beside others."""
+    if rows < 2:
+        return []
+    wide = sorted(reads, key=lambda read: -read.ids.shape[0])
+    widths = [read.ids.shape[0] for read in wide] + [1]
+    forced = sum(width > ASIDE_AT for width in widths)
+    cost = [rows * widths[k] + sum(widths[:k]) + FORWARD_IDS * k for k in range(len(wide) + 1)]
+    best = min(range(forced, len(wide) + 1), key=lambda k: cost[k])
+    return wide[:best]
 
 
 def _in_row(block: mx.array, row: int, rows: int) -> mx.array:
