@@ -79,6 +79,9 @@ class TreeDrafts:
 class Drafter(Protocol):
     name: str
     kind: str  # drafters/__init__.py's constants: a draft model, an EAGLE-3 head, an MTP head
+    auto_trees: bool  # whether `--tree auto` grows its trees (drafting/shape.py decides)
+
+    def why_no_trees(self) -> str | None: ...
 
     def reset(self) -> None: ...
     def sync(self, ids: list[int]) -> int: ...
@@ -94,10 +97,8 @@ class Drafter(Protocol):
 class TreeDrafter(Drafter, Protocol):
     """A drafter that can also grow a tree of at most `budget` nodes and `depth` levels, up to
     `width` children a node (drafters/tree_growth.py), inside a state from `begin_tree`, and
-    keep the accepted path of it in `settle_tree`. `reads_trees` is False where its cache
-    cannot hold a tree (a recurrent state): it then drafts chains."""
-
-    reads_trees: bool
+    keep the accepted path of it in `settle_tree`. Where its cache cannot hold a tree (a
+    recurrent state) `why_no_trees` says why, and drafting/shape.py has it draft chains."""
 
     def begin_tree(self, nodes: int): ...
     def propose_tree(

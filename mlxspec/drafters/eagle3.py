@@ -125,9 +125,10 @@ class Eagle3Drafter:
             target_row=self._target_row,
         )
 
-    @property
-    def reads_trees(self) -> bool:
-        return getattr(self.head, "reads_trees", True)
+    auto_trees = True  # a level costs one forward of one layer
+
+    def why_no_trees(self) -> str | None:
+        return self.head.why_no_trees()
 
     def begin_tree(self, nodes: int):
         return None

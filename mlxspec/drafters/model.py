@@ -49,12 +49,11 @@ class ModelDrafter(Cursor):
             read_confidences=read_confidences,
         )
 
-    @property
-    def reads_trees(self) -> bool:
-        """Any cache of attention layers: a plain one keeps a tree's earlier levels where the
-        later ones read them; a window reads the whole tree again at each level (below). A
-        recurrent state cannot branch."""
-        return self.why_no_trees() is None
+    # --tree auto drafts its chains: a level reads the frontier through all its layers
+    auto_trees = False
+    # (why_no_trees, the cursor's: any cache of attention layers reads a tree; a plain one
+    # keeps a tree's earlier levels where the later ones read them, a window reads the whole
+    # tree again at each level, below; a recurrent state cannot branch)
 
     def begin_tree(self, nodes: int):
         return self.cache.mark(reads=len(self.pending) + nodes), list(self.pending)
