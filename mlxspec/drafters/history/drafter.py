@@ -18,8 +18,8 @@ class HistoryDrafter:
     """Proposals for one request at a time: from its own prompt and answer (`local`) and from
     its namespace's history; the better scored wins, the local one on a tie.
 
-    Mirrors lookup.PromptLookup (`propose(gamma)` a chain of ids, `hear(ids)`) and adds
-    `propose_tree(max_nodes)`, `query` (the proposal with its scores), and a request's
+    Mirrors lookup.PromptLookup (`propose(gamma)` a chain of ids, `propose_tree(max_nodes)`
+    a trie, `hear(ids)`, `source`) and adds `query` (the proposal with its scores), and a request's
     lifetime: `begin(prompt)`, `end()`. At `end()` the prompt and the answer go into the
     history as one document, so a later request matches across their border (the chat
     template's assistant header before an answer). A prompt that begins with one of the
