@@ -54,11 +54,11 @@ class PromptLookup:
     Beside a draft model only matches of `min_match` ids or more are used (shorter ones are
     guesses the model makes better).
 
-    Of decoding/drafter.py's interface it needs only `propose` and `hear`: it keeps no cache
-    (nothing to begin, settle or undo), its q is a point mass (no rows), and it proposes
-    beside any drafter, so the drafting policy, not the round loop, asks it each round. Its
-    trie (`propose_tree`, what drafting/policy.py's Lookup asks of every lookup) is its chain:
-    it keeps one continuation per match."""
+    A lookup, not a drafter (decoding/drafter.py): it keeps no cache (nothing to begin,
+    settle or undo), its q is a point mass (no rows), and it proposes beside any drafter, so
+    the drafting policy, not the round loop, asks it each round, for a `chain` of ids or a
+    `trie` (drafting/policy.py's Lookup), and it `hear`s every id emitted. Its trie is its
+    chain: it keeps one continuation per match."""
 
     source = NGRAM  # where its proposals come from (the history drafter names two)
 
@@ -67,11 +67,11 @@ class PromptLookup:
         self.index.extend(prompt)
         self.min_match = min_match
 
-    def propose(self, gamma: int) -> tuple[int, ...]:
+    def chain(self, gamma: int) -> tuple[int, ...]:
         return tuple(self.index.propose(gamma, self.min_match)) if gamma > 0 else ()
 
-    def propose_tree(self, max_nodes: int) -> TokenTree | None:
-        found = self.propose(max_nodes)
+    def trie(self, max_nodes: int) -> TokenTree | None:
+        found = self.chain(max_nodes)
         return TokenTree.chain(found) if found else None
 
     def hear(self, ids) -> None:

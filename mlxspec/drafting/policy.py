@@ -24,15 +24,16 @@ TREE_LOOKUP_NODES = 16  # the most nodes of a lookup trie under `--tree auto` (i
 
 class Lookup(Protocol):
     """What the policy asks of prompt lookup (drafters/lookup.py; drafters/history/ adds
-    the session's history): ids that followed a match, or (where the round reads trees:
-    drafting/shape.py) every continuation it found as a trie of at most `max_nodes` (a
-    chain where it keeps one), every id emitted, and where its latest proposal came from
-    (`source`: NGRAM or HISTORY)."""
+    the session's history), a lookup and not a drafter: a `chain` of ids that followed a
+    match, or (where the round reads trees: drafting/shape.py) a `trie` of every
+    continuation it found, at most `max_nodes` (a chain where it keeps one); it `hear`s
+    every id emitted and says where its latest proposal came from (`source`: NGRAM or
+    HISTORY)."""
 
     source: str
 
-    def propose(self, gamma: int) -> tuple[int, ...]: ...
-    def propose_tree(self, max_nodes: int) -> TokenTree | None: ...
+    def chain(self, gamma: int) -> tuple[int, ...]: ...
+    def trie(self, max_nodes: int) -> TokenTree | None: ...
     def hear(self, ids) -> None: ...
 
 
@@ -96,16 +97,14 @@ class Policy:
         if self.lookup is None or gamma <= 0:
             return None
         if self.shape.reads_trees:
-            found = self.lookup.propose_tree(
-                max(gamma, TREE_LOOKUP_NODES if isinstance(self.tree, Auto) else self.tree)
-            )
+            found = self.lookup.trie(max(gamma, TREE_LOOKUP_NODES if isinstance(self.tree, Auto) else self.tree))
             if found is not None and found.depth > gamma:  # no deeper than the round may go (max tokens)
                 found = found.subtree([n for n in range(1, len(found) + 1) if found.depths[n] <= gamma])
             if found is not None and not found.is_chain:
                 return Plan(proposal_tree=found, lookup_source=self._lookup_source())
             proposal = found.ids[:gamma] if found is not None else ()
         else:
-            proposal = self.lookup.propose(gamma)
+            proposal = self.lookup.chain(gamma)
         return Plan(proposal=tuple(proposal), lookup_source=self._lookup_source()) if proposal else None
 
     def _lookup_depth(self, gamma: int, *, remaining: int) -> int:

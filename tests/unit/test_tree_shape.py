@@ -61,5 +61,5 @@ def test_auto_trees_go_deeper_than_the_chain_only_greedy_under_gamma_auto():
 
 def test_prompt_lookups_trie_is_its_chain():
     lookup = PromptLookup([1, 2, 3, 4, 5, 1, 2])
-    assert lookup.propose_tree(8).ids == lookup.propose(8) == (3, 4, 5, 1, 2)
-    assert lookup.propose_tree(8).is_chain and PromptLookup([1, 2]).propose_tree(8) is None
+    assert lookup.trie(8).ids == lookup.chain(8) == (3, 4, 5, 1, 2)
+    assert lookup.trie(8).is_chain and PromptLookup([1, 2]).trie(8) is None
