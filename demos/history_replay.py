@@ -109,12 +109,12 @@ def main() -> None:
             answer = list(tokenizer.encode(text, add_special_tokens=False))
             answer = answer[:max_tokens] if len(answer) >= max_tokens else [*answer, eos]
             lookup = PromptLookup(prompt)
-            walk(lookup.propose, lookup.hear, answer, width, tallies["lookup"])
+            walk(lookup.chain, lookup.hear, answer, width, tallies["lookup"])
             local = HistoryDrafter(None).begin(prompt)
-            walk(local.propose, local.hear, answer, width, tallies["local"])
-            for name, propose in (("history chain", "propose"), ("history tree", "propose_tree")):
+            walk(local.chain, local.hear, answer, width, tallies["local"])
+            for name, trie in (("history chain", False), ("history tree", True)):
                 with HistoryDrafter(store.index(name.replace(" ", "-"))).begin(prompt) as drafter:
-                    walk(getattr(drafter, propose), drafter.hear, answer, width, tallies[name])
+                    walk(drafter.trie if trie else drafter.chain, drafter.hear, answer, width, tallies[name])
         print(f"{workload} ({len(figures[key]['texts'])} requests, at most {width} ids proposed a round):")
         for name, tally in tallies.items():
             print(tally.line(name))

@@ -1,6 +1,6 @@
 """The sampled law of trees end to end, outside the engine: the real tree growth
 (drafters/tree_growth.grow_tree, with its budget cut and level price), the real size cut
-(TreeDrafts.best) and the real walk (verify.walk_tree), on drafter and target logits that
+(Drafts.best) and the real walk (verify.walk_tree), on drafter and target logits that
 depend on the whole path (a 4-id vocabulary), against the warped target's exact law of the
 first two ids, chi-square at 1e-3. Written by the independent review of issue 31; the suite's
 law tests (tests/exactness/test_distribution.py) run the whole engine on fewer settings.
@@ -61,8 +61,7 @@ def run(params, trials, budget, depth, width, price, best_count, seed=0):
         rows = [logits_for("p", [])] + [
             logits_for("p", tree.path_ids(tree.ancestors(n))) for n in range(1, len(tree) + 1)
         ]
-        drawn = {tree.parents[n - 1]: (n, drafts.spine_rows[i]) for i, n in enumerate(drafts.spine)}
-        path, nxt = walk_tree(tree, mx.array(np.stack(rows)), params, wk, drawn=drawn)
+        path, nxt = walk_tree(tree, mx.array(np.stack(rows)), params, wk, drawn=drafts.drawn())
         emitted = tree.path_ids(path) + [nxt]
         if len(emitted) == 1:
             p2 = np.array(warp(mx.array(logits_for("p", emitted)), params))

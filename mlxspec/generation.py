@@ -23,15 +23,14 @@ from .decoding.caches import CacheOptions
 from .decoding.cursor import Cursor
 from .decoding.drafter import Drafter
 from .decoding.events import Done, Prefill, Round
-from .drafters import DRAFT_MODEL
 from .drafters.history import DEFAULT_NAMESPACE, HistoryStore
 from .drafters.lookup import PromptLookup
 from .drafting import Controller, ControllerConfig, Policy
-from .drafting.policy import TREE_EXTRA_DEPTH
+from .drafting.shape import tree_shape
 from .errors import InvalidOption
 from .grammar import Matcher, matcher_for
 from .models.pairs import Pair, fit_context
-from .options import Auto, Options, label
+from .options import AUTO, Options, label
 from .stats import Stats, repeated_tokens
 from .text import StopFilter, TextStream, check_text
 
@@ -220,23 +219,19 @@ def drafting_policy(
         lookup = session.history.drafter(namespace, min_match=min_match).begin(ids)
     else:
         lookup = PromptLookup(ids, min_match=min_match)
-    why_chains = session.target.why_no_trees()
-    if why_chains is None and session.draft is not None and not getattr(session.draft, "reads_trees", False):
-        why_chains = "this drafter proposes chains only"
-    # auto's trees come from a head (a level costs one small forward) or lookup's tries. A
-    # separate draft model's level reads the tree's frontier through all its layers: measured
-    # here, its trees never beat its chain (docs/trees.md), so auto drafts chains there
-    auto_chains = isinstance(options.tree, Auto) and session.draft is not None and session.draft.kind == DRAFT_MODEL
     return Policy(
         gamma=options.gamma,
         stop=options.draft_min_p,
         controller=session.controller,
         lookup=lookup,
         draft_model=session.draft is not None,
-        tree=0 if why_chains or auto_chains else options.tree,
-        # under sampling the drawn spine is kept whole, so a tree as deep as the controller's chain
-        tree_extra_depth=TREE_EXTRA_DEPTH if options.sampling.greedy else 0,
-        why_chains=why_chains,
+        shape=tree_shape(
+            target=session.target,
+            drafter=session.draft,
+            tree=options.tree,
+            greedy=options.sampling.greedy,
+            gamma_auto=options.gamma is AUTO,
+        ),
     )
 
 
@@ -284,8 +279,8 @@ def _stream(
     grammar = grammar_for(pair, options)
 
     stats = Stats(gamma=label(options.gamma), seed=seed)
-    if policy is not None and isinstance(options.tree, int) and options.tree:
-        stats.chains_only = policy.why_chains
+    if policy is not None:
+        stats.chains_only = policy.shape.chains_only
     text = TextStream(pair.tokenizer, ids[-4:])
     stops = StopFilter(options.stop)
     eos = pair.eos_ids

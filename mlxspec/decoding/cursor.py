@@ -4,6 +4,9 @@ State lives here, never in the model objects, so two decoders can share one targ
 and a chat keeps its caches between turns. Every change of the cache goes with a change of
 the ids it is said to hold, and an exception at any point (Ctrl-C above all) leaves the
 cursor truthful: the cache is dropped and the ids it held become ids to read again.
+
+A round reads its proposal (`forward`, or `forward_tree` for a tree) and keeps the accepted
+path's rows with `keep_path`, the one rollback for chains and trees.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ class Cursor:
     def forward_tree(self, drafted: mx.array, tree: Tree) -> mx.array:
         """Read the pending ids and the nodes of `tree` (ids `drafted`, (n,)) in one forward,
         the last pending id its root; returns logits (1 + len(tree), width): after the root, then after each node.
-        The cache then holds the whole block until `keep_tree_path` says what to keep."""
+        The cache then holds the whole block until `keep_path` says what to keep."""
         pending = len(self.pending)
         layout = tree_attention.TreeLayout.chain_then_tree(
             start=self.cache.length, pending=pending, tree_parents=tree.parents
@@ -146,17 +149,29 @@ class Cursor:
             logits = self.forward(inputs)
         return logits[pending - 1 :]
 
-    def keep_tree_path(self, tree: Tree, path: list[int], path_ids: list[int], *, pending: list[int]) -> None:
-        """After `forward_tree` read `pending` and `tree`: keep the rows of `pending` and of
-        the accepted `path` (node numbers; their ids `path_ids`), as if they had been read
-        one at a time."""
-        block = len(pending) + len(tree)
-        kept = list(range(len(pending))) + [len(pending) - 1 + node for node in path]
+    def keep_path(self, *, block: int, kept: list[int], ids: list[int], mark) -> list[int]:
+        """The one rollback, for a chain and a tree alike: the forwards since `mark` read a
+        block of `block` rows (the pending ids, then a proposal's nodes); keep its rows
+        `kept` (increasing: the pending ids' and the accepted path's), whose ids are `ids`,
+        as if they had been read one at a time, and forget the rest. Returns the ids to read
+        again (put them in front of pending).
+
+        Where the rows kept are the block's first (a chain's path) the rest is trimmed, or,
+        where a part cannot drop rows (a recurrent state), the cache goes back to `mark` and
+        the kept ids are read again. Elsewhere (a tree's path) the kept rows move to the
+        block's front (caches.keep_block_rows), the target's features with them."""
         start = self.cache.length - block
+        self.tokens += list(ids)
+        if kept == list(range(len(kept))):
+            if not self.cache.rewind(len(self.tokens), mark):
+                return []
+            again = self.tokens[mark.length :]
+            del self.tokens[mark.length :]
+            return again
         self.cache.keep_block_rows(block, kept)
         if self.features is not None and self.keep_features:
             self.features.keep_block_rows(start, block, kept)
-        self.tokens += pending + list(path_ids)
+        return []
 
     def join(self, packed: PackedCache) -> None:
         """Move into a lane of `packed` (a batch's): what the cache holds is copied over when
@@ -257,17 +272,6 @@ class Cursor:
         except BaseException:
             self.invalidate(history)
 
-    def rewind(self, keep: int, mark) -> list[int]:
-        """Keep the first `keep` ids; returns ids that must be read again (put them back in
-        front of pending) when the cache had to go back to `mark`."""
-        refeed = self.cache.rewind(keep, mark)
-        if refeed:
-            again = self.tokens[mark.length : keep]
-            del self.tokens[mark.length :]
-            return again
-        del self.tokens[keep:]
-        return []
-
     def invalidate(self, history: list[int]) -> None:
         """Drop the cache; the next prefill reads `history` again."""
         self.reset()
@@ -282,6 +286,12 @@ class Cursor:
             self.pending = pending
         except BaseException:
             self.invalidate(history)
+
+
+def path_rows(pending: int, path: list[int]) -> list[int]:
+    """The rows of a verify block (`pending` ids, the last the root, then a proposal's nodes
+    in node order) that hold the pending ids and the accepted `path` (node numbers)."""
+    return list(range(pending)) + [pending - 1 + node for node in path]
 
 
 def _exported(cache, length: int) -> list | None:

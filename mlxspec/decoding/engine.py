@@ -2,9 +2,10 @@
 
 The loop is Leviathan et al.'s (arXiv 2211.17192, Algorithm 1), with the choices a fixed
 algorithm leaves open handed to a drafting policy (drafting/): each round the policy plans
-how many ids to draft, from the draft model or prompt lookup, and where the draft may stop;
-the round drafts, verifies all drafts in one target pass and rewinds both caches
-(rounds.py); the policy observes the outcome. A policy may also plan a stretch of plain
+how many ids to draft, from the draft model or prompt lookup, as a chain or a tree, and
+where the draft may stop; the round (rounds.py, one for chains and trees) proposes,
+verifies every proposal in one target pass and keeps the accepted path in both caches;
+the policy observes the outcome. A policy may also plan a stretch of plain
 decoding, where drafting would not pay. Plans depend on the past only, so whatever a policy
 chooses, every emitted id has exactly the target's distribution.
 
@@ -26,7 +27,7 @@ from .carry import Carry
 from .cursor import TOKEN, Cursor
 from .events import Prefill, Round
 from .plan import TARGET, Outcome, Planner
-from .rounds import run_round, run_tree_round
+from .rounds import run_round
 from .sampling import SamplingParams, constrain, pick
 
 
@@ -72,10 +73,7 @@ def speculative(target, drafter, carry: Carry, *, policy: Planner, max_tokens: i
                 if event.emitted[0] in eos_ids:
                     return "eos"
             continue
-        if plan.reads_tree:
-            outcome = run_tree_round(target, drafter, plan, this_round)
-        else:
-            outcome = run_round(target, drafter, plan, this_round)
+        outcome = run_round(target, drafter, plan, this_round)  # a chain's or a tree's
         policy.observe_round(outcome)
         produced += len(outcome.emitted)
         yield round_event(outcome, index=rounds)

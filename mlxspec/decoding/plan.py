@@ -43,9 +43,10 @@ class Plan:
         return self.draft or len(self.proposal) or (self.proposal_tree.depth if self.proposal_tree else 0)
 
     @property
-    def reads_tree(self) -> bool:
-        """The round verifies a tree: the drafter's, or lookup's trie."""
-        return bool(self.tree or self.proposal_tree)
+    def drafter_rows(self) -> int:
+        """Rows the drafter may read in the round past its pending ids: a chain's drafts, or
+        every row a tree's levels may hold."""
+        return self.tree + self.width * self.draft if self.tree else self.draft
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,45 @@
-"""One speculative round, in three module-level steps that take their state explicitly:
+"""One speculative round, for a chain and a tree alike: a proposal (drafter.Drafts: a tree;
+a chain is the tree whose nodes each have one child, every one drawn) is made, the target
+reads its pending ids and every node in one forward, the rule picks the accepted path and
+the next id, and both sides keep that path's rows alone (Cursor.keep_path, the one
+rollback).
 
-    draft   - the drafter (drafters/) proposes up to gamma ids one at a time, keeping its rows q
-    verify  - the target reads its pending ids and all drafts in one forward pass; the rule
-              (verify.py) picks how many drafts to keep and the next id
-    rewind  - both caches forget what was rejected (caches.py, through the cursors)
+    propose - the drafter grows the plan's chain or tree (drafters/), or prompt lookup's
+              chain or trie is taken as it is
+    verify  - a chain: the vectorised rule (verify.speculative_sample / greedy_sample) over
+              its rows, queued with the forward, one host wait per round; a tree: the walk
+              from the root (verify.walk_tree), a wait per node it reaches under sampling.
+              The chain's rule is the walk over a chain whose every node is drawn
+              (tests/unit/test_tree_rule.py): the fast path, not another rule
+    keep    - the target and the drafter keep the accepted path's rows; a drafter that did
+              not propose hears what was emitted
 
-MLX is lazy: drafted ids are queued with `mx.async_eval` as they are made and the verify
-graph is built while the device drafts; the host waits once, for the outcome, or twice in a
-round timed apart (once for the drafts), never once per token.
+MLX is lazy: a chain's drafted ids are queued with `mx.async_eval` as they are made and the
+verify graph is built while the device drafts; the host waits once, for the outcome, or
+twice in a round timed apart (once for the drafts), never once per token.
 
 Under a grammar (grammar.py) the drafts are drawn from masked rows and read by the matcher
-as they are made (a wait per draft), a prompt-lookup proposal is cut before the first id the
-grammar forbids, the target is verified with the masks of the drafted prefix, and the
-matcher then keeps only what was emitted.
-"""
+as they are made (a wait per draft), a prompt-lookup chain is cut before the first id the
+grammar forbids, the target's rows are masked by the matcher's state after each node's
+path, and the matcher then keeps only what was emitted."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from ..grammar import Matcher
 from .carry import Carry
-from .cursor import TOKEN, Cursor, common_prefix
-from .drafter import Drafter, Drafts, TreeDrafter, TreeDrafts
+from .cursor import TOKEN, Cursor, common_prefix, path_rows
+from .drafter import Drafter, Drafts
 from .plan import Outcome, Plan
 from .sampling import SamplingParams, constrain, pick, warp
 from .tree import TokenTree, best_size
 from .verify import greedy_sample, speculative_sample, walk_tree
 
-__all__ = ["run_round", "run_tree_round", "verify"]
+__all__ = ["run_round", "verify"]
 
 
 def point_mass_rows(ids: mx.array, width: int) -> mx.array:
@@ -66,135 +75,41 @@ def verify(
 
 
 def run_round(target: Cursor, drafter: Drafter | None, plan: Plan, carry: Carry) -> Outcome:
-    """One propose-verify-rewind round. The drafter proposes when the plan says so; a
-    prompt-lookup proposal is verified as point masses, and the drafter only hears what was
-    emitted. On any exception both sides (and the grammar) are left as before the round."""
+    """One propose-verify-keep round over the plan's proposal, a chain or a tree. The
+    drafter proposes when the plan says so (`plan.draft`); else prompt lookup's proposal is
+    verified as point masses, and the drafter only hears what was emitted. On any exception
+    both sides (and the grammar) are left as before the round."""
     params, key, eos_ids, grammar = carry.params, carry.key, carry.eos_ids, carry.grammar
-    use_model = plan.draft > 0 and drafter is not None
-    caught_up = drafter.catch_up_if_behind() if use_model else 0.0
-    start = time.perf_counter()
-    draft_key, rule_key = mx.random.split(key)
-    verify_reads = len(target.pending) + (plan.draft if use_model else len(plan.proposal))
-    target_mark, target_pending = target.cache.mark(reads=verify_reads), list(target.pending)
-    draft_state = drafter.begin(plan.draft) if use_model else None
-    grammar_mark = grammar.depth if grammar is not None else 0
-    try:
-        if use_model:
-            drafts = drafter.propose(
-                count=plan.draft,
-                carry=carry.keyed(draft_key),
-                stop_below=plan.stop_below,
-                read_confidences=plan.read_confidences,
-            )
-            draft_probs = drafts.rows
-        else:
-            proposal = list(plan.proposal)
-            if grammar is not None:  # cut before the first id the grammar forbids
-                proposal = proposal[: grammar.walk(proposal)]
-            drafts = Drafts(mx.array(proposal, dtype=TOKEN), None, False, None)
-            draft_probs = None if params.greedy or not proposal else point_mass_rows(drafts.ids, target.width)
-        n = drafts.ids.shape[0]
-        accepted, next_id = verify(
-            target, drafts.ids, draft_probs, params, rule_key, grammar=grammar, grammar_mark=grammar_mark
-        )
-        outcome = mx.concatenate([drafts.ids, accepted.astype(TOKEN)[None], next_id.astype(TOKEN)[None]])
-        if plan.timed:
-            # waiting for the drafts before the outcome times the two apart; queued together,
-            # MLX signals completion once, for the whole graph
-            mx.eval(drafts.ids, *([drafts.confidences] if drafts.confidences is not None else []))
-        drafted_at = time.perf_counter()
-        values = outcome.tolist()
-        done_at = time.perf_counter()
-        confidences = tuple(drafts.confidences.tolist()) if drafts.confidences is not None else None
-        drafted_ids, accepted, next_id = values[:n], values[n], values[n + 1]
-
-        target.tokens += target_pending + drafted_ids
-        target.pending = target.rewind(len(target.tokens) - (n - accepted), target_mark) + [next_id]
-        if use_model:
-            drafter.settle(
-                draft_state, drafted=drafted_ids, accepted=accepted, next_id=next_id, read_all=drafts.read_all
-            )
-        elif drafter is not None:
-            drafter.hear(drafted_ids[:accepted] + [next_id])
-        emitted = _cut_at_eos(drafted_ids[:accepted] + [next_id], eos_ids)
-        if grammar is not None:
-            grammar.settle(grammar_mark, emitted)
-    except BaseException:
-        target.abandon(target_mark, target_pending)
-        if use_model:
-            drafter.undo(draft_state)
-        if grammar is not None:
-            grammar.rollback_to(grammar_mark)
-        raise
-    return Outcome(
-        plan=plan,
-        drafted=tuple(drafted_ids),
-        accepted=accepted,
-        next_id=next_id,
-        emitted=tuple(emitted),
-        verified=len(target_pending) + n,
-        seconds=time.perf_counter() - start,
-        draft_seconds=drafted_at - start if plan.timed else None,
-        verify_seconds=done_at - drafted_at if plan.timed else None,
-        early_stop=use_model and drafts.read_all,
-        confidences=confidences,
-        catch_up_seconds=caught_up,
-    )
-
-
-def run_tree_round(target: Cursor, drafter: TreeDrafter | None, plan: Plan, carry: Carry) -> Outcome:
-    """One round over a tree: the drafter grows a tree of at most `plan.tree` nodes (or
-    prompt lookup's trie is taken as it is), the target reads it in one forward (each node
-    at its depth, seeing its ancestors), the rule walks it from the root (verify.py), and
-    both sides keep the accepted path alone; a drafter that did not propose hears what was
-    emitted. On any exception both sides are left as before the round."""
-    params, key, eos_ids, grammar = carry.params, carry.key, carry.eos_ids, carry.grammar
-    grows = plan.proposal_tree is None
+    grows = plan.draft > 0 and drafter is not None
     caught_up = drafter.catch_up_if_behind() if grows else 0.0
     start = time.perf_counter()
-    draft_key, key = mx.random.split(key)
-    nodes = plan.tree if grows else len(plan.proposal_tree)
+    draft_key, rule_key = mx.random.split(key)
+    if grows:
+        nodes = plan.tree or plan.draft  # at most
+    else:
+        nodes = len(plan.proposal_tree) if plan.proposal_tree is not None else len(plan.proposal)
     target_mark, target_pending = target.cache.mark(reads=len(target.pending) + nodes), list(target.pending)
+    draft_state = drafter.begin(plan) if grows else None
     grammar_mark = grammar.depth if grammar is not None else 0
-    # the drafter reads its pending ids, then every row its levels may hold
-    draft_state = drafter.begin_tree(plan.tree + plan.width * plan.draft) if grows else None
     try:
         if grows:
-            drafts = drafter.propose_tree(
-                depth=plan.draft,
-                budget=plan.tree,
-                width=plan.width,
-                carry=carry.keyed(draft_key),
-                state=draft_state,
-                price=plan.tree_price,
-            )
+            drafts = drafter.propose(plan, carry=carry.keyed(draft_key), state=draft_state)
         else:
-            drafts = TreeDrafts(tree=plan.proposal_tree)
-        drafted_at = time.perf_counter()
-        if drafts is not None and plan.tree_costs:
-            drafts = drafts.best(
-                best_size(
-                    drafts.values_ranked(),
-                    drafts.depths_ranked(),
-                    calibration=plan.tree_calibration,
-                    costs=plan.tree_costs,
-                    drafting=drafted_at - start,
-                )
-            )
-        tree = drafts.tree if drafts is not None else TokenTree.chain(())
-        logits = target.forward_tree(mx.array(tree.ids, dtype=TOKEN), tree)
-        if grammar is not None:  # each node's row masked by the grammar's state after its path
-            mx.async_eval(logits)
-            logits = constrain(logits, grammar.tree_masks(tree))
-        spine = drafts.spine if drafts is not None else ()
-        drawn = {tree.parents[n - 1]: (n, drafts.spine_rows[i]) for i, n in enumerate(spine)}
-        path, next_id = walk_tree(tree, logits, params, key, drawn=drawn)
-        done_at = time.perf_counter()
-        path_ids = tree.path_ids(path)
-        target.keep_tree_path(tree, path, path_ids, pending=target_pending)
-        target.pending = [next_id]
-        if grows and drafts is not None:
-            drafter.settle_tree(draft_state, drafts=drafts, path=path, next_id=next_id)
+            drafts = _lookup_drafts(plan, target.width, params, grammar)
+        grown = grows and drafts is not None
+        drafts = _NOTHING if drafts is None else drafts
+        rule = _verify_chain if drafts.is_chain else _verify_tree  # the chain's fast path, or the walk
+        verified = rule(target, drafts, plan, carry, rule_key, grammar_mark=grammar_mark, start=start)
+        drafts, path, next_id = verified.drafts, verified.path, verified.next_id
+        path_ids = verified.drafted[: len(path)] if drafts.is_chain else list(drafts.tree.path_ids(path))
+        target.pending = target.keep_path(
+            block=len(target_pending) + len(drafts),
+            kept=path_rows(len(target_pending), path),
+            ids=target_pending + path_ids,
+            mark=target_mark,
+        ) + [next_id]
+        if grown:
+            drafter.settle(draft_state, drafts=drafts, path=path, path_ids=path_ids, next_id=next_id)
         elif grows:
             drafter.undo(draft_state)
         elif drafter is not None:
@@ -209,27 +124,150 @@ def run_tree_round(target: Cursor, drafter: TreeDrafter | None, plan: Plan, carr
         if grammar is not None:
             grammar.rollback_to(grammar_mark)
         raise
+    seconds = time.perf_counter() - start
+    return _outcome(
+        plan,
+        verified,
+        path_ids,
+        emitted,
+        pending=len(target_pending),
+        grown=grown,
+        seconds=seconds,
+        caught_up=caught_up,
+    )
+
+
+@dataclass
+class Verified:
+    """What the rule made of a proposal: the accepted path (node numbers), the next id, and
+    the seconds spent drafting and verifying."""
+
+    drafts: Drafts  # as verified (a tree sized down to what pays)
+    path: list[int]
+    next_id: int
+    draft_seconds: float
+    verify_seconds: float
+    drafted: list[int] = field(default_factory=list)  # a chain's ids, read back with the outcome
+    confidences: tuple[float, ...] | None = None
+
+
+def _outcome(
+    plan: Plan,
+    verified: Verified,
+    path_ids: list[int],
+    emitted: list[int],
+    *,
+    pending: int,
+    grown: bool,
+    seconds: float,
+    caught_up: float,
+) -> Outcome:
+    """The round as it happened; a tree's adds its shape and what its first choices did."""
+    drafts, path = verified.drafts, verified.path
+    common = {
+        "plan": plan,
+        "accepted": len(path),
+        "next_id": verified.next_id,
+        "emitted": tuple(emitted),
+        "verified": pending + len(drafts),
+        "seconds": seconds,
+        "catch_up_seconds": caught_up,
+    }
+    if drafts.is_chain:
+        return Outcome(
+            **common,
+            drafted=tuple(verified.drafted),
+            draft_seconds=verified.draft_seconds if plan.timed else None,
+            verify_seconds=verified.verify_seconds if plan.timed else None,
+            early_stop=grown and drafts.read_all,
+            confidences=verified.confidences,
+        )
+    tree = drafts.tree
     stop = path[-1] if path else 0
     tried = tree.children[stop][:1]  # the first child the walk tried where it stopped
-    first = tree.first_choices if grows else ()
+    first = tree.first_choices if grown else ()
     return Outcome(
-        plan=plan,
+        **common,
         drafted=tuple(path_ids + tree.path_ids(list(tried))),
-        accepted=len(path),
-        next_id=next_id,
-        emitted=tuple(emitted),
-        verified=len(target_pending) + len(tree),
-        seconds=time.perf_counter() - start,
-        draft_seconds=drafted_at - start,
-        verify_seconds=done_at - drafted_at,
-        catch_up_seconds=caught_up,
+        draft_seconds=verified.draft_seconds,
+        verify_seconds=verified.verify_seconds,
         nodes=len(tree),
         branches=_branches(tree, path),
-        reach_predicted=tuple(drafts.reach()) if drafts is not None and drafts.values else (),
+        reach_predicted=tuple(drafts.reach()) if drafts.values else (),
         first_choices=len(first),
-        levels=drafts.levels if grows and drafts is not None else 0,
+        levels=drafts.levels if grown else 0,
         first_choices_accepted=common_prefix(path, list(first)),  # the chain's leading ids the walk took
     )
+
+
+_NOTHING = Drafts.of_tree(TokenTree.chain(()))  # a drafter that grew no tree: the target reads its pending ids
+
+
+def _lookup_drafts(plan: Plan, width: int, params: SamplingParams, grammar: Matcher | None) -> Drafts:
+    """Prompt lookup's proposal: its trie, or its chain (cut before the first id the grammar
+    forbids) as point masses."""
+    if plan.proposal_tree is not None:
+        return Drafts.of_tree(plan.proposal_tree)
+    proposal = list(plan.proposal)
+    if grammar is not None:
+        proposal = proposal[: grammar.walk(proposal)]
+    ids = mx.array(proposal, dtype=TOKEN)
+    return Drafts(ids, None if params.greedy or not proposal else point_mass_rows(ids, width))
+
+
+def _verify_chain(
+    target: Cursor, drafts: Drafts, plan: Plan, carry: Carry, key: mx.array, *, grammar_mark: int, start: float
+) -> Verified:
+    """The fast path: the vectorised rule over the chain's rows, queued with the forward;
+    the host waits once for the drafts and the outcome together (twice when timed apart)."""
+    n = len(drafts)
+    accepted, next_id = verify(
+        target, drafts.ids, drafts.rows, carry.params, key, grammar=carry.grammar, grammar_mark=grammar_mark
+    )
+    outcome = mx.concatenate([drafts.ids, accepted.astype(TOKEN)[None], next_id.astype(TOKEN)[None]])
+    if plan.timed:
+        # waiting for the drafts before the outcome times the two apart; queued together,
+        # MLX signals completion once, for the whole graph
+        mx.eval(drafts.ids, *([drafts.confidences] if drafts.confidences is not None else []))
+    drafted_at = time.perf_counter()
+    values = outcome.tolist()
+    done_at = time.perf_counter()
+    confidences = tuple(drafts.confidences.tolist()) if drafts.confidences is not None else None
+    return Verified(
+        drafts=drafts,
+        path=list(range(1, values[n] + 1)),
+        next_id=values[n + 1],
+        draft_seconds=drafted_at - start,
+        verify_seconds=done_at - drafted_at,
+        drafted=values[:n],
+        confidences=confidences,
+    )
+
+
+def _verify_tree(
+    target: Cursor, drafts: Drafts, plan: Plan, carry: Carry, key: mx.array, *, grammar_mark: int, start: float
+) -> Verified:
+    """The walk: the target reads the tree in one forward (each node at its depth, seeing
+    its ancestors), sized first to what pays under `--tree auto` (tree.best_size)."""
+    drafted_at = time.perf_counter()
+    if plan.tree_costs and drafts.values:
+        drafts = drafts.best(
+            best_size(
+                drafts.values_ranked(),
+                drafts.depths_ranked(),
+                calibration=plan.tree_calibration,
+                costs=plan.tree_costs,
+                drafting=drafted_at - start,
+            )
+        )
+    tree, grammar = drafts.tree, carry.grammar
+    logits = target.forward_tree(drafts.ids, tree)
+    if grammar is not None:  # each node's row masked by the grammar's state after its path
+        mx.async_eval(logits)
+        logits = constrain(logits, grammar.tree_masks(tree))
+    path, next_id = walk_tree(tree, logits, carry.params, key, drawn=drafts.drawn())
+    verify_seconds = time.perf_counter() - drafted_at
+    return Verified(drafts, path, next_id, draft_seconds=drafted_at - start, verify_seconds=verify_seconds)
 
 
 def _branches(tree: TokenTree, path: list[int]) -> tuple[tuple[int, ...], ...]:

@@ -26,7 +26,8 @@ import numpy as np
 
 from ..decoding.carry import Carry
 from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
-from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.drafter import Drafts
+from ..decoding.plan import Plan
 from ..decoding.tree import LevelPrice
 from . import EAGLE3
 from .chain import propose_chain, stack_drafts
@@ -86,10 +87,20 @@ class Eagle3Drafter:
         return time.perf_counter() - start
 
     # -- a round's calls
-    def begin(self, count: int):
+    def begin(self, plan: Plan):
         return None
 
-    def propose(self, *, count: int, carry: Carry, stop_below: float = 0.0, read_confidences: bool = False) -> Drafts:
+    def propose(self, plan: Plan, *, carry: Carry, state=None) -> Drafts | None:
+        """The plan's proposal: a tree (`plan.tree`; None: nothing to draft from) or a chain."""
+        if plan.tree:
+            return self._grow_tree(
+                depth=plan.draft, budget=plan.tree, width=plan.width, carry=carry, price=plan.tree_price
+            )
+        return self._chain(
+            count=plan.draft, carry=carry, stop_below=plan.stop_below, read_confidences=plan.read_confidences
+        )
+
+    def _chain(self, *, count: int, carry: Carry, stop_below: float, read_confidences: bool) -> Drafts:
         """Up to `count` ids, the first from the rows for the target's newest positions, the
         rest chained on the head's own output."""
         self._align()
@@ -125,23 +136,14 @@ class Eagle3Drafter:
             target_row=self._target_row,
         )
 
-    @property
-    def reads_trees(self) -> bool:
-        return getattr(self.head, "reads_trees", True)
+    auto_trees = True  # a level costs one forward of one layer
 
-    def begin_tree(self, nodes: int):
-        return None
+    def why_no_trees(self) -> str | None:
+        return self.head.why_no_trees()
 
-    def propose_tree(
-        self,
-        *,
-        depth: int,
-        budget: int,
-        width: int,
-        carry: Carry,
-        state=None,
-        price: LevelPrice | None = None,
-    ) -> TreeDrafts | None:
+    def _grow_tree(
+        self, *, depth: int, budget: int, width: int, carry: Carry, price: LevelPrice | None
+    ) -> Drafts | None:
         """A tree of at most `budget` nodes and `depth` levels, grown EAGLE-2's way
         (tree_growth.py): the first level from the rows for the target's newest positions,
         then `width` children for each of the `width` surest frontier nodes per level, each
@@ -206,13 +208,10 @@ class Eagle3Drafter:
             self._to_target_host = np.array(self.head.draft_to_target)
         return self._to_target_host
 
-    def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
-        """Keep the rows read from the target's features; drop the chained ones."""
+    def settle(self, state, *, drafts: Drafts, path: list[int], path_ids: list[int], next_id: int) -> None:
+        """Keep the rows read from the target's features; drop those made from its own
+        outputs (a chain's chained rows, a tree's every row)."""
         self._trim(min(self.rows, max(len(self.ids) - 1, 0)))
-
-    def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:
-        """The tree's rows were made from the head's own outputs: all of them go."""
-        self.settle(state, drafted=[], accepted=0, next_id=next_id, read_all=False)
 
     def undo(self, state) -> None:
         self.reset()

@@ -336,6 +336,10 @@ class Eagle3Head(nn.Module):
     def share_embedding(self, embedding) -> None:
         object.__setattr__(self, "_shared_embedding", embedding)
 
+    def why_no_trees(self) -> str | None:
+        """None: its own attention (Attention above) reads a tree's layout."""
+        return None
+
     def embed(self, ids: mx.array) -> mx.array:
         table = self.embed_tokens if "embed_tokens" in self else self._shared_embedding
         return table(ids)

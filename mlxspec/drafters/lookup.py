@@ -8,6 +8,9 @@ accepts it with probability p(x) and, after a rejection, draws from p with x rem
 
 from __future__ import annotations
 
+from ..decoding.plan import NGRAM
+from ..decoding.tree import TokenTree
+
 
 class NGramIndex:
     """For each n in [min_n, max_n], where each n-gram last occurred with a token after it."""
@@ -51,17 +54,25 @@ class PromptLookup:
     Beside a draft model only matches of `min_match` ids or more are used (shorter ones are
     guesses the model makes better).
 
-    Of base.Drafter's interface it needs only `propose` and `hear`: it keeps no cache (nothing
-    to begin, settle or undo), its q is a point mass (no rows), and it proposes beside any
-    drafter, so the drafting policy, not the round loop, asks it each round."""
+    A lookup, not a drafter (decoding/drafter.py): it keeps no cache (nothing to begin,
+    settle or undo), its q is a point mass (no rows), and it proposes beside any drafter, so
+    the drafting policy, not the round loop, asks it each round, for a `chain` of ids or a
+    `trie` (drafting/policy.py's Lookup), and it `hear`s every id emitted. Its trie is its
+    chain: it keeps one continuation per match."""
+
+    source = NGRAM  # where its proposals come from (the history drafter names two)
 
     def __init__(self, prompt: list[int], *, min_match: int | None = None, index: NGramIndex | None = None):
         self.index = index or NGramIndex()
         self.index.extend(prompt)
         self.min_match = min_match
 
-    def propose(self, gamma: int) -> tuple[int, ...]:
+    def chain(self, gamma: int) -> tuple[int, ...]:
         return tuple(self.index.propose(gamma, self.min_match)) if gamma > 0 else ()
+
+    def trie(self, max_nodes: int) -> TokenTree | None:
+        found = self.chain(max_nodes)
+        return TokenTree.chain(found) if found else None
 
     def hear(self, ids) -> None:
         """Ids emitted (by any means): the index reads them, as a drafter hears them."""

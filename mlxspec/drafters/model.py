@@ -7,7 +7,8 @@ import mlx.core as mx
 
 from ..decoding.carry import Carry
 from ..decoding.cursor import TOKEN, Cursor
-from ..decoding.drafter import Drafts, TreeDrafts
+from ..decoding.drafter import Drafts
+from ..decoding.plan import Plan
 from ..decoding.tree import LevelPrice
 from . import DRAFT_MODEL
 from .chain import propose_chain
@@ -16,11 +17,21 @@ from .chain import propose_chain
 class ModelDrafter(Cursor):
     kind = DRAFT_MODEL
 
-    def begin(self, count: int):
-        # the draft reads its pending ids and up to `count` drafts
-        return self.cache.mark(reads=len(self.pending) + count), list(self.pending)
+    def begin(self, plan: Plan):
+        # the draft reads its pending ids and the rows the plan may draft
+        return self.cache.mark(reads=len(self.pending) + plan.drafter_rows), list(self.pending)
 
-    def propose(self, *, count: int, carry: Carry, stop_below: float = 0.0, read_confidences: bool = False) -> Drafts:
+    def propose(self, plan: Plan, *, carry: Carry, state) -> Drafts | None:
+        """The plan's proposal: a tree (`plan.tree`) or a chain (None: nothing to grow)."""
+        if plan.tree:
+            return self._grow_tree(
+                depth=plan.draft, budget=plan.tree, width=plan.width, carry=carry, state=state, price=plan.tree_price
+            )
+        return self._chain(
+            count=plan.draft, carry=carry, stop_below=plan.stop_below, read_confidences=plan.read_confidences
+        )
+
+    def _chain(self, *, count: int, carry: Carry, stop_below: float, read_confidences: bool) -> Drafts:
         """Up to `count` ids. It reads its pending ids first and each draft but the last after.
 
         Confidence is the draft's top probability for the id it proposes next. `stop_below` > 0
@@ -49,17 +60,13 @@ class ModelDrafter(Cursor):
             read_confidences=read_confidences,
         )
 
-    @property
-    def reads_trees(self) -> bool:
-        """Any cache of attention layers: a plain one keeps a tree's earlier levels where the
-        later ones read them; a window reads the whole tree again at each level (below). A
-        recurrent state cannot branch."""
-        return self.why_no_trees() is None
+    # --tree auto drafts its chains: a level reads the frontier through all its layers
+    auto_trees = False
+    # (why_no_trees, the cursor's: any cache of attention layers reads a tree; a plain one
+    # keeps a tree's earlier levels where the later ones read them, a window reads the whole
+    # tree again at each level, below; a recurrent state cannot branch)
 
-    def begin_tree(self, nodes: int):
-        return self.cache.mark(reads=len(self.pending) + nodes), list(self.pending)
-
-    def propose_tree(
+    def _grow_tree(
         self,
         *,
         depth: int,
@@ -68,10 +75,10 @@ class ModelDrafter(Cursor):
         carry: Carry,
         state,
         price: LevelPrice | None = None,
-    ) -> TreeDrafts | None:
+    ) -> Drafts | None:
         """A tree grown EAGLE-2's way (tree_growth.py): the pending ids read as a chain, then
         each level's frontier read in one forward, every node at its depth's position seeing
-        its ancestors only. The levels stay in the cache until `settle_tree` keeps the path.
+        its ancestors only. The levels stay in the cache until `settle` keeps the path.
 
         A plain cache reads each level after the ones before it. A sliding window cannot: a
         block's update keeps a window's worth of the newest rows before it, and the earlier
@@ -115,27 +122,20 @@ class ModelDrafter(Cursor):
             price=price,
         )
 
-    def settle_tree(self, state, *, drafts: TreeDrafts, path: list[int], next_id: int) -> None:
-        """Keep the pending ids it read and the levels of the accepted path it read; the rest
-        of the path and the next id become its pending ids."""
+    def settle(self, state, *, drafts: Drafts, path: list[int], path_ids: list[int], next_id: int) -> None:
+        """Keep the pending ids it read and the nodes of the accepted path it read (a chain's:
+        all its drafts but the last, or all where it stopped early); the rest of the path and
+        the next id become its pending ids."""
         mark, pending = state
-        path_ids = drafts.tree.path_ids(path)
-        read = [drafts.fed[node - 1] for node in path]
+        read = [drafts.fed_row(node) for node in path]
         read = read[: next((i for i, row in enumerate(read) if row < 0), len(read))]
-        block = self.cache.length - mark.length
-        self.cache.keep_block_rows(block, list(range(len(pending))) + [len(pending) + row for row in read])
-        self.tokens += pending + path_ids[: len(read)]
-        self.pending = path_ids[len(read) :] + [next_id]
-
-    def settle(self, state, *, drafted: list[int], accepted: int, next_id: int, read_all: bool) -> None:
-        mark, pending = state
-        n = len(drafted)
-        # it read its pending ids and its drafts but the last (all, if it stopped early)
-        read = n if read_all else max(n - 1, 0)
-        self.tokens += pending + drafted[:read]
-        kept = min(accepted, read)
-        again = self.rewind(len(self.tokens) - (read - kept), mark)
-        self.pending = again + drafted[kept:accepted] + [next_id]
+        again = self.keep_path(
+            block=self.cache.length - mark.length,
+            kept=list(range(len(pending))) + [len(pending) + row for row in read],
+            ids=pending + path_ids[: len(read)],
+            mark=mark,
+        )
+        self.pending = again + path_ids[len(read) :] + [next_id]
 
     def undo(self, state) -> None:
         mark, pending = state

@@ -130,10 +130,16 @@ class MtpHead(nn.Module):
         out = self.hidden(ids, hidden, cache, layout)
         return self._output(out), out
 
-    @property
-    def reads_trees(self) -> bool:
-        """Whether its one layer's attention has the shape trees are read through."""
-        return hasattr(self.layers[0], "self_attn") and hasattr(self.layers[0].self_attn, "rope")
+    def why_no_trees(self) -> str | None:
+        return _why_no_trees(self)
+
+
+def _why_no_trees(head) -> str | None:
+    """None when the head's one layer's attention has the shape trees are read through."""
+    attention = getattr(head.layers[0], "self_attn", None)
+    if attention is None or not hasattr(attention, "rope"):
+        return f"this {type(head).__name__}'s layer has no attention of the shape trees are read through"
+    return None
 
 
 def _reading_tree(head, layout):
@@ -199,10 +205,8 @@ class NextnHead(nn.Module):
         out = self.hidden(ids, hidden, cache, layout)
         return self._output(self.shared_head.norm(out)), out
 
-    @property
-    def reads_trees(self) -> bool:
-        """Whether its one layer's attention has the shape trees are read through."""
-        return hasattr(self.layers[0], "self_attn") and hasattr(self.layers[0].self_attn, "rope")
+    def why_no_trees(self) -> str | None:
+        return _why_no_trees(self)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..decoding.carry import Carry
-from ..decoding.drafter import TreeDrafts
+from ..decoding.drafter import Drafts
 from ..decoding.sampling import SamplingParams, constrain, sample, warp
 from ..decoding.tree import LevelPrice, TokenTree
 
@@ -141,7 +141,7 @@ def grow_tree(
     to_target=None,
     to_row=lambda row: row,
     price: LevelPrice | None = None,
-) -> TreeDrafts | None:
+) -> Drafts | None:
     """Grow a tree from `first` (vocab,), the drafter's logits after the root; `expand(growth,
     frontier)` reads the frontier candidates (marked fed, in order) and returns their logits
     (len(frontier), vocab). `to_target`: the target id of each drafter id (host), None when
@@ -191,13 +191,13 @@ def grow_tree(
     number = {c: k for k, c in enumerate(kept, start=1)}
     spine = [c for c in growth.spine if c in number]
     rows = [to_row(growth.spine_rows[growth.spine.index(c)]) for c in spine] if spine else []
-    return TreeDrafts(
-        tree=tree,
+    return Drafts.of_tree(
+        tree,
         values=tuple(values),
         fed=tuple(growth.candidates[c].fed for c in kept),
         ranked=tuple(number[c] for c in ranked),
         spine=tuple(number[c] for c in spine),
-        spine_rows=mx.stack(rows) if rows else None,
+        rows=mx.stack(rows) if rows else None,
         levels=levels,
     )
 

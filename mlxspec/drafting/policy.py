@@ -9,26 +9,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from ..decoding.plan import NGRAM, Outcome, Plan
-from ..decoding.tree import LevelPrice
+from ..decoding.plan import Outcome, Plan
+from ..decoding.tree import LevelPrice, TokenTree
 from ..options import AUTO, Auto
 from .controller import Controller
+from .shape import CHAINS, TreeShape
 
 TIME_EVERY = 4  # rounds of one length between rounds timed apart (each costs a host wait)
 LOOKUP_STRETCH = 4  # plain tokens between prompt-lookup tries while plain decoding wins
 TREE_WIDTH = 3  # children per node, and nodes expanded per level, in a drafter's tree
 TREE_AUTO_MAX = 32  # the most nodes `--tree auto` verifies in a round
-TREE_EXTRA_DEPTH = 2  # `--tree auto` levels beyond the chain the controller would draft
 TREE_LOOKUP_NODES = 16  # the most nodes of a lookup trie under `--tree auto` (its own budget is its match)
 
 
 class Lookup(Protocol):
     """What the policy asks of prompt lookup (drafters/lookup.py; drafters/history/ adds
-    the session's history): ids that followed a match, and every id emitted. A lookup that
-    also has `propose_tree(nodes)` proposes tries where the target reads trees, and one with
-    `source` names where its latest proposal came from (NGRAM or HISTORY)."""
+    the session's history), a lookup and not a drafter: a `chain` of ids that followed a
+    match, or (where the round reads trees: drafting/shape.py) a `trie` of every
+    continuation it found, at most `max_nodes` (a chain where it keeps one); it `hear`s
+    every id emitted and says where its latest proposal came from (`source`: NGRAM or
+    HISTORY)."""
 
-    def propose(self, gamma: int) -> tuple[int, ...]: ...
+    source: str
+
+    def chain(self, gamma: int) -> tuple[int, ...]: ...
+    def trie(self, max_nodes: int) -> TokenTree | None: ...
     def hear(self, ids) -> None: ...
 
 
@@ -41,17 +46,14 @@ class Policy:
         controller: Controller,
         lookup: Lookup | None = None,
         draft_model: bool = True,
-        tree: int | Auto = 0,
+        shape: TreeShape = CHAINS,
         tree_width: int = TREE_WIDTH,
-        tree_extra_depth: int = TREE_EXTRA_DEPTH,
-        why_chains: str | None = None,  # why the target or drafter reads chains only (trees asked for)
     ):
         self.gamma, self.stop = gamma, stop
         self.controller = controller
         self.lookup = lookup
         self.draft_model = draft_model
-        self.tree, self.tree_width, self.why_chains = tree, tree_width, why_chains
-        self.tree_extra_depth = tree_extra_depth
+        self.shape, self.tree, self.tree_width = shape, shape.tree, tree_width
         self._last_gamma, self._untimed = None, 0
         self._learning = stop is AUTO and draft_model
 
@@ -94,17 +96,15 @@ class Policy:
         trie of at most the tree's nodes; else a chain of `gamma` ids."""
         if self.lookup is None or gamma <= 0:
             return None
-        if self.tree and hasattr(self.lookup, "propose_tree"):
-            found = self.lookup.propose_tree(
-                max(gamma, TREE_LOOKUP_NODES if isinstance(self.tree, Auto) else self.tree)
-            )
+        if self.shape.reads_trees:
+            found = self.lookup.trie(max(gamma, TREE_LOOKUP_NODES if isinstance(self.tree, Auto) else self.tree))
             if found is not None and found.depth > gamma:  # no deeper than the round may go (max tokens)
                 found = found.subtree([n for n in range(1, len(found) + 1) if found.depths[n] <= gamma])
             if found is not None and not found.is_chain:
                 return Plan(proposal_tree=found, lookup_source=self._lookup_source())
             proposal = found.ids[:gamma] if found is not None else ()
         else:
-            proposal = self.lookup.propose(gamma)
+            proposal = self.lookup.chain(gamma)
         return Plan(proposal=tuple(proposal), lookup_source=self._lookup_source()) if proposal else None
 
     def _lookup_depth(self, gamma: int, *, remaining: int) -> int:
@@ -115,19 +115,18 @@ class Policy:
 
     def _lookup_source(self) -> str:
         """Where the lookup's latest proposal came from (the history index names it)."""
-        return getattr(self.lookup, "source", NGRAM)
+        return self.lookup.source
 
     def _tree_plan(self, depth: int, *, remaining: int) -> Plan:
         """A tree `depth` levels deep: a fixed size, or (auto) up to TREE_AUTO_MAX nodes sized
         each round from this machine's verify costs and the drafter's calibrated confidence,
-        and (under --gamma auto) up to TREE_EXTRA_DEPTH levels deeper than the chain the controller would draft
-        (a tree raises each depth's acceptance), each level grown only while it pays."""
+        and (--gamma auto, greedy) up to shape.TREE_EXTRA_DEPTH levels deeper than the controller's chain
+        (a tree raises each depth's acceptance: TreeShape.extra_depth), each level grown only
+        while it pays."""
         if not isinstance(self.tree, Auto):
             return Plan(draft=depth, tree=self.tree, width=self.tree_width)
         controller, times = self.controller, self.controller.times
-        # deeper than the controller's chain under --gamma auto; a fixed --gamma is the longest path
-        extra = self.tree_extra_depth if self.gamma is AUTO else 0
-        deeper = max(1, min(depth + extra, controller.config.max_gamma, remaining - 1))
+        deeper = max(1, min(depth + self.shape.extra_depth, controller.config.max_gamma, remaining - 1))
         costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
         calibration = tuple(controller.tree_calibration.factors(deeper))
         return Plan(

@@ -29,6 +29,7 @@ from mlxspec.decoding.sampling import SamplingParams, warp
 from mlxspec.decoding.tree import best_size as size_by_costs
 from mlxspec.drafters.lookup import NGramIndex, PromptLookup
 from mlxspec.drafting import Policy
+from mlxspec.drafting.shape import TreeShape
 from mlxspec.generation import Session
 from mlxspec.models.synthetic import ARCHITECTURES
 from mlxspec.options import AUTO
@@ -66,7 +67,7 @@ def policy(session, gamma: int, tree: int = 0, width: int = 2) -> Policy | None:
     tree of at most that many nodes, `gamma` levels deep, `width` children per node."""
     if not gamma:
         return None
-    return Policy(gamma=gamma, stop=0.0, controller=session.controller, tree=tree, tree_width=width)
+    return Policy(gamma=gamma, stop=0.0, controller=session.controller, shape=TreeShape(tree=tree), tree_width=width)
 
 
 def exact_law(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
@@ -303,7 +304,7 @@ def sample_joint_with(
             controller=copy.deepcopy(controller) if controller else session.controller,
             lookup=lookup,
             draft_model=not no_model,
-            tree=tree,
+            shape=TreeShape(tree=tree),
         )
         emitted = []
         for event in engine.decode(

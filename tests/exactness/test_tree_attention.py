@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlxspec.decoding.caches import CacheOptions
-from mlxspec.decoding.cursor import Cursor
+from mlxspec.decoding.cursor import Cursor, path_rows
 from mlxspec.decoding.tree import TokenTree
 from tests.conftest import ARCH_SETTINGS
 
@@ -84,8 +84,11 @@ def test_the_cache_kept_for_a_path_decodes_as_the_path_alone(load_pair, arch, pa
     cursor = cursor_for(pair)
     read_prompt(cursor, prompt)
     pending = list(cursor.pending)
+    block = len(pending) + len(tree)
+    mark = cursor.cache.mark(reads=block)
     cursor.forward_tree(mx.array(tree.ids), tree)
-    cursor.keep_tree_path(tree, path, tree.path_ids(path), pending=pending)
+    kept = path_rows(len(pending), path)
+    assert cursor.keep_path(block=block, kept=kept, ids=pending + tree.path_ids(path), mark=mark) == []
     assert cursor.tokens == prompt + tree.path_ids(path) and cursor.cache.holds(len(cursor.tokens))
 
     alone = cursor_for(pair)

@@ -170,7 +170,7 @@ def test_auto_drafts_a_head_s_trees_at_every_temperature_as_deep_as_its_chain_un
     ids = mlxspec.generation.encode_prompt(pair, PROMPT)
     for temp, extra in ((0.0, 2), (0.7, 0)):
         policy = drafting_policy(pair, Session(pair), Options.build(gamma="auto", temp=temp), ids)
-        assert policy.tree_extra_depth == extra and policy._tree_plan(3, remaining=100).draft == 3 + extra
+        assert policy.shape.extra_depth == extra and policy._tree_plan(3, remaining=100).draft == 3 + extra
     beside_model = load_pair("llama")
     chained = mlxspec.generate(beside_model, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1)
     assert chained.stats.model_rounds > 0 and chained.stats.tree_rounds == 0

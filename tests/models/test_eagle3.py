@@ -269,7 +269,7 @@ def test_a_head_s_auto_trees_under_sampling_have_the_targets_joint_law(factory, 
 
     from mlxspec.decoding import engine
     from mlxspec.decoding.events import Round
-    from mlxspec.drafting import Policy
+    from mlxspec.drafting import Policy, TreeShape
     from mlxspec.models.synthetic import ARCHITECTURES
     from mlxspec.options import AUTO
     from tests.exactness.test_distribution import LENGTH, fits, primed_for_trees
@@ -285,7 +285,7 @@ def test_a_head_s_auto_trees_under_sampling_have_the_targets_joint_law(factory, 
     primed, counts = primed_for_trees(), Counter()
     for i in range(runs):
         session = Session(pair)
-        policy = Policy(gamma=AUTO, stop=0.0, controller=copy.deepcopy(primed), tree=AUTO, tree_extra_depth=0)
+        policy = Policy(gamma=AUTO, stop=0.0, controller=copy.deepcopy(primed), shape=TreeShape(tree=AUTO))
         events = engine.decode(
             session.target,
             session.draft,

@@ -288,9 +288,9 @@ def test_a_later_request_drafts_from_an_earlier_answer():
     drafter = store.drafter("team").begin(PROMPT)
     found = drafter.query(8)
     assert found.source == "history" and found.tree.ids == tuple(SECRET[:8])
-    assert drafter.propose(4) == tuple(SECRET[:4])
+    assert drafter.chain(4) == tuple(SECRET[:4])
     drafter.hear(SECRET[:10])  # on its way, the same answer again: still proposed from history
-    assert drafter.propose(4) == tuple(SECRET[10:14])
+    assert drafter.chain(4) == tuple(SECRET[10:14])
     drafter.end()  # the prompt was in the history already: its last max_match ids come before the answer
     assert store.index("team").kept() == [PROMPT + SECRET, PROMPT[-32:] + SECRET[:10]]
 
@@ -305,7 +305,7 @@ def test_a_resent_conversation_adds_only_its_new_turns():
     for turn in range(5):
         drafter = HistoryDrafter(index).begin(prompt)
         if turn >= 2:
-            assert drafter.propose(6) == tuple(call)  # after "result, header": the call, from history
+            assert drafter.chain(6) == tuple(call)  # after "result, header": the call, from history
         answered_ids = [*call, 100 + turn]
         drafter.hear(answered_ids)
         drafter.end()
@@ -321,7 +321,7 @@ def test_one_namespace_never_drafts_from_another():
     assert alice != bob and "alice" not in alice
     answered(store.drafter(alice), PROMPT, SECRET)
     with store.drafter(bob).begin(PROMPT) as drafter:
-        assert drafter.query(16) is None and drafter.propose(8) == ()
+        assert drafter.query(16) is None and drafter.chain(8) == ()
         drafter.hear(SECRET[:3])  # even once bob's answer starts like alice's
         proposal = drafter.query(16)
         assert proposal is None or not set(proposal.tree.ids) & set(SECRET[3:])
@@ -343,7 +343,7 @@ def test_a_drafter_beside_a_model_ignores_short_matches():
     drafter = HistoryDrafter(index_of([[7, 8, 9, 10]]), min_match=3).begin([1, 7, 8])
     assert drafter.query(8) is None
     drafter.hear([9])
-    assert drafter.propose(4) == (10,)
+    assert drafter.chain(4) == (10,)
 
 
 def test_keep_prompts_off_keeps_the_prompts_tail_before_the_answer():
@@ -397,7 +397,7 @@ def test_a_saved_index_loads_back_whole(saved):
     assert read_documents(saved) and [d.tolist() for d in read_documents(saved)] == [PROMPT + SECRET, [1, 2, 3], []]
     store = HistoryStore(limit_tokens=10_000, folder=saved.parent, warn=pytest.fail)
     with store.drafter("team").begin(PROMPT) as drafter:
-        assert drafter.propose(4) == tuple(SECRET[:4])
+        assert drafter.chain(4) == tuple(SECRET[:4])
 
 
 def truncate(data: bytes) -> bytes:

@@ -20,7 +20,7 @@ LAYERS = [
     ["server"],
     ["views"],  # rich renderables, never MLX
     ["measure"],  # bench, costs, peers, prompts, race, sides: they run the API
-    ["generation", "chat"],  # the API: stream, generate, Session; a conversation
+    ["generation", "chat", "batching"],  # the API: stream, generate, Session; a conversation; many at once
     ["prompt_cache", "training"],  # prompt caches in files; distilling heads
     ["models"],  # loading, pairs, presets, imports, memory, the drafter kinds' registry
     ["distributed"],  # the target split across ranks (models load a share of it)

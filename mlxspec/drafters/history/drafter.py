@@ -18,8 +18,8 @@ class HistoryDrafter:
     """Proposals for one request at a time: from its own prompt and answer (`local`) and from
     its namespace's history; the better scored wins, the local one on a tie.
 
-    Mirrors lookup.PromptLookup (`propose(gamma)` a chain of ids, `hear(ids)`) and adds
-    `propose_tree(max_nodes)`, `query` (the proposal with its scores), and a request's
+    Mirrors lookup.PromptLookup (`chain(gamma)` the most frequent path, `trie(max_nodes)`
+    every continuation, `hear(ids)`, `source`) and adds `query` (the proposal with its scores), and a request's
     lifetime: `begin(prompt)`, `end()`. At `end()` the prompt and the answer go into the
     history as one document, so a later request matches across their border (the chat
     template's assistant header before an answer). A prompt that begins with one of the
@@ -85,12 +85,12 @@ class HistoryDrafter:
         self.source = HISTORY if found is shared and found is not None else NGRAM
         return found
 
-    def propose(self, gamma: int) -> tuple[int, ...]:
+    def chain(self, gamma: int) -> tuple[int, ...]:
         """Up to `gamma` ids: the most frequent path (a chain, as prompt lookup proposes)."""
         found = self.query(gamma, chain=True) if gamma > 0 else None
         return found.tree.ids if found else ()
 
-    def propose_tree(self, max_nodes: int) -> TokenTree | None:
+    def trie(self, max_nodes: int) -> TokenTree | None:
         found = self.query(max_nodes) if max_nodes > 0 else None
         return found.tree if found else None
 
