@@ -7,7 +7,8 @@ wait and its verify longer, which its own timings do not charge it. So while two
 generations share the forwards, the batch itself is measured: windows of its aggregate
 tokens per second (every lane's tokens over wall-clock time) with drafting on and with
 every lane decoding plainly, kept per batch size, and the better regime runs, the other
-tried again every few windows. Drafting on means each lane's controller chooses as alone;
+tried again after a few windows, twice as many each time it loses again (a size not
+measured yet borrows the nearest size's measures of both). Drafting on means each lane's controller chooses as alone;
 plain means every `--gamma auto` lane decodes plainly (a fixed gamma is the user's and is
 kept). Vllm sizes drafts by batch size for the same reason; here the size is measured, not
 assumed. One generation alone never sees the gate.
@@ -20,7 +21,8 @@ from collections.abc import Callable
 
 DRAFT, PLAIN = "draft", "plain"
 WINDOW_TOKENS = 12  # per lane: a window is this many tokens of each generation, about
-TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse
+TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse, at first
+MOST_WINDOWS_BETWEEN_TRIES = 40
 SMOOTHING = 0.5  # weight of a new window in a regime's rate
 
 
@@ -33,6 +35,9 @@ class BatchGate:
         self.regime = DRAFT
         self.rates: dict[tuple[int, str], float] = {}  # (batch size, regime) -> tokens/s
         self.windows = 0
+        self.between_tries = TRY_OTHER_EVERY  # windows before the worse regime is tried again
+        self._since_try = 0
+        self._trying = False
         self._start: float | None = None
         self._tokens = 0
 
@@ -71,13 +76,33 @@ class BatchGate:
         self._begin()
 
     def _next(self) -> str:
-        drafting, plain = self.rates.get((self.live, DRAFT)), self.rates.get((self.live, PLAIN))
+        drafting, plain = self._measured()
         if drafting is None:
             return DRAFT
         if plain is None:
             return PLAIN
         best, other = (DRAFT, PLAIN) if drafting >= plain else (PLAIN, DRAFT)
-        return other if self.windows % TRY_OTHER_EVERY == 0 else best
+        if self._trying:  # a try of the worse regime just ended: if it lost again, wait longer
+            self._trying, self._since_try = False, 0
+            won = self.regime == best
+            self.between_tries = TRY_OTHER_EVERY if won else min(2 * self.between_tries, MOST_WINDOWS_BETWEEN_TRIES)
+            return best
+        self._since_try += 1
+        if self._since_try >= self.between_tries:
+            self._trying = True
+            return other
+        return best
+
+    def _measured(self) -> tuple[float | None, float | None]:
+        """Both regimes' rates at this size, else at the nearest size where both are known."""
+        here = self.rates.get((self.live, DRAFT)), self.rates.get((self.live, PLAIN))
+        if None not in here:
+            return here
+        both = [size for size, regime in self.rates if regime == DRAFT and (size, PLAIN) in self.rates]
+        if not both or here != (None, None):
+            return here
+        nearest = min(both, key=lambda size: abs(size - self.live))
+        return self.rates[nearest, DRAFT], self.rates[nearest, PLAIN]
 
     def _begin(self) -> None:
         self._start, self._tokens = None, 0

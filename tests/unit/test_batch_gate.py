@@ -47,10 +47,25 @@ def test_the_faster_regime_runs_and_the_other_is_tried_again():
     window(gate, clock, seconds=1.0)  # 24 in 1 s without: plain is faster
     assert gate.rates[2, PLAIN] == pytest.approx(24.0) and not gate.drafting()
     regimes = []
-    for _ in range(2 * TRY_OTHER_EVERY):
+    for _ in range(8 * TRY_OTHER_EVERY):
         window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 2.0)
         regimes.append(gate.regime)
-    assert regimes.count(DRAFT) == 2, regimes  # tried again, once every TRY_OTHER_EVERY windows
+    tries = [i for i, regime in enumerate(regimes) if regime == DRAFT]
+    # tried again, after TRY_OTHER_EVERY windows at first, then twice as long each time it loses
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert len(tries) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0], regimes
+
+
+def test_a_regime_that_wins_its_try_runs_and_the_wait_starts_over():
+    clock = Clock()
+    gate = BatchGate(clock)
+    gate.join(), gate.join()
+    window(gate, clock, seconds=2.0)  # drafting: 12 tok/s
+    window(gate, clock, seconds=1.0)  # plain: 24 tok/s
+    while gate.regime == PLAIN:
+        window(gate, clock, seconds=1.0)
+    window(gate, clock, seconds=0.25)  # the try: drafting now 96 tok/s, its rate 54 smoothed
+    assert gate.drafting() and gate.between_tries == TRY_OTHER_EVERY
 
 
 def test_drafting_wins_when_it_is_faster_and_sizes_are_kept_apart():
