@@ -91,15 +91,25 @@ class Lanes:
         cursors = [(session.target, self.target)]
         if self.draft is not None and isinstance(session.draft, ModelDrafter):
             cursors.append((session.draft, self.draft))
-        for cursor, cache in cursors:
-            cursor.join(cache)
-        session.controller.batch.join()
+        joined = []
         try:
-            yield
+            for cursor, cache in cursors:
+                cursor.join(cache)
+                joined.append(cursor)
+            session.controller.batch.join()
+            try:
+                yield
+            finally:
+                session.controller.batch.leave()
         finally:
-            session.controller.batch.leave()
-            for cursor, _ in cursors:
-                cursor.leave()
+            errors = []
+            for cursor in joined:  # each leaves, whatever another's leaving raised
+                try:
+                    cursor.leave()
+                except BaseException as e:  # noqa: BLE001 - raised below, once all have left
+                    errors.append(e)
+            if errors:
+                raise errors[0]
 
 
 def generate_many(

@@ -17,6 +17,7 @@ host code.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,11 +80,14 @@ class Batch:
             # From here reads run alone. Every task that started unwinds through its own
             # handlers (an interrupt: each stream ends "interrupted", its caches exact).
             self._hub = None
+            endings = []
             for runner in list(live):
                 if runner:  # started and not finished
-                    out = runner.throw(e)
-                    if done is not None:
-                        done(live.pop(runner), out)
+                    endings.append((live.pop(runner), runner.throw(e)))
+            for task, out in endings:  # every task has ended before any `done` may raise
+                if done is not None:
+                    with contextlib.suppress(Exception):
+                        done(task, out)
             raise
         finally:
             self._hub = None

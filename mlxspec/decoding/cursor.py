@@ -187,14 +187,15 @@ class Cursor:
     def leave(self) -> None:
         """Out of its lane, into a cache of its own holding the same ids (read again later
         where they cannot be copied into it exactly)."""
-        lane = self.cache
-        states = lane.packed.gather(lane) if lane.length else []
-        mx.eval(states)
-        history = self.history
-        self.cache = self.cache_options.make(self.model, self.name)
-        lane.packed.release(lane)
-        if not _imported(self.cache, states):
-            self.invalidate(history)
+        lane, history, states = self.cache, self.history, None
+        try:
+            states = lane.packed.gather(lane) if lane.length else []
+            mx.eval(states)
+        finally:  # out of the lane whatever happens: a cache of its own, the row freed
+            self.cache = self.cache_options.make(self.model, self.name)
+            lane.packed.release(lane)
+            if states is None or not _imported(self.cache, states):
+                self.invalidate(history)
 
     def sync(self, ids: list[int]) -> int:
         """Make history == ids, keeping what the cache already holds of them, and leave at
@@ -311,14 +312,16 @@ def _exported(cache, length: int) -> list | None:
 
 def _imported(cache: ModelCache, states: list) -> bool:
     """Fill a fresh cache with per-layer keys and values (positions 0 on); False where some
-    layer cannot hold them so (a window shorter than them)."""
+    layer cannot hold them so (kept tokens, a type not listed)."""
     if not states:
         return True
     length = states[0][0].shape[2]
     for layer, (keys, values) in zip(cache.layers, states):
         if type(layer) is mlx_cache.KVCache:
             layer.keys, layer.values, layer.offset = keys, values, length
-        elif type(layer) is mlx_cache.RotatingKVCache and not layer.keep and length <= layer.max_size:
+        elif type(layer) is mlx_cache.RotatingKVCache and not layer.keep:
+            # in time order, every row held: what a block update leaves (past the window too;
+            # the next update drops the oldest), so that it trims back as such a cache does
             layer.keys, layer.values, layer.offset, layer._idx = keys, values, length, length
         else:
             return False

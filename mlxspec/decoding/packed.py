@@ -39,6 +39,7 @@ ASIDE_AT = 16  # a read longer than this runs in a forward of its own (the other
 # What one forward more costs, in ids read: a few here (a CPU's forward is compute-bound past
 # a few rows); a GPU's decode step reads every weight whatever its rows, so more there
 FORWARD_IDS = 8
+COPIED_PER_ID = 16  # a row's columns copied (keys and values, every layer) that cost about an id read
 
 
 def windows_of(model) -> list[int | None]:
@@ -132,10 +133,10 @@ class PackedCache:
             self._empty()
 
     def _grow_rows(self) -> None:
-        for layer in self.layers:
-            if layer.keys is not None:
-                layer.keys = _with_row(layer.keys)
-                layer.values = _with_row(layer.values)
+        grown = [(_with_row(layer.keys), _with_row(layer.values)) for layer in self.layers if layer.keys is not None]
+        mx.eval(grown)
+        for layer, (keys, values) in zip(self.layers, grown):
+            layer.keys, layer.values = keys, values
         self.rows.append(None)
         self.live = np.concatenate([self.live, np.zeros((1, self.columns), dtype=bool)])
         self.positions = np.concatenate([self.positions, np.zeros((1, self.columns), dtype=np.int64)])
@@ -266,26 +267,29 @@ class PackedCache:
             raise
         finally:
             slot.layout = None
-        before = self.columns
+        before, rows = self.columns, len(self.rows)
+        fresh = [
+            (
+                _in_row(copy.keys[..., copy.offset - n : copy.offset, :], row, rows),
+                _in_row(copy.values[..., copy.offset - n : copy.offset, :], row, rows),
+            )
+            for copy in aside
+        ]
+        mx.eval(fresh, logits)
         try:
-            self._append_row_columns(aside, row, n)
+            for layer, (keys, values) in zip(self.layers, fresh):
+                layer.update_and_fetch(keys, values)
+            self._grow_columns(n)
         except BaseException:
             for layer in self.layers:  # a layer may have taken the columns: none keeps them
                 layer.offset = min(layer.offset, before)
+            self.live, self.positions = self.live[:, :before], self.positions[:, :before]
             raise
-        self._grow_columns(n)
         self.live[row, before : before + n] = True
         self.positions[row, before : before + n] = block.positions
         lane.columns.extend(range(before, before + n))
         lane.length += n
         return logits, hidden
-
-    def _append_row_columns(self, aside: list, row: int, n: int) -> None:
-        """The newest `n` columns of each copy, appended to the layers in `row` (holes in the others)."""
-        for layer, copy in zip(self.layers, aside):
-            keys = copy.keys[..., copy.offset - n : copy.offset, :]
-            values = copy.values[..., copy.offset - n : copy.offset, :]
-            layer.update_and_fetch(_in_row(keys, row, len(self.rows)), _in_row(values, row, len(self.rows)))
 
     # --- holes -------------------------------------------------------------------------
     def forget(self, lane: Lane, columns: list[int]) -> None:
@@ -304,18 +308,28 @@ class PackedCache:
         for i, lane in enumerate(lanes):
             index[i, : lane.length] = lane.columns
         rows = np.array([lane.row for lane in lanes])
+        # everything new is built and evaluated before any of it replaces the old: an
+        # interrupt in between leaves the cache as it was
+        buffers = []
         if self.layers[0].keys is not None:
-            take = mx.array(index)[:, None, :, None]
-            selected = mx.array(rows)
+            take, selected = mx.array(index)[:, None, :, None], mx.array(rows)
             for layer in self.layers:
-                layer.keys = mx.take_along_axis(layer.keys[selected], take, axis=2)
-                layer.values = mx.take_along_axis(layer.values[selected], take, axis=2)
-                layer.offset = width
-            mx.eval([(layer.keys, layer.values) for layer in self.layers])
-        positions = np.take_along_axis(self.positions[rows], index, axis=1)
-        self.live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
-        self.positions = np.where(self.live, positions, 0)
-        self.rows = list(lanes)
+                buffers.append(
+                    (
+                        mx.take_along_axis(layer.keys[selected], take, axis=2),
+                        mx.take_along_axis(layer.values[selected], take, axis=2),
+                    )
+                )
+            mx.eval(buffers)
+        live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
+        positions = np.where(live, np.take_along_axis(self.positions[rows], index, axis=1), 0)
+        self._commit(buffers, width=width, live=live, positions=positions, lanes=lanes)
+
+    def _commit(self, buffers: list, *, width: int, live: np.ndarray, positions: np.ndarray, lanes: list) -> None:
+        """The compacted cache in place of the old: plain assignments only."""
+        for layer, (keys, values) in zip(self.layers, buffers):
+            layer.keys, layer.values, layer.offset = keys, values, width
+        self.live, self.positions, self.rows = live, positions, list(lanes)
         for i, lane in enumerate(lanes):
             lane.row, lane.columns = i, list(range(lane.length))
 
@@ -361,7 +375,9 @@ def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
     wide = sorted(reads, key=lambda read: -read.ids.shape[0])
     widths = [read.ids.shape[0] for read in wide] + [1]
     forced = sum(width > ASIDE_AT for width in widths)
-    cost = [rows * widths[k] + sum(widths[:k]) + FORWARD_IDS * k for k in range(len(wide) + 1)]
+    # an aside costs its ids, a forward more, and the copy of its lane's row
+    price = [width + FORWARD_IDS + read.lane.length // COPIED_PER_ID for width, read in zip(widths, wide)]
+    cost = [rows * widths[k] + sum(price[:k]) for k in range(len(wide) + 1)]
     best = min(range(forced, len(wide) + 1), key=lambda k: cost[k])
     return wide[:best]
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 from collections import Counter
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mlxspec
 from mlxspec.batching import Lanes, generate_many, why_not
-from mlxspec.decoding import engine
+from mlxspec.decoding import engine, packed
 from mlxspec.decoding.batch import Batch
 from mlxspec.decoding.events import Round
-from mlxspec.decoding.packed import Lane
+from mlxspec.decoding.packed import Lane, PackedCache
 from mlxspec.generation import Session
 from mlxspec.grammar import GrammarSpec
 from tests.exactness.test_distribution import (
@@ -207,8 +208,14 @@ def sample_rows_in_batches(pair, params, *, runs: int, seed: int, per_batch: int
         tasks = [
             _sampling_row(pair, lanes, params, seed + i, i, counts) for i in range(first, min(first + per_batch, runs))
         ]
-        batch.run(lambda idle, tasks=tasks: [tasks.pop() for _ in range(len(tasks))])
+        batch.run(lambda idle, tasks=tasks: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+    assert sum(counts.values()) == runs  # every generation counted: none failed on the way
     return counts
+
+
+def _raising(task, finished) -> None:
+    if finished.error is not None:
+        raise finished.error
 
 
 def _sampling_row(pair, lanes: Lanes, params, seed: int, i: int, counts: Counter):
@@ -247,16 +254,66 @@ def test_every_row_of_a_batch_has_the_targets_law(small_pair, name):  # noqa: F8
 
 @pytest.mark.slow
 def test_harness_rejects_a_lane_that_keeps_what_it_forgets(small_pair, monkeypatch):  # noqa: F811
-    """A lane that drops rejected drafts from its count but keeps their columns in its
-    context (the bookkeeping moves, the columns stay visible) gives later ids the wrong
-    context: the same test must fail."""
+    """A lane whose forgotten columns (rejected drafts) stay in what its queries see gives
+    later ids the wrong context: the same test must fail (and every run still completes)."""
+    trim_to, sees = Lane.trim_to, PackedCache._sees
 
-    def keeps_columns(self, length):
-        self.length = length
-        return True
+    def trim_keeping_ghosts(self, length):
+        self.ghosts = getattr(self, "ghosts", []) + self.columns[length:]
+        return trim_to(self, length)
 
-    monkeypatch.setattr(Lane, "trim_to", keeps_columns)
+    def seeing_ghosts(self, lane, block, window):
+        columns, seen = sees(self, lane, block, window)
+        ghosts = np.array(getattr(lane, "ghosts", []), dtype=np.int64)
+        ghosts = ghosts[ghosts < self.columns]  # a compaction drops them
+        context = len(columns) - block.earlier
+        shown = np.concatenate([columns[:context], ghosts, columns[context:]])
+        visible = np.concatenate([seen[:, :context], np.ones((len(seen), len(ghosts)), bool), seen[:, context:]], 1)
+        return shown, visible
+
+    monkeypatch.setattr(Lane, "trim_to", trim_keeping_ghosts)
+    monkeypatch.setattr(PackedCache, "_sees", seeing_ghosts)
+    monkeypatch.setattr(packed, "_aside_of", lambda reads, rows: [])  # an aside copies `columns` alone
     params = SETTINGS["temp1"]
     law = exact_law(small_pair.target.model, params)
     ok, statistic, threshold = fits(sample_rows_in_batches(small_pair, params, runs=RUNS // 2, seed=7000), law)
     assert not ok, f"a lane without holes passed: chi2 {statistic:.1f} <= {threshold:.1f}"
+
+
+def test_an_interrupt_inside_a_compaction_leaves_the_batch_exact(load_pair, monkeypatch):
+    """Ctrl-C while the cache is being compacted (its new buffers built, not yet in place):
+    the generations end interrupted, and the same lanes then serve new ones exactly."""
+    pair = load_pair("llama")
+    monkeypatch.setattr(packed, "COMPACT_SLACK", 0)  # compact as soon as holes pass the live columns
+    commit, calls = PackedCache._commit, []
+
+    def interrupted_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(PackedCache, "_commit", interrupted_once)
+    batch = Batch()
+    lanes = Lanes(pair, batch)
+    first = [_generation(pair, lanes, p, mlxspec.Options.build(gamma=3, max_tokens=MAX_TOKENS)) for p in PROMPTS]
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(lambda idle, tasks=first: [tasks.pop() for _ in range(len(tasks))])
+    assert len(calls) >= 2
+    answers = {}
+    again = [
+        _generation(pair, lanes, p, mlxspec.Options.build(gamma=3, max_tokens=MAX_TOKENS), answers) for p in PROMPTS
+    ]
+    batch.run(lambda idle, tasks=again: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+    assert [answers[tuple(p)] for p in PROMPTS] == alone(pair, PROMPTS, gamma=3)
+
+
+def _generation(pair, lanes: Lanes, prompt, options, answers: dict | None = None):
+    def run():
+        session = Session(pair)
+        with lanes.joined(session):
+            result = mlxspec.generate(pair, prompt, options, session=session)
+        if answers is not None:
+            answers[tuple(prompt)] = result.tokens
+
+    return run
