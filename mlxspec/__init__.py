@@ -4,6 +4,7 @@ import mlxspec
 pair = mlxspec.load_pair(target="mlx-community/Qwen3-14B-4bit", draft="mlx-community/Qwen3-0.6B-4bit")
 result = mlxspec.generate(pair, "Write a haiku about caches.", max_tokens=64)  # gamma="auto"
 for event in mlxspec.stream(pair, "Hello", temp=0.7): ...
+results = mlxspec.generate_many(pair, ["Hi", "Bye"], max_tokens=64)  # one batch, each as alone
 """
 
 __version__ = "0.1.0"
@@ -13,6 +14,7 @@ _EXPORTS = {
     "load_pair": "models.pairs",
     "Pair": "models.pairs",
     "generate": "generation",
+    "generate_many": "batching",
     "stream": "generation",
     "Session": "generation",
     "CacheOptions": "decoding.caches",

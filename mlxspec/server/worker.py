@@ -1,11 +1,17 @@
 """The one thread that runs MLX, and the prompt cache.
 
-The worker thread loads the pair, then runs generations one at a time, in arrival order
-(FIFO). One device cannot run two generations faster than one after the other: interleaving
-their rounds would give each of n clients 1/n of the speed, so every answer would end later
-than under FIFO but the last, and an agent waits for the whole answer (a tool call is only
-usable once complete), not its first token. It also keeps each generation's rounds as fast
-as they are alone (MLX pipelines a generation's steps; `--gamma auto` times its own rounds).
+The worker thread loads the pair, then runs up to `max_batch` generations at once, in
+arrival order. Interleaving generations' rounds on one device would only share its time;
+batching them shares its forwards. A decode step reads every weight once whatever its rows
+(here, SmolLM2-135M on two CPU cores: 4 rows cost 1.03 steps, 8 cost 1.30), so four clients
+decoded together get about three times the tokens per second of four one after another, and
+each still gets exactly its own answer: each generation runs the engine's own code in a
+greenlet with its own keys, policy and grammar, and only the forwards are shared
+(decoding/batch.py, decoding/packed.py; measured in docs/server.md). A job joins the batch
+between forwards (its prompt read in chunks aside, so the others are not padded to its
+length) and leaves when it ends; a session generating in the batch is never handed to
+another job. `max_batch` 1 is one at a time (FIFO), as are families whose caches cannot be
+batched (recurrent state, quantized KV: `batching.why_not`, said once at start).
 
 Each generation's events go to the asyncio side as they come (`Job`); between rounds the
 worker looks at the job's stop flag (a client that went away, the server shutting down) and
