@@ -24,7 +24,7 @@ SEED_LIMIT = 2**64  # MLX's random keys take an unsigned 64-bit seed
 #   each proposal costs a draft step and a verified id whether it is reached or not.
 # - tree: eight times what `--tree auto` verifies (TREE_AUTO_MAX, 32) and four times
 #   EAGLE-2's 60 on a GPU; a tree's yield grows with the log of its size, its verify with
-#   the size, and every curve in docs/trees.md favours trees of 8 to 32 nodes.
+#   the size, and every curve in docs/results/trees.md favours trees of 8 to 32 nodes.
 MOST_GAMMA = 64
 MOST_TREE = 256
 GAMMA_WHY = "longer chains only cost time (a 64th proposal is reached in 0.1% of rounds at α 0.9)"

@@ -22,7 +22,7 @@ class ReadsTrees(Protocol):
 class Drafting(ReadsTrees, Protocol):
     # whether `--tree auto` grows its trees: a head's level costs one small forward; a
     # separate draft model's reads the frontier through all its layers, and measured here its
-    # trees never beat its chain (docs/trees.md), so auto drafts chains there
+    # trees never beat its chain (docs/results/trees.md), so auto drafts chains there
     auto_trees: bool
 
 

@@ -48,7 +48,7 @@ Memory: 4 bytes per slot for the token, 4 per order for its chain link, and 8 pe
 head bucket (a bucket for every one to two slots): 44 bytes per token of the limit at a power
 of two, 46 MB at the default 2**20 (`footprint()`; tests/unit/test_history_index.py holds a long
 stream of documents to it with tracemalloc), plus the 4 latest turns kept whole. A query
-costs about a hundred microseconds whatever the history's size (docs/drafting.md has the
+costs about a hundred microseconds whatever the history's size (docs/results/drafting.md has the
 figures): the chain walk and the trie are bounded by `max_occurrences` and the tree's
 budget, not by the history.
 
