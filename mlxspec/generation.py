@@ -271,7 +271,7 @@ def _stream(
     ids = encode_prompt(pair, prompt, raw=options.raw, system=options.system, think=options.think)
     if not ids:
         raise InvalidOption("the prompt is empty")
-    _check_ids(pair, ids)
+    check_ids(pair, ids)
     max_tokens, limit_reason = fit_context(pair, len(ids), options.max_tokens)
     seed = secrets.randbits(31) if options.seed is None else options.seed
     session = session or Session(pair)
@@ -354,10 +354,11 @@ def _with_text(event: Round, text: TextStream, eos: frozenset[int], stops: StopF
     return dataclasses.replace(event, emitted=tuple(kept), pieces=tuple(pieces)), None
 
 
-def _check_ids(pair: Pair, ids: list[int]) -> None:
-    bad = [t for t in ids if not 0 <= t < pair.target.width]
-    if bad:
-        raise InvalidOption(f"token id {bad[0]} is outside the target's vocabulary (0..{pair.target.width - 1})")
+def check_ids(pair: Pair, ids: list[int]) -> None:
+    """Refuse a prompt id the target has no row for (the API's and the server's one check)."""
+    width = pair.target.width
+    if (bad := next((t for t in ids if not 0 <= t < width), None)) is not None:
+        raise InvalidOption(f"token id {bad} is outside the target's vocabulary (0..{width - 1})")
 
 
 def generate(

@@ -61,6 +61,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models import cache as mlx_cache
 
 from ..decoding.caches import ModelCache, layer_length, make_cache
+from ..decoding.capture import model_family
 from ..errors import InvalidOption, MlxspecError, ModelLoadError, UnsupportedCache, UnsupportedShard
 from . import ranks
 
@@ -146,7 +147,7 @@ def split(model, mode: str, group, name: str) -> None:
         raise InvalidOption(f"--shard takes {' or '.join(ranks.SHARD_MODES)}, got {mode!r}")
     supported = supported_modes(model)
     if mode not in supported:
-        kind = getattr(model, "model_type", type(model).__module__.rsplit(".", 1)[-1])
+        kind = model_family(model)
         how = "by layers (pipeline)" if mode == "pipeline" else "tensor-parallel (shard)"
         instead = f"; use --shard {supported[0]}" if supported else ""
         raise UnsupportedShard(f"{name} ({kind}) cannot be split {how} by mlx-lm{instead}")

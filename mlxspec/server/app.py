@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from ..decoding.events import Done
 from ..errors import InvalidOption, MlxspecError, PromptTooLong
-from ..generation import check_drafting
+from ..generation import check_drafting, check_ids
 from ..grammar import check_spec
 from ..models.loading import looks_like_path
 from ..models.pairs import fit_context
@@ -191,9 +191,10 @@ class Api:
     def _check(self, ids: list[int], options: Options, param: str) -> None:
         if not ids:
             raise RequestError(f"{param} is empty", param=param)
-        width = self.pair.target.width
-        if (bad := next((t for t in ids if not 0 <= t < width), None)) is not None:
-            raise RequestError(f"token id {bad} is outside the target's vocabulary (0..{width - 1})", param=param)
+        try:
+            check_ids(self.pair, ids)
+        except InvalidOption as e:
+            raise RequestError(str(e), param=param) from None
         try:
             fit_context(self.pair, len(ids), options.max_tokens)
         except PromptTooLong as e:

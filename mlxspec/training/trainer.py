@@ -31,6 +31,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..decoding.capture import model_family
 from ..drafters.eagle3_head import Eagle3Head, config_from_target, load_head, save_head, target_embedding
 from ..models.gguf.record import sha256
 from .data import Example, TrainingError, _write_json, is_number, is_whole
@@ -59,8 +60,7 @@ def target_output_rows(model) -> mx.array:
 def target_final_norm(model) -> mx.array:
     inner = getattr(model, "language_model", model)
     weight = inner.model.norm.weight
-    family = getattr(getattr(model, "args", None), "model_type", "")
-    return weight + 1.0 if family.startswith("gemma") else weight  # Gemma's norm scales by 1 + w
+    return weight + 1.0 if model_family(model).startswith("gemma") else weight  # Gemma's norm scales by 1 + w
 
 
 def new_head(
