@@ -62,8 +62,9 @@ class Policy:
         gamma = min(self.controller.choose() if self.gamma is AUTO else self.gamma, remaining - 1)
         if self.gamma is AUTO and gamma == 0 and remaining > 1:
             # the draft model loses for now, but a prompt-lookup match beside it costs no
-            # drafting (alone, lookup is what the controller judged, and it said no)
-            beside = self.lookup is not None and self.draft_model
+            # drafting (alone, lookup is what the controller judged, and it said no); in a
+            # batch that decodes faster without drafts, its verify would make every lane wait
+            beside = self.lookup is not None and self.draft_model and self.controller.batch.drafting()
             found = self._lookup(self._lookup_depth(0, remaining=remaining)) if beside else None
             if found is not None:
                 return dataclasses.replace(found, timed=self._timed(found.gamma))

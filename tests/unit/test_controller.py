@@ -721,3 +721,24 @@ def test_a_plain_step_timed_in_a_slow_spell_is_timed_again():
     c = controller(max_gamma=8)
     useless_draft_costs(c, 256, preempted=lambda n: 1 <= n <= 6)
     assert c.rounds <= 5
+
+
+def test_a_batch_that_decodes_faster_without_drafts_turns_off_lookup_beside_a_model_too():
+    """In a batch whose gate says plain (drafting/batch_gate.py), a lookup match beside the
+    draft model is not verified either: its round would make every other lane wait."""
+    from mlxspec.drafters.lookup import PromptLookup
+    from mlxspec.drafting import Policy
+    from mlxspec.drafting.batch_gate import PLAIN
+    from mlxspec.options import AUTO
+
+    c = Controller(ControllerConfig(start_gamma=4))
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]  # ends with a match
+    beside = Policy(gamma=AUTO, stop=0.0, controller=c, lookup=PromptLookup(prompt, min_match=3))
+    c.batch.join(), c.batch.join()
+    c.batch.regime = PLAIN
+    plan = beside.plan(remaining=50)
+    assert plan.plain and not plan.proposal and not plan.draft
+    c.batch.leave()  # alone again: the gate is silent, the match is tried
+    assert (
+        Policy(gamma=AUTO, stop=0.0, controller=c, lookup=PromptLookup(prompt, min_match=3)).plan(remaining=50).proposal
+    )
