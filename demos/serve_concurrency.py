@@ -7,11 +7,13 @@ draft) on the same target folder, as the peer.
         python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 [--prompts chat|edit] [--json]
 
 Each run sends `clients` chat requests at once (streamed, temperature 0, --max-tokens each,
-a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code with one name
-changed" requests where prompt lookup drafts well), and measures from the first send to the
-last token: aggregate tokens/s = completion tokens / that time; per request the first and
-last token's time. Every greedy answer is checked against the same prompt's answer one at a
-time (mlxspec's, and mlx-lm's against its own). Configurations take turns within a repeat;
+a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code
+with one name changed" requests where prompt lookup drafts well), and measures from the
+first send to the last token: aggregate tokens/s = completion tokens / that time; per
+request the first and last token's time. Each run's prompts start with a tag of the run, so
+that no server answers from a cache of an earlier run's (mlx-lm's prompt cache, mlxspec's
+history). Every greedy answer is checked against the same prompt's answer one at a time
+(mlxspec's, with --max-batch 1). Configurations take turns within a repeat;
 the table gives medians over repeats.
 """
 
@@ -164,12 +166,14 @@ def main() -> None:
                 processes[name] = start(commands[name], ports[name], log)
         for repeat in range(args.repeats):
             for n in clients:
-                texts = prompts(args.prompts, n)
+                # a tag of this run in front: no server answers from a cache of an earlier run
+                # (mlx-lm's prompt cache, the history), and all configurations get the same text
+                texts = [f"(#{repeat + 1}.{n}) {text}" for text in prompts(args.prompts, n)]
                 for config in configs:
                     url = f"http://127.0.0.1:{ports[server_of[config]]}"
                     extra = extra_of.get(config, {})
                     if repeat == 0 and n == clients[0]:
-                        run(url, texts[:1], max_tokens=8, extra=extra)  # warm-up
+                        run(url, ["(warm-up) Hello"], max_tokens=8, extra=extra)
                     results.setdefault((config, n), []).append(run(url, texts, max_tokens=args.max_tokens, extra=extra))
                     print(f"repeat {repeat + 1} · {n} clients · {config}: {results[config, n][-1]['tok_s']:.1f} tok/s",
                           file=sys.stderr)  # fmt: skip
