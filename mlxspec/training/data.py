@@ -30,7 +30,7 @@ from ..errors import MlxspecError
 
 TOP_K = 32
 SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
-HELD_OUT_EVERY = 16  # example k is held out when k % 16 == 0
+HELD_OUT_EVERY = 16  # about one example in 16 held out (is_held_out)
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
 FLOAT16_LIMIT = 6e4
@@ -190,22 +190,37 @@ def _chunks(ids: list[int]) -> list[list[int]]:
     return [ids[i : i + TEXT_CHUNK] for i in range(0, len(ids), TEXT_CHUNK) if len(ids) - i >= 16]
 
 
-def conversation_sequences(tokenizer, conversations: list, *, tokens: int, raw: bool, reading=None) -> list[list[int]]:
+def is_held_out(item, index: int) -> bool:
+    """Whether the example made from `item`, the `index`-th of its source, is held out from
+    training: a conversation, or a prompt cut from one, by its own text
+    (conversations.is_held_out: the same split for every run over a corpus); a prompt's
+    text or a --text chunk when index % HELD_OUT_EVERY == 0."""
+    from .conversations import is_held_out as conversation_held_out
+
+    return conversation_held_out(item) if isinstance(item, list) else index % HELD_OUT_EVERY == 0
+
+
+def conversation_sequences(
+    tokenizer, conversations: list, *, tokens: int, raw: bool, reading=None
+) -> tuple[list[list[int]], list[bool]]:
     """Whole conversations as the target reads them (its chat template), in order until
-    `tokens` ids, cut into chunks of TEXT_CHUNK as text is; a conversation the template
-    refuses is left out. `reading("reading the corpus", ids, tokens)` as it goes."""
-    chunks, total = [], 0
+    `tokens` ids, cut into chunks of TEXT_CHUNK as text is, and whether each chunk's
+    conversation is held out; a conversation the template refuses is left out.
+    `reading("reading the corpus", ids, tokens)` as it goes."""
+    chunks, held, total = [], [], 0
     for conversation in conversations:
         if total >= tokens:
             break
         ids = encode_conversation(tokenizer, conversation, raw=raw, generation_prompt=False)[: tokens - total]
         total += len(ids)
-        chunks += _chunks(ids)
+        cut = _chunks(ids)
+        chunks += cut
+        held += [is_held_out(conversation, 0)] * len(cut)
         if reading:
             reading("reading the corpus", total, tokens)
     if reading:
         reading("reading the corpus", tokens, tokens)
-    return chunks
+    return chunks, held
 
 
 def encode_conversation(tokenizer, messages: list[dict], *, raw: bool, generation_prompt: bool) -> list[int]:
@@ -530,7 +545,9 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
         made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         prefill_share = min(4.0, max(0.05, (time.perf_counter() - generated) / max(generated - started, 1e-3)))
         examples = [
-            Example(np.array(s, dtype=np.int32), *m, len(group[i]) - 1, (first + i) % HELD_OUT_EVERY == 0, g)
+            Example(
+                np.array(s, dtype=np.int32), *m, len(group[i]) - 1, is_held_out(plan.prompts[first + i], first + i), g
+            )
             for s, m, (i, _, g) in zip(sequences, made, answered)
             if m is not None
         ]
@@ -548,16 +565,18 @@ def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report
     if not (plan.text_files or plan.conversations) or time.perf_counter() >= phase_end:
         return
     texts = text_sequences(tokenizer, plan.text_files)
+    held = [k % HELD_OUT_EVERY == 0 for k in range(len(texts))]
     if plan.conversations:
-        texts += conversation_sequences(
+        chunks, flags = conversation_sequences(
             tokenizer, plan.conversations, tokens=plan.corpus_tokens, raw=plan.raw, reading=reading
         )
+        texts, held = texts + chunks, held + flags
     while record["text_done"] < len(texts) and (started := time.perf_counter()) < phase_end:
         first = record["text_done"]
         group = texts[first : first + TEXT_GROUP]
         made = prefill(model, taps, group, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         examples = [
-            Example(np.array(s, dtype=np.int32), *m, 0, (first + i) % HELD_OUT_EVERY == 0, False)
+            Example(np.array(s, dtype=np.int32), *m, 0, held[first + i], False)
             for i, (s, m) in enumerate(zip(group, made))
             if m is not None
         ]
