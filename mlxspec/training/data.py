@@ -312,6 +312,7 @@ def save_shard(path: Path, examples: list[Example]) -> None:
 
 
 SHARD_PATTERN = "shard-[0-9][0-9][0-9][0-9].npz"
+PARTIAL_PATTERN = "shard-[0-9][0-9][0-9][0-9].partial.npz"  # save_shard's, before its rename
 _SHARD_KINDS = {  # key: (dimensions, the kind of its values)
     "ids": (1, np.integer),
     "lengths": (1, np.integer),
@@ -425,12 +426,39 @@ def read_progress(folder: Path) -> dict:
         if not is_number(record[key]) or not math.isfinite(record[key]) or record[key] < 0:
             raise TrainingError(f"{file}: {key} is {record[key]!r}, not a number of seconds >= 0")
     written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
-    if written and record["shards"] <= max(written):
+    if written and record["shards"] == max(written):
+        raise UnrecordedShard(Path(folder) / f"shard-{record['shards']:04d}.npz")
+    if written and record["shards"] < max(written):
         raise TrainingError(
             f"{file} says {record['shards']} shards were written, the folder holds shard-{max(written):04d}: "
             "the record does not belong to these shards"
         )
     return record
+
+
+class UnrecordedShard(TrainingError):
+    """The next shard is on disk but progress.json does not count it: the run was stopped
+    between the shard's rename and its record's (clear_unrecorded)."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} was written but not recorded")
+        self.path = path
+
+
+def clear_unrecorded(folder: Path, *, note=None) -> None:
+    """What a run killed mid-write leaves in its data folder, cleared before anything reads
+    it: a shard cut short in writing (its .partial.npz), and a shard written whole whose
+    record was not (killed between the two renames), which is removed and made again (a
+    run's data is the same however often it is stopped: the prompts, their seeds and the
+    text chunks of a shard are fixed by the record)."""
+    for partial in Path(folder).glob(PARTIAL_PATTERN):
+        partial.unlink(missing_ok=True)
+    try:
+        read_progress(folder)
+    except UnrecordedShard as e:
+        e.path.unlink()
+        if note:
+            note(f"{e.path.name} was written but not recorded (the run was stopped between the two): made again")
 
 
 def is_whole(value) -> bool:

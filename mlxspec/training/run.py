@@ -24,6 +24,7 @@ from .data import (
     build_data,
     check_text_files,
     choose_vocabulary,
+    clear_unrecorded,
     is_number,
     is_whole,
     load_shards,
@@ -315,6 +316,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     from ..decoding.capture import install, num_layers
 
     began = time.perf_counter()
+    clear_unrecorded(out / "data", note=progress.note)  # what a run killed mid-write left
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
     check_inputs(settings)  # the command has read them already (a corpus is read once a process)
     progress.status(f"loading {settings.target}")
