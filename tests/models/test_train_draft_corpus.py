@@ -285,3 +285,48 @@ def test_a_long_prompt_loses_its_earliest_exchanges_until_it_fits(target):
     assert encode_prompts(tokenizer, [prompt], limit=len(whole)) == [whole]
     alone = encode_prompts(tokenizer, [prompt], limit=3)[0]
     assert alone == encode_conversation(tokenizer, fits[-1], raw=False, generation_prompt=True) and len(alone) > 3
+
+
+def test_held_out_conversations_are_never_trained_on(target, tmp_path):
+    """Issue 41, item 3: a conversation is held out by a rule on its own text (the sha256 of
+    its first user turn, 0 modulo 16): its text and the answers to each of its user turns
+    are all held-out examples, every other conversation's are all trained on, and
+    held_out_prompts lists exactly its prompts for a later measurement."""
+    import hashlib
+
+    import mlx_lm
+
+    from mlxspec.training.conversations import held_out_prompts
+    from mlxspec.training.data import encode_conversation, load_shards
+
+    corpus = _corpus(tmp_path / "corpus.json", 50)
+    out = tmp_path / "run"
+    done = _train(
+        "--target", target, "--out", out, "--corpus", corpus, "--tokens", 500, "--answer-minutes", 2,
+        "--text-minutes", 2, "--corpus-tokens", 100000, "--max-tokens", 8, "--batch", 16, "--draft-vocab", 64,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    read = read_corpus(corpus)
+    rule = [int(hashlib.sha256(c[0]["content"].encode()).hexdigest(), 16) % 16 == 0 for c in read.conversations]
+    assert 0 < sum(rule) < len(rule)  # two of the 49 here: 39 and 46
+
+    _, tokenizer = mlx_lm.load(str(target))
+    whole = [tuple(encode_conversation(tokenizer, c, raw=False, generation_prompt=False)) for c in read.conversations]
+    asked = {
+        tuple(encode_conversation(tokenizer, c[: k + 1], raw=False, generation_prompt=True)): n
+        for n, c in enumerate(read.conversations)
+        for k in range(len(c))
+        if c[k]["role"] == "user"
+    }
+    examples = load_shards(out / "data")
+    seen = {"text": set(), "answers": set()}
+    for e in examples:
+        if e.train_from == 0:  # a conversation read teacher-forced (each fits one chunk here)
+            source, n = "text", whole.index(tuple(e.ids.tolist()))
+        else:
+            source, n = "answers", asked[tuple(e.ids[: e.train_from + 1].tolist())]
+        assert e.held_out == rule[n], (source, n)
+        seen[source].add(n)
+    held = {n for n, r in enumerate(rule) if r}
+    assert held <= seen["text"] and held & seen["answers"]  # both kinds of example held out
+    assert held_out_prompts(read) == [c[: k + 1] for n in sorted(held) for c in [read.conversations[n]] for k in (0, 2)]
