@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -189,6 +190,7 @@ def train_draft(
             standardize=standardize,
         )
     bar, started = _Bar(), False
+    _stop_on_sigterm()
     try:
         with bar.bar:
             if not resume:
@@ -208,6 +210,17 @@ def train_draft(
         f"head written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
         f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
     )
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (`kill PID`, a shutdown, a scheduler ending the job) stops the run as Ctrl-C
+    does: the shards written and a checkpoint of the last whole step are kept for --resume,
+    instead of losing the training since the last periodic checkpoint."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _new_settings(

@@ -55,7 +55,7 @@ def _stop(args: list, *, after: str, how: signal.Signals, seconds: float = 0.0) 
         said.append(running.communicate(timeout=60)[1])
     finally:
         running.kill()
-    expected = 130 if how == signal.SIGINT else -signal.SIGKILL
+    expected = -signal.SIGKILL if how == signal.SIGKILL else 130  # SIGTERM stops as Ctrl-C does
     assert running.returncode == expected, "".join(said)
     return "".join(said)
 
@@ -93,12 +93,15 @@ def test_a_run_killed_and_interrupted_resumes_to_the_head_of_one_never_stopped(t
     assert "answers:" in said  # the answers went on from the shards kept
     record = json.loads((out / "data" / "progress.json").read_text())
     assert 0 < record["text_done"] and not (out / "checkpoint").exists()
-    # Ctrl-C some steps into training (a checkpoint of the last whole step), then killed
-    # after it resumed (the work since that checkpoint is lost, not the checkpoint)
-    said = _stop(resume, after="held-out α", how=signal.SIGINT, seconds=1.5)
+    # Ctrl-C some steps into training (a checkpoint of the last whole step), SIGTERM some
+    # steps later (the same), then killed after it resumed (the work since that checkpoint
+    # is lost, not the checkpoint)
+    said = _stop(resume, after="held-out α", how=signal.SIGINT, seconds=1)
     assert "text:" in said
+    first_step = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+    said = _stop(resume, after="resuming training at step", how=signal.SIGTERM, seconds=1)
     step = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
-    assert step > 0
+    assert 0 < first_step < step and f"interrupted at step {step}: checkpoint saved" in said, said
     _stop(resume, after="resuming training at step", how=signal.SIGKILL, seconds=0.5)
     finished = _train(*resume)
     assert finished.returncode == 0, finished.stderr
