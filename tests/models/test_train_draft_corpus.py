@@ -192,6 +192,15 @@ def _corpus(path: Path, count: int = 24) -> Path:
     return path
 
 
+def _corpus_run(target: Path, tmp_path: Path, count: int, *options):
+    """A finished run over `count` conversations (_corpus): the corpus, the run's folder and
+    what the command printed."""
+    corpus, out = _corpus(tmp_path / "corpus.json", count), tmp_path / "run"
+    done = _train("--target", target, "--out", out, "--corpus", corpus, "--draft-vocab", 64, *options)
+    assert done.returncode == 0, done.stderr
+    return corpus, out, done
+
+
 def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
     """A few seconds of a real run: the shards hold the conversations as the target's chat
     template renders them (read teacher-forced from position 0) and answers to their user
@@ -200,13 +209,10 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
 
     from mlxspec.training.data import TEXT_CHUNK, encode_conversation, load_shards
 
-    corpus = _corpus(tmp_path / "corpus.json")
-    out = tmp_path / "run"
-    done = _train(
-        "--target", target, "--out", out, "--corpus", corpus, "--tokens", 3000, "--answer-minutes", 0.03,
-        "--text-minutes", 0.05, "--corpus-tokens", 4000, "--max-tokens", 16, "--batch", 8, "--draft-vocab", 64,
+    corpus, out, done = _corpus_run(
+        target, tmp_path, 24, "--tokens", 3000, "--answer-minutes", 0.03, "--text-minutes", 0.05,
+        "--corpus-tokens", 4000, "--max-tokens", 16, "--batch", 8,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
     assert "23 conversations read, the cut last one dropped, 23 kept" in done.stderr
     settings = json.loads((out / "run.json").read_text())
     assert settings["corpus"] == str(corpus) and settings["corpus_tokens"] == 4000
@@ -299,13 +305,10 @@ def test_held_out_conversations_are_never_trained_on(target, tmp_path):
     from mlxspec.training.conversations import held_out_prompts
     from mlxspec.training.data import encode_conversation, load_shards
 
-    corpus = _corpus(tmp_path / "corpus.json", 50)
-    out = tmp_path / "run"
-    done = _train(
-        "--target", target, "--out", out, "--corpus", corpus, "--tokens", 500, "--answer-minutes", 2,
-        "--text-minutes", 2, "--corpus-tokens", 100000, "--max-tokens", 8, "--batch", 16, "--draft-vocab", 64,
+    corpus, out, _ = _corpus_run(
+        target, tmp_path, 50, "--tokens", 500, "--answer-minutes", 2, "--text-minutes", 2,
+        "--corpus-tokens", 100000, "--max-tokens", 8, "--batch", 16,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
     read = read_corpus(corpus)
     rule = [int(hashlib.sha256(c[0]["content"].encode()).hexdigest(), 16) % 16 == 0 for c in read.conversations]
     assert 0 < sum(rule) < len(rule)  # two of the 49 here: 39 and 46
