@@ -130,3 +130,15 @@ def test_a_run_killed_and_interrupted_resumes_to_the_head_of_one_never_stopped(t
     assert heads[0].keys() == heads[1].keys()
     for name in heads[0]:
         assert mx.array_equal(heads[0][name], heads[1][name]).item(), name
+
+    # what a later session measures a head with: its coverage on the corpus's held-out
+    # prompts (demos/eagle3/coverage.py), the two held-out conversations' four user turns
+    shown = subprocess.run(
+        [sys.executable, "demos/eagle3/coverage.py", "--target", str(target), "--draft", str(out)]
+        + ["--corpus", str(corpus), "--prompts", "8", "--max-tokens", "8", "--depth", "2", "--temp", "0"],
+        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("4 prompts: held out of --corpus"), shown.stdout
+    rows = [line.split() for line in shown.stdout.splitlines() if line.strip()[:1] in ("1", "2")]
+    assert [r[0] for r in rows] == ["1", "2"] and all(int(r[-1]) > 0 for r in rows), shown.stdout
