@@ -10,7 +10,8 @@ token j+1 (its top-K ids and probabilities: the soft labels).
 An example is one sequence: `ids` (L,), `features` (L, 3·hidden) float16 (float32 where
 float16 would overflow), `top_ids` (L, K) and `top_probs` (L, K), and `train_from`: the
 first position whose distribution is learnt (the prompt's last position for an answer, so
-that only answer tokens are targets; 0 for text). Examples are kept in shards
+that only answer tokens are targets; 0 for text). An answer keeps only the last CONTEXT rows
+of its prompt before that position. Examples are kept in shards
 (DIR/data/shard-NNNN.npz, written to a temporary name and renamed), so a resumed run reads
 them instead of asking the target again.
 """
@@ -33,6 +34,7 @@ SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
 HELD_OUT_EVERY = 16  # about one example in 16 held out (is_held_out)
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
+CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
 FLOAT16_LIMIT = 6e4
 STEP_SECONDS = 1.0  # the work between two looks at the clock (and chances for Ctrl-C), about
 PREFILL_BATCH = 4  # prompts a step of answer generation reads at once
@@ -573,9 +575,7 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
         made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         prefill_share = min(4.0, max(0.05, (time.perf_counter() - generated) / max(generated - started, 1e-3)))
         examples = [
-            Example(
-                np.array(s, dtype=np.int32), *m, len(group[i]) - 1, is_held_out(plan.prompts[first + i], first + i), g
-            )
+            _answer_example(s, m, len(group[i]) - 1, held_out=is_held_out(plan.prompts[first + i], first + i), greedy=g)
             for s, m, (i, _, g) in zip(sequences, made, answered)
             if m is not None
         ]
@@ -584,6 +584,18 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
         share = max(record["answer_seconds"] / plan.answer_seconds, record["prompts_done"] / len(plan.prompts))
         report("answers", record, sum(len(a) for a in answers), share)
     return True
+
+
+def _answer_example(sequence: list[int], made: tuple, train_from: int, *, held_out: bool, greedy: bool) -> Example:
+    """An answer's example, its prompt cut to the last CONTEXT rows before its first target:
+    training reads no earlier row (trainer.window), and a conversation's prompt of up to
+    MAX_PROMPT ids would otherwise take most of the disk and memory its answer needs. Copies,
+    so that the prefill's batch arrays are freed."""
+    cut = max(0, train_from - CONTEXT)
+    features, top_ids, top_probs = (a[cut:].copy() for a in made)
+    return Example(
+        np.array(sequence[cut:], dtype=np.int32), features, top_ids, top_probs, train_from - cut, held_out, greedy
+    )
 
 
 def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace, reading) -> None:

@@ -201,13 +201,22 @@ def _corpus_run(target: Path, tmp_path: Path, count: int, *options):
     return corpus, out, done
 
 
+def _asked(example, prompts: list[list[int]]) -> list[int] | None:
+    """The one prompt an answer's example ends (it keeps the prompt's last rows only), or None."""
+    from mlxspec.training.data import CONTEXT
+
+    kept = example.ids[: example.train_from + 1].tolist()
+    ends = [p for p in prompts if p[-len(kept) :] == kept and len(kept) == min(len(p), CONTEXT + 1)]
+    return ends[0] if len({tuple(p) for p in ends}) == 1 else None
+
+
 def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
     """A few seconds of a real run: the shards hold the conversations as the target's chat
     template renders them (read teacher-forced from position 0) and answers to their user
     turns, each prompt the template's rendering of a user turn and the turns before it."""
     import mlx_lm
 
-    from mlxspec.training.data import TEXT_CHUNK, encode_conversation, load_shards
+    from mlxspec.training.data import CONTEXT, TEXT_CHUNK, encode_conversation, load_shards
 
     corpus, out, done = _corpus_run(
         target, tmp_path, 24, "--tokens", 3000, "--answer-minutes", 0.03, "--text-minutes", 0.05,
@@ -233,9 +242,9 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
         if c[k]["role"] == "user"
     ]
     answers = [e for e in examples if e.train_from > 0]
-    assert answers and all(e.ids[: e.train_from + 1].tolist() in prompts for e in answers)
-    asked = {tuple(e.ids[: e.train_from + 1].tolist()) for e in answers}
-    assert any(len(p) > len(prompts[0]) + 20 for p in asked)  # later turns, their context before them
+    asked = [_asked(e, prompts) for e in answers]
+    assert answers and all(asked)  # each the end of a prompt, no more than CONTEXT rows of it kept
+    assert any(len(p) > CONTEXT + 1 for p in asked)  # later turns, their context before them
     assert "--corpus" in (out / "README.md").read_text()
 
 
@@ -315,7 +324,7 @@ def test_held_out_conversations_are_never_trained_on(target, tmp_path):
 
     _, tokenizer = mlx_lm.load(str(target))
     whole = [tuple(encode_conversation(tokenizer, c, raw=False, generation_prompt=False)) for c in read.conversations]
-    asked = {
+    prompts = {
         tuple(encode_conversation(tokenizer, c[: k + 1], raw=False, generation_prompt=True)): n
         for n, c in enumerate(read.conversations)
         for k in range(len(c))
@@ -327,7 +336,7 @@ def test_held_out_conversations_are_never_trained_on(target, tmp_path):
         if e.train_from == 0:  # a conversation read teacher-forced (each fits one chunk here)
             source, n = "text", whole.index(tuple(e.ids.tolist()))
         else:
-            source, n = "answers", asked[tuple(e.ids[: e.train_from + 1].tolist())]
+            source, n = "answers", prompts[tuple(_asked(e, [list(p) for p in prompts]))]
         assert e.held_out == rule[n], (source, n)
         seen[source].add(n)
     held = {n for n, r in enumerate(rule) if r}
