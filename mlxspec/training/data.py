@@ -412,6 +412,7 @@ def read_progress(folder: Path) -> dict:
     took, shards written), checked: whole counts and finite seconds, at least 0, and as many
     shards as the folder holds; a fresh record when there is none yet."""
     record = {"prompts_done": 0, "text_done": 0, "answer_seconds": 0.0, "text_seconds": 0.0, "shards": 0}
+    record["full"] = False  # a shard was refused for --max-disk: the run makes no more data
     file = Path(folder) / PROGRESS_FILE
     if file.is_file():
         try:
@@ -427,6 +428,8 @@ def read_progress(folder: Path) -> dict:
     for key in _PROGRESS_SECONDS:
         if not is_number(record[key]) or not math.isfinite(record[key]) or record[key] < 0:
             raise TrainingError(f"{file}: {key} is {record[key]!r}, not a number of seconds >= 0")
+    if not isinstance(record["full"], bool):
+        raise TrainingError(f"{file}: full is {record['full']!r}, not true or false")
     written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
     if written and record["shards"] == max(written):
         raise UnrecordedShard(Path(folder) / f"shard-{record['shards']:04d}.npz")
@@ -519,6 +522,8 @@ def build_data(
                         f"the data holds {_size(used)} and the next shard ({_size(size)}) would pass "
                         f"--max-disk {_size(plan.max_disk)}: no more data is written"
                     )
+                record["full"] = True  # a resumed run does not make the shard again to refuse it
+                _write_json(folder / PROGRESS_FILE, record)
                 return False
             path = folder / f"shard-{record['shards']:04d}.npz"
             save_shard(path, examples)
@@ -529,6 +534,11 @@ def build_data(
         _write_json(folder / PROGRESS_FILE, record)
         return True
 
+    if record["full"]:
+        if note:
+            bound = _size(plan.max_disk or 0)
+            note(f"the data holds {_size(used)}, stopped at --max-disk {bound}: no more data is written")
+        return record, made
     pace = Pace()  # shared: the answers' prefill teaches the text's
     if _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace):
         _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace, reading=reading)

@@ -251,7 +251,7 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
 def test_the_data_stays_within_max_disk(target, tmp_path):
     """Three shards of the corpus's text (4.7 MB each: 32 chunks of some 255 positions) and
     --max-disk 10 MB: two are written, the run says in a line why no more, and trains on them; --resume
-    keeps to the same corpus and bound."""
+    keeps to the same corpus and bound, and knows it was reached without asking the target again."""
     corpus = _corpus(tmp_path / "corpus.json", 97)
     out = tmp_path / "run"
     limit = 10_000_000
@@ -268,10 +268,15 @@ def test_the_data_stays_within_max_disk(target, tmp_path):
     # --resume reads the corpus and the bound from run.json: the third shard is refused again
     for name in ("config.json", "model.safetensors", "README.md"):
         (out / name).unlink()
+    record = json.loads((out / "data" / "progress.json").read_text())
+    assert record["full"] is True
     resumed = _train("--target", target, "--out", out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert "--max-disk 9.5 MiB: no more data is written" in resumed.stderr
+    said = [line for line in resumed.stderr.splitlines() if "--max-disk" in line]
+    # said without reading the corpus and making the third shard again only to refuse it
+    assert len(said) == 1 and said[0].endswith(", stopped at --max-disk 9.5 MiB: no more data is written"), said
     assert len(list((out / "data").glob("shard-*.npz"))) == 2
+    assert json.loads((out / "data" / "progress.json").read_text()) == record
 
 
 def test_a_long_prompt_loses_its_earliest_exchanges_until_it_fits(target):
