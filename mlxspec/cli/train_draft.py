@@ -30,6 +30,7 @@ class _Bar:
             TextColumn("{task.fields[info]}"),
             console=err,
             disable=not err.is_terminal,
+            speed_estimate_period=3600,  # a shard every few minutes: the ETA over the last hour's
         )
         self.tasks: dict[str, int] = {}
         self.alpha = "α –"
@@ -55,8 +56,11 @@ class _Bar:
         self.bar.update(
             task, completed=min(fraction, 1.0), info=f"{done} {'prompts' if source == 'answers' else 'chunks'}"
         )
-        if not err.is_terminal:
-            err.print(f"{source}: {done} done ({tokens} tokens in the latest shard)")
+        if not err.is_terminal:  # a log: the bar's share and ETA in words, a line a shard
+            left = self.bar.tasks[task].time_remaining
+            eta = "" if left is None else f", about {left / 60:.0f} min left" if left >= 60 else f", {left:.0f} s left"
+            line = f"{source}: {done} done ({tokens} tokens in the latest shard), {fraction:.0%} of the phase{eta}"
+            err.print(line, soft_wrap=True)
 
     def trained(self, state, fraction: float) -> None:
         for name, task in self.tasks.items():

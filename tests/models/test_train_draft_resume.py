@@ -7,6 +7,7 @@ of a run never stopped."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -92,6 +93,11 @@ def test_a_run_killed_and_interrupted_resumes_to_the_head_of_one_never_stopped(t
     assert f"{first}.npz was written but not recorded" in said, said
     assert not (out / "data" / f"{first}.partial.npz").exists()
     assert "answers:" in said  # the answers went on from the shards kept
+    # a log (not a terminal) gets a line a shard with the phase's share done and, from the
+    # second shard of a session on, its ETA
+    lines = [line for line in said.splitlines() if line.startswith("answers:")]
+    assert len(lines) > 2 and all(re.search(r"\), \d+% of the phase", line) for line in lines), lines
+    assert all(re.search(r"of the phase, (about \d+ min|\d+ s) left$", line) for line in lines[1:]), lines
     record = json.loads((out / "data" / "progress.json").read_text())
     assert 0 < record["text_done"] and not (out / "checkpoint").exists()
     # Ctrl-C some steps into training (a checkpoint of the last whole step), SIGTERM some
