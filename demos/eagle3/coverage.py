@@ -2,6 +2,12 @@
 trained on.
 
     python demos/eagle3/coverage.py --pair gemma3-270m [--temp 0,0.7] [--max-tokens 64] [--depth 4]
+    python demos/eagle3/coverage.py --target T --draft HEAD --corpus sharegpt [--prompts 64]
+
+With --corpus (`sharegpt` or a file, as train-draft reads it) the prompts are the corpus's
+held-out ones in the file's order (conversations.held_out_prompts: conversations that
+`train-draft --corpus` never trains on, by a rule on their own text), each a user turn with
+the turns before it, shortened as train-draft shortens them; else the bench suite's.
 
 For each prompt of the bench suite (outside the heads' training prompts), the target writes
 its answer (its argmax at temperature 0, a draw at 0.7). At every position the head then
@@ -101,29 +107,48 @@ def coverage(pair, ids: list[int], start: int, *, depth: int, params: SamplingPa
     return hits, tried, expected
 
 
+def prompt_ids(pair, *, corpus: str | None, count: int) -> list[list[int]]:
+    """The prompts as the target reads them: `count` held-out prompts of `corpus` (those
+    train-draft would ask, within its prompt limit), or the bench suite's."""
+    if corpus:
+        from mlxspec.training.conversations import held_out_prompts, load_corpus
+        from mlxspec.training.data import MAX_PROMPT, encode_prompts
+
+        asked = encode_prompts(
+            pair.tokenizer, held_out_prompts(load_corpus(corpus)), raw=not pair.templated, limit=MAX_PROMPT
+        )
+        return [p for p in asked if 0 < len(p) <= MAX_PROMPT][:count]
+    if not pair.templated:
+        return [list(pair.tokenizer.encode(bench.prompt)) for bench in SUITE]
+    from mlxspec.generation import encode_prompt
+
+    return [encode_prompt(pair, bench.prompt) for bench in SUITE]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", default="gemma3-270m")
     parser.add_argument("--temp", default="0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--target", help="a target (with --draft: a head of your own) instead of --pair")
+    parser.add_argument("--draft")
+    parser.add_argument("--corpus", help="the held-out prompts of this corpus (sharegpt or a file)")
+    parser.add_argument("--prompts", type=int, default=64, help="with --corpus: how many of them")
     args = parser.parse_args()
-    pair = load_pair(pair=args.pair)
-    raw = not pair.templated
+    pair = load_pair(args.target, args.draft) if args.target else load_pair(pair=args.pair)
+    prompts = prompt_ids(pair, corpus=args.corpus, count=args.prompts)
+    name = args.pair if not args.target else f"{args.target} + {args.draft}"
+    print(f"{len(prompts)} prompts: " + (f"held out of --corpus {args.corpus}" if args.corpus else "the bench suite"))
     for temp in (float(t) for t in args.temp.split(",")):
         params = SamplingParams(temp=temp)
         hits, tried = np.zeros((args.depth, len(KS))), np.zeros(args.depth)
         expected = np.zeros((args.depth, 3, len(KS)))
-        for i, bench in enumerate(SUITE):
-            prompt = list(pair.tokenizer.encode(bench.prompt)) if raw else None
-            if prompt is None:
-                from mlxspec.generation import encode_prompt
-
-                prompt = encode_prompt(pair, bench.prompt)
+        for i, prompt in enumerate(prompts):
             ids = prompt + answer(pair, prompt, temp=temp, tokens=args.max_tokens, seed=i)
             h, n, e = coverage(pair, ids, len(prompt), depth=args.depth, params=params)
             hits, tried, expected = hits + h, tried + n, expected + e
-        print(f"{args.pair}, temperature {temp}: the target's next id among the head's top k, by depth")
+        print(f"{name}, temperature {temp}: the target's next id among the head's top k, by depth")
         print("depth  " + "  ".join(f"k={k}" for k in KS) + "  positions")
         for d in range(args.depth):
             rates = "  ".join(f"{hits[d, j] / max(tried[d], 1):.2f}" for j in range(len(KS)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,6 +30,7 @@ class _Bar:
             TextColumn("{task.fields[info]}"),
             console=err,
             disable=not err.is_terminal,
+            speed_estimate_period=3600,  # a shard every few minutes: the ETA over the last hour's
         )
         self.tasks: dict[str, int] = {}
         self.alpha = "α –"
@@ -54,8 +56,11 @@ class _Bar:
         self.bar.update(
             task, completed=min(fraction, 1.0), info=f"{done} {'prompts' if source == 'answers' else 'chunks'}"
         )
-        if not err.is_terminal:
-            err.print(f"{source}: {done} done ({tokens} tokens in the latest shard)")
+        if not err.is_terminal:  # a log: the bar's share and ETA in words, a line a shard
+            left = self.bar.tasks[task].time_remaining
+            eta = "" if left is None else f", about {left / 60:.0f} min left" if left >= 60 else f", {left:.0f} s left"
+            line = f"{source}: {done} done ({tokens} tokens in the latest shard), {fraction:.0%} of the phase{eta}"
+            err.print(line, soft_wrap=True)
 
     def trained(self, state, fraction: float) -> None:
         for name, task in self.tasks.items():
@@ -189,6 +194,7 @@ def train_draft(
             standardize=standardize,
         )
     bar, started = _Bar(), False
+    _stop_on_sigterm()
     try:
         with bar.bar:
             if not resume:
@@ -208,6 +214,17 @@ def train_draft(
         f"head written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
         f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
     )
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (`kill PID`, a shutdown, a scheduler ending the job) stops the run as Ctrl-C
+    does: the shards written and a checkpoint of the last whole step are kept for --resume,
+    instead of losing the training since the last periodic checkpoint."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _new_settings(

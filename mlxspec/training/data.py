@@ -10,7 +10,8 @@ token j+1 (its top-K ids and probabilities: the soft labels).
 An example is one sequence: `ids` (L,), `features` (L, 3·hidden) float16 (float32 where
 float16 would overflow), `top_ids` (L, K) and `top_probs` (L, K), and `train_from`: the
 first position whose distribution is learnt (the prompt's last position for an answer, so
-that only answer tokens are targets; 0 for text). Examples are kept in shards
+that only answer tokens are targets; 0 for text). An answer keeps only the last CONTEXT rows
+of its prompt before that position. Examples are kept in shards
 (DIR/data/shard-NNNN.npz, written to a temporary name and renamed), so a resumed run reads
 them instead of asking the target again.
 """
@@ -30,9 +31,10 @@ from ..errors import MlxspecError
 
 TOP_K = 32
 SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
-HELD_OUT_EVERY = 16  # example k is held out when k % 16 == 0
+HELD_OUT_EVERY = 16  # about one example in 16 held out (is_held_out)
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
+CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
 FLOAT16_LIMIT = 6e4
 STEP_SECONDS = 1.0  # the work between two looks at the clock (and chances for Ctrl-C), about
 PREFILL_BATCH = 4  # prompts a step of answer generation reads at once
@@ -190,22 +192,37 @@ def _chunks(ids: list[int]) -> list[list[int]]:
     return [ids[i : i + TEXT_CHUNK] for i in range(0, len(ids), TEXT_CHUNK) if len(ids) - i >= 16]
 
 
-def conversation_sequences(tokenizer, conversations: list, *, tokens: int, raw: bool, reading=None) -> list[list[int]]:
+def is_held_out(item, index: int) -> bool:
+    """Whether the example made from `item`, the `index`-th of its source, is held out from
+    training: a conversation, or a prompt cut from one, by its own text
+    (conversations.is_held_out: the same split for every run over a corpus); a prompt's
+    text or a --text chunk when index % HELD_OUT_EVERY == 0."""
+    from .conversations import is_held_out as conversation_held_out
+
+    return conversation_held_out(item) if isinstance(item, list) else index % HELD_OUT_EVERY == 0
+
+
+def conversation_sequences(
+    tokenizer, conversations: list, *, tokens: int, raw: bool, reading=None
+) -> tuple[list[list[int]], list[bool]]:
     """Whole conversations as the target reads them (its chat template), in order until
-    `tokens` ids, cut into chunks of TEXT_CHUNK as text is; a conversation the template
-    refuses is left out. `reading("reading the corpus", ids, tokens)` as it goes."""
-    chunks, total = [], 0
+    `tokens` ids, cut into chunks of TEXT_CHUNK as text is, and whether each chunk's
+    conversation is held out; a conversation the template refuses is left out.
+    `reading("reading the corpus", ids, tokens)` as it goes."""
+    chunks, held, total = [], [], 0
     for conversation in conversations:
         if total >= tokens:
             break
         ids = encode_conversation(tokenizer, conversation, raw=raw, generation_prompt=False)[: tokens - total]
         total += len(ids)
-        chunks += _chunks(ids)
+        cut = _chunks(ids)
+        chunks += cut
+        held += [is_held_out(conversation, 0)] * len(cut)
         if reading:
             reading("reading the corpus", total, tokens)
     if reading:
         reading("reading the corpus", tokens, tokens)
-    return chunks
+    return chunks, held
 
 
 def encode_conversation(tokenizer, messages: list[dict], *, raw: bool, generation_prompt: bool) -> list[int]:
@@ -297,6 +314,7 @@ def save_shard(path: Path, examples: list[Example]) -> None:
 
 
 SHARD_PATTERN = "shard-[0-9][0-9][0-9][0-9].npz"
+PARTIAL_PATTERN = "shard-[0-9][0-9][0-9][0-9].partial.npz"  # save_shard's, before its rename
 _SHARD_KINDS = {  # key: (dimensions, the kind of its values)
     "ids": (1, np.integer),
     "lengths": (1, np.integer),
@@ -394,6 +412,7 @@ def read_progress(folder: Path) -> dict:
     took, shards written), checked: whole counts and finite seconds, at least 0, and as many
     shards as the folder holds; a fresh record when there is none yet."""
     record = {"prompts_done": 0, "text_done": 0, "answer_seconds": 0.0, "text_seconds": 0.0, "shards": 0}
+    record["full"] = False  # a shard was refused for --max-disk: the run makes no more data
     file = Path(folder) / PROGRESS_FILE
     if file.is_file():
         try:
@@ -409,13 +428,42 @@ def read_progress(folder: Path) -> dict:
     for key in _PROGRESS_SECONDS:
         if not is_number(record[key]) or not math.isfinite(record[key]) or record[key] < 0:
             raise TrainingError(f"{file}: {key} is {record[key]!r}, not a number of seconds >= 0")
+    if not isinstance(record["full"], bool):
+        raise TrainingError(f"{file}: full is {record['full']!r}, not true or false")
     written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
-    if written and record["shards"] <= max(written):
+    if written and record["shards"] == max(written):
+        raise UnrecordedShard(Path(folder) / f"shard-{record['shards']:04d}.npz")
+    if written and record["shards"] < max(written):
         raise TrainingError(
             f"{file} says {record['shards']} shards were written, the folder holds shard-{max(written):04d}: "
             "the record does not belong to these shards"
         )
     return record
+
+
+class UnrecordedShard(TrainingError):
+    """The next shard is on disk but progress.json does not count it: the run was stopped
+    between the shard's rename and its record's (clear_unrecorded)."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} was written but not recorded")
+        self.path = path
+
+
+def clear_unrecorded(folder: Path, *, note=None) -> None:
+    """What a run killed mid-write leaves in its data folder, cleared before anything reads
+    it: a shard cut short in writing (its .partial.npz), and a shard written whole whose
+    record was not (killed between the two renames), which is removed and made again (a
+    run's data is the same however often it is stopped: the prompts, their seeds and the
+    text chunks of a shard are fixed by the record)."""
+    for partial in Path(folder).glob(PARTIAL_PATTERN):
+        partial.unlink(missing_ok=True)
+    try:
+        read_progress(folder)
+    except UnrecordedShard as e:
+        e.path.unlink()
+        if note:
+            note(f"{e.path.name} was written but not recorded (the run was stopped between the two): made again")
 
 
 def is_whole(value) -> bool:
@@ -474,6 +522,8 @@ def build_data(
                         f"the data holds {_size(used)} and the next shard ({_size(size)}) would pass "
                         f"--max-disk {_size(plan.max_disk)}: no more data is written"
                     )
+                record["full"] = True  # a resumed run does not make the shard again to refuse it
+                _write_json(folder / PROGRESS_FILE, record)
                 return False
             path = folder / f"shard-{record['shards']:04d}.npz"
             save_shard(path, examples)
@@ -484,6 +534,11 @@ def build_data(
         _write_json(folder / PROGRESS_FILE, record)
         return True
 
+    if record["full"]:
+        if note:
+            bound = _size(plan.max_disk or 0)
+            note(f"the data holds {_size(used)}, stopped at --max-disk {bound}: no more data is written")
+        return record, made
     pace = Pace()  # shared: the answers' prefill teaches the text's
     if _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace):
         _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace, reading=reading)
@@ -530,7 +585,7 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
         made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         prefill_share = min(4.0, max(0.05, (time.perf_counter() - generated) / max(generated - started, 1e-3)))
         examples = [
-            Example(np.array(s, dtype=np.int32), *m, len(group[i]) - 1, (first + i) % HELD_OUT_EVERY == 0, g)
+            _answer_example(s, m, len(group[i]) - 1, held_out=is_held_out(plan.prompts[first + i], first + i), greedy=g)
             for s, m, (i, _, g) in zip(sequences, made, answered)
             if m is not None
         ]
@@ -541,6 +596,18 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
     return True
 
 
+def _answer_example(sequence: list[int], made: tuple, train_from: int, *, held_out: bool, greedy: bool) -> Example:
+    """An answer's example, its prompt cut to the last CONTEXT rows before its first target:
+    training reads no earlier row (trainer.window), and a conversation's prompt of up to
+    MAX_PROMPT ids would otherwise take most of the disk and memory its answer needs. Copies,
+    so that the prefill's batch arrays are freed."""
+    cut = max(0, train_from - CONTEXT)
+    features, top_ids, top_probs = (a[cut:].copy() for a in made)
+    return Example(
+        np.array(sequence[cut:], dtype=np.int32), features, top_ids, top_probs, train_from - cut, held_out, greedy
+    )
+
+
 def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace, reading) -> None:
     """Fixed text read by the target (the --text files', then the corpus's conversations),
     TEXT_GROUP chunks a shard, until it or its time runs out."""
@@ -548,16 +615,18 @@ def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report
     if not (plan.text_files or plan.conversations) or time.perf_counter() >= phase_end:
         return
     texts = text_sequences(tokenizer, plan.text_files)
+    held = [k % HELD_OUT_EVERY == 0 for k in range(len(texts))]
     if plan.conversations:
-        texts += conversation_sequences(
+        chunks, flags = conversation_sequences(
             tokenizer, plan.conversations, tokens=plan.corpus_tokens, raw=plan.raw, reading=reading
         )
+        texts, held = texts + chunks, held + flags
     while record["text_done"] < len(texts) and (started := time.perf_counter()) < phase_end:
         first = record["text_done"]
         group = texts[first : first + TEXT_GROUP]
         made = prefill(model, taps, group, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
         examples = [
-            Example(np.array(s, dtype=np.int32), *m, 0, (first + i) % HELD_OUT_EVERY == 0, False)
+            Example(np.array(s, dtype=np.int32), *m, 0, held[first + i], False)
             for i, (s, m) in enumerate(zip(group, made))
             if m is not None
         ]

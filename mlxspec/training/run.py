@@ -24,6 +24,7 @@ from .data import (
     build_data,
     check_text_files,
     choose_vocabulary,
+    clear_unrecorded,
     is_number,
     is_whole,
     load_shards,
@@ -315,6 +316,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     from ..decoding.capture import install, num_layers
 
     began = time.perf_counter()
+    clear_unrecorded(out / "data", note=progress.note)  # what a run killed mid-write left
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
     check_inputs(settings)  # the command has read them already (a corpus is read once a process)
     progress.status(f"loading {settings.target}")
@@ -508,6 +510,11 @@ def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux
         else "the bundled prompt set"
     )
     text = ", ".join(settings.text_files + [f"--corpus {settings.corpus}"] * bool(settings.corpus)) or "none"
+    held_rule = "every 16th example" + (
+        " (of the corpus: whole conversations, those whose first user turn's sha256 is 0 mod 16)"
+        if settings.corpus
+        else ""
+    )
     return f"""# EAGLE-3 draft head for {Path(settings.target).name}
 
 Trained on this machine by `mlxspec train-draft` (one decoder layer over the target's
@@ -522,7 +529,7 @@ test unrolled {settings.steps} steps). Load it with `--draft DIR` beside its tar
   (70% greedy, 30% sampled at temperature 0.7, at most {settings.max_tokens} tokens each).
 - Fixed text read by teacher-forced prefill: {facts["text_tokens"]} tokens ({text}).
 - Features and the target's top-32 distributions from a teacher-forced prefill of each
-  sequence; every 16th example held out ({facts["held_out_examples"]} examples).
+  sequence; {held_rule} held out ({facts["held_out_examples"]} examples).
 - Data took {facts["data_seconds"] / 60:.1f} min; training {facts["train_seconds"] / 60:.1f} min
   ({facts["steps_taken"]} steps, {facts["trained_positions"]} trained positions summed over
   steps, {facts["epochs"]:.1f} epochs).

@@ -34,9 +34,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..decoding.capture import model_family
 from ..drafters.eagle3_head import Eagle3Head, config_from_target, load_head, save_head, target_embedding
 from ..models.gguf.record import sha256
-from .data import Example, TrainingError, _write_json, is_number, is_whole
+from .data import CONTEXT, Example, TrainingError, _write_json, is_number, is_whole
 
-CONTEXT = 64  # prompt rows kept before an answer's first target
 MAX_WINDOW = 448
 BATCH_ROWS = 2048
 MIN_MASS = 0.1

@@ -192,21 +192,36 @@ def _corpus(path: Path, count: int = 24) -> Path:
     return path
 
 
+def _corpus_run(target: Path, tmp_path: Path, count: int, *options):
+    """A finished run over `count` conversations (_corpus): the corpus, the run's folder and
+    what the command printed."""
+    corpus, out = _corpus(tmp_path / "corpus.json", count), tmp_path / "run"
+    done = _train("--target", target, "--out", out, "--corpus", corpus, "--draft-vocab", 64, *options)
+    assert done.returncode == 0, done.stderr
+    return corpus, out, done
+
+
+def _asked(example, prompts: list[list[int]]) -> list[int] | None:
+    """The one prompt an answer's example ends (it keeps the prompt's last rows only), or None."""
+    from mlxspec.training.data import CONTEXT
+
+    kept = example.ids[: example.train_from + 1].tolist()
+    ends = [p for p in prompts if p[-len(kept) :] == kept and len(kept) == min(len(p), CONTEXT + 1)]
+    return ends[0] if len({tuple(p) for p in ends}) == 1 else None
+
+
 def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
     """A few seconds of a real run: the shards hold the conversations as the target's chat
     template renders them (read teacher-forced from position 0) and answers to their user
     turns, each prompt the template's rendering of a user turn and the turns before it."""
     import mlx_lm
 
-    from mlxspec.training.data import TEXT_CHUNK, encode_conversation, load_shards
+    from mlxspec.training.data import CONTEXT, TEXT_CHUNK, encode_conversation, load_shards
 
-    corpus = _corpus(tmp_path / "corpus.json")
-    out = tmp_path / "run"
-    done = _train(
-        "--target", target, "--out", out, "--corpus", corpus, "--tokens", 3000, "--answer-minutes", 0.03,
-        "--text-minutes", 0.05, "--corpus-tokens", 4000, "--max-tokens", 16, "--batch", 8, "--draft-vocab", 64,
+    corpus, out, done = _corpus_run(
+        target, tmp_path, 24, "--tokens", 3000, "--answer-minutes", 0.03, "--text-minutes", 0.05,
+        "--corpus-tokens", 4000, "--max-tokens", 16, "--batch", 8,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
     assert "23 conversations read, the cut last one dropped, 23 kept" in done.stderr
     settings = json.loads((out / "run.json").read_text())
     assert settings["corpus"] == str(corpus) and settings["corpus_tokens"] == 4000
@@ -227,16 +242,16 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
         if c[k]["role"] == "user"
     ]
     answers = [e for e in examples if e.train_from > 0]
-    assert answers and all(e.ids[: e.train_from + 1].tolist() in prompts for e in answers)
-    asked = {tuple(e.ids[: e.train_from + 1].tolist()) for e in answers}
-    assert any(len(p) > len(prompts[0]) + 20 for p in asked)  # later turns, their context before them
+    asked = [_asked(e, prompts) for e in answers]
+    assert answers and all(asked)  # each the end of a prompt, no more than CONTEXT rows of it kept
+    assert any(len(p) > CONTEXT + 1 for p in asked)  # later turns, their context before them
     assert "--corpus" in (out / "README.md").read_text()
 
 
 def test_the_data_stays_within_max_disk(target, tmp_path):
     """Three shards of the corpus's text (4.7 MB each: 32 chunks of some 255 positions) and
     --max-disk 10 MB: two are written, the run says in a line why no more, and trains on them; --resume
-    keeps to the same corpus and bound."""
+    keeps to the same corpus and bound, and knows it was reached without asking the target again."""
     corpus = _corpus(tmp_path / "corpus.json", 97)
     out = tmp_path / "run"
     limit = 10_000_000
@@ -253,10 +268,15 @@ def test_the_data_stays_within_max_disk(target, tmp_path):
     # --resume reads the corpus and the bound from run.json: the third shard is refused again
     for name in ("config.json", "model.safetensors", "README.md"):
         (out / name).unlink()
+    record = json.loads((out / "data" / "progress.json").read_text())
+    assert record["full"] is True
     resumed = _train("--target", target, "--out", out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert "--max-disk 9.5 MiB: no more data is written" in resumed.stderr
+    said = [line for line in resumed.stderr.splitlines() if "--max-disk" in line]
+    # said without reading the corpus and making the third shard again only to refuse it
+    assert len(said) == 1 and said[0].endswith(", stopped at --max-disk 9.5 MiB: no more data is written"), said
     assert len(list((out / "data").glob("shard-*.npz"))) == 2
+    assert json.loads((out / "data" / "progress.json").read_text()) == record
 
 
 def test_a_long_prompt_loses_its_earliest_exchanges_until_it_fits(target):
@@ -285,3 +305,45 @@ def test_a_long_prompt_loses_its_earliest_exchanges_until_it_fits(target):
     assert encode_prompts(tokenizer, [prompt], limit=len(whole)) == [whole]
     alone = encode_prompts(tokenizer, [prompt], limit=3)[0]
     assert alone == encode_conversation(tokenizer, fits[-1], raw=False, generation_prompt=True) and len(alone) > 3
+
+
+def test_held_out_conversations_are_never_trained_on(target, tmp_path):
+    """Issue 41, item 3: a conversation is held out by a rule on its own text (the sha256 of
+    its first user turn, 0 modulo 16): its text and the answers to each of its user turns
+    are all held-out examples, every other conversation's are all trained on, and
+    held_out_prompts lists exactly its prompts for a later measurement."""
+    import hashlib
+
+    import mlx_lm
+
+    from mlxspec.training.conversations import held_out_prompts
+    from mlxspec.training.data import encode_conversation, load_shards
+
+    corpus, out, _ = _corpus_run(
+        target, tmp_path, 50, "--tokens", 500, "--answer-minutes", 2, "--text-minutes", 2,
+        "--corpus-tokens", 100000, "--max-tokens", 8, "--batch", 16,
+    )  # fmt: skip
+    read = read_corpus(corpus)
+    rule = [int(hashlib.sha256(c[0]["content"].encode()).hexdigest(), 16) % 16 == 0 for c in read.conversations]
+    assert 0 < sum(rule) < len(rule)  # two of the 49 here: 39 and 46
+
+    _, tokenizer = mlx_lm.load(str(target))
+    whole = [tuple(encode_conversation(tokenizer, c, raw=False, generation_prompt=False)) for c in read.conversations]
+    prompts = {
+        tuple(encode_conversation(tokenizer, c[: k + 1], raw=False, generation_prompt=True)): n
+        for n, c in enumerate(read.conversations)
+        for k in range(len(c))
+        if c[k]["role"] == "user"
+    }
+    examples = load_shards(out / "data")
+    seen = {"text": set(), "answers": set()}
+    for e in examples:
+        if e.train_from == 0:  # a conversation read teacher-forced (each fits one chunk here)
+            source, n = "text", whole.index(tuple(e.ids.tolist()))
+        else:
+            source, n = "answers", prompts[tuple(_asked(e, [list(p) for p in prompts]))]
+        assert e.held_out == rule[n], (source, n)
+        seen[source].add(n)
+    held = {n for n, r in enumerate(rule) if r}
+    assert held <= seen["text"] and held & seen["answers"]  # both kinds of example held out
+    assert held_out_prompts(read) == [c[: k + 1] for n in sorted(held) for c in [read.conversations[n]] for k in (0, 2)]
