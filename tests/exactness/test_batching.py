@@ -317,3 +317,21 @@ def _generation(pair, lanes: Lanes, prompt, options, answers: dict | None = None
             answers[tuple(prompt)] = result.tokens
 
     return run
+
+
+def test_a_batchs_columns_stay_bounded_by_its_longest_lane(load_pair, monkeypatch):
+    """Holes (rejected drafts, trees' other branches, padding) are dropped as they outgrow
+    the live columns: before every forward the cache holds at most twice the longest lane's
+    columns and the slack, whatever was rejected on the way."""
+    pair = load_pair("llama")
+    together, seen = PackedCache._together, []
+
+    def measured(self, reads):
+        longest = max(lane.length for lane in self.lanes)
+        seen.append((self.columns, longest))
+        assert self.columns <= 2 * longest + packed.COMPACT_SLACK + packed.CHUNK, (self.columns, longest)
+        return together(self, reads)
+
+    monkeypatch.setattr(PackedCache, "_together", measured)
+    generate_many(pair, PROMPTS, max_tokens=64, gamma=4, tree=8, temp=1.0, seed=1)
+    assert any(later < earlier for (earlier, _), (later, _) in zip(seen, seen[1:]))  # it compacted

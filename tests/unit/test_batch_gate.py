@@ -56,12 +56,18 @@ def test_the_faster_regime_runs_and_the_other_is_tried_again():
     assert len(tries) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0], regimes
 
 
-def test_a_regime_that_wins_its_try_runs_and_the_wait_starts_over():
+def measured(*, drafting: float, plain: float) -> tuple[BatchGate, Clock]:
+    """A gate over two lanes that has measured a window of each regime (seconds for it)."""
     clock = Clock()
     gate = BatchGate(clock)
     gate.join(), gate.join()
-    window(gate, clock, seconds=2.0)  # drafting: 12 tok/s
-    window(gate, clock, seconds=1.0)  # plain: 24 tok/s
+    window(gate, clock, seconds=drafting)
+    window(gate, clock, seconds=plain)
+    return gate, clock
+
+
+def test_a_regime_that_wins_its_try_runs_and_the_wait_starts_over():
+    gate, clock = measured(drafting=2.0, plain=1.0)  # 12 tok/s against 24
     while gate.regime == PLAIN:
         window(gate, clock, seconds=1.0)
     window(gate, clock, seconds=0.25)  # the try: drafting now 96 tok/s, its rate 54 smoothed
@@ -69,11 +75,7 @@ def test_a_regime_that_wins_its_try_runs_and_the_wait_starts_over():
 
 
 def test_drafting_wins_when_it_is_faster_and_sizes_are_kept_apart():
-    clock = Clock()
-    gate = BatchGate(clock)
-    gate.join(), gate.join()
-    window(gate, clock, seconds=1.0)  # drafting: 24 tok/s
-    window(gate, clock, seconds=2.0)  # plain: 12 tok/s
+    gate, clock = measured(drafting=1.0, plain=2.0)  # 24 tok/s against 12
     assert gate.drafting()
     gate.join()  # three: a size not measured yet, and a fresh window
     assert gate.live == 3 and (3, DRAFT) not in gate.rates
