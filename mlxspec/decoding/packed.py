@@ -303,7 +303,19 @@ class PackedCache:
         free = len(self.rows) - len(lanes)
         if not lanes or (self.columns <= 2 * longest + COMPACT_SLACK and not free):
             return
-        width = max(longest, 1)
+        if not longest:  # nothing live (lanes joined, none has read yet): free rows go, the rest is empty
+            for layer in self.layers:
+                layer.keys = layer.values = None
+                layer.offset = 0
+            self._commit(
+                [],
+                width=0,
+                live=np.zeros((len(lanes), 0), bool),
+                positions=np.zeros((len(lanes), 0), np.int64),
+                lanes=lanes,
+            )
+            return
+        width = longest
         index = np.zeros((len(lanes), width), dtype=np.int64)
         for i, lane in enumerate(lanes):
             index[i, : lane.length] = lane.columns
