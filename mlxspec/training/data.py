@@ -28,10 +28,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import MlxspecError
+from .split import HELD_OUT_EVERY, conversation_is_held_out
 
 TOP_K = 32
 SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
-HELD_OUT_EVERY = 16  # about one example in 16 held out (is_held_out)
 TEXT_CHUNK = 384  # tokens per fixed-text example
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
 CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
@@ -195,11 +195,9 @@ def _chunks(ids: list[int]) -> list[list[int]]:
 def is_held_out(item, index: int) -> bool:
     """Whether the example made from `item`, the `index`-th of its source, is held out from
     training: a conversation, or a prompt cut from one, by its own text
-    (conversations.is_held_out: the same split for every run over a corpus); a prompt's
+    (split.py: the same split for every run over a corpus); a prompt's
     text or a --text chunk when index % HELD_OUT_EVERY == 0."""
-    from .conversations import is_held_out as conversation_held_out
-
-    return conversation_held_out(item) if isinstance(item, list) else index % HELD_OUT_EVERY == 0
+    return conversation_is_held_out(item) if isinstance(item, list) else index % HELD_OUT_EVERY == 0
 
 
 def conversation_sequences(
