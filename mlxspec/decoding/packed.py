@@ -104,12 +104,11 @@ class PackedCache:
     def _empty(self) -> None:
         self.layers = [mlx_cache.KVCache() for _ in self.windows]  # (rows, heads, columns, dim)
         self.rows: list[Lane | None] = []  # each row's lane (None: free)
-        self.live = np.zeros((0, 0), dtype=bool)  # (rows, columns): the row's lane holds it
         self.positions = np.zeros((0, 0), dtype=np.int64)  # (rows, columns): its position there
 
     @property
     def columns(self) -> int:
-        return self.live.shape[1]
+        return self.positions.shape[1]
 
     @property
     def lanes(self) -> list[Lane]:
@@ -123,7 +122,6 @@ class PackedCache:
             self._grow_rows()
         lane = Lane(self, free)
         self.rows[free] = lane
-        self.live[free] = False
         return lane
 
     def release(self, lane: Lane) -> None:
@@ -138,13 +136,11 @@ class PackedCache:
         for layer, (keys, values) in zip(self.layers, grown):
             layer.keys, layer.values = keys, values
         self.rows.append(None)
-        self.live = np.concatenate([self.live, np.zeros((1, self.columns), dtype=bool)])
         self.positions = np.concatenate([self.positions, np.zeros((1, self.columns), dtype=np.int64)])
 
     def _grow_columns(self, count: int) -> None:
         """`count` more columns, holes in every row (the layers write theirs in the forward)."""
         rows = len(self.rows)
-        self.live = np.concatenate([self.live, np.zeros((rows, count), dtype=bool)], axis=1)
         self.positions = np.concatenate([self.positions, np.zeros((rows, count), dtype=np.int64)], axis=1)
 
     # --- one forward for many lanes ------------------------------------------------------
@@ -181,30 +177,41 @@ class PackedCache:
             masks={w: mx.array(self._mask(blocks, width, w)[self._mask_axes]) for w in set(self.windows)},
             windows={id(layer): window for layer, window in zip(self.layers, self.windows)},
         )
-        slot = tree_attention.install(self.model)
-        slot.layout = layout
         try:
-            logits = self.model(mx.stack(ids), cache=self.layers)
-            hidden = self.taps.take() if self.taps is not None else None
+            logits, hidden = self._run(mx.stack(ids), self.layers, layout)
         except BaseException:
             for layer in self.layers:  # a layer may have taken the block: none keeps it
                 layer.offset = min(layer.offset, before)
-            if self.taps is not None:
-                self.taps.seen.clear()
             raise
-        finally:
-            slot.layout = None
         self._grow_columns(width)
         results = []
         for read in reads:
             row = read.lane.row
             n = len(blocks[row][1].positions)
-            self.live[row, before : before + n] = True
-            self.positions[row, before : before + n] = positions[row, :n]
-            read.lane.columns.extend(range(before, before + n))
-            read.lane.length += n
+            self._extend(read.lane, before, positions[row, :n])
             results.append((logits[row, :n], None if hidden is None else hidden[row, :n]))
         return results
+
+    def _run(self, ids: mx.array, cache: list, layout: _PackedLayout) -> tuple[mx.array, mx.array | None]:
+        """The model over `ids` (rows, n) and `cache` as `layout` lays them out: (logits, the
+        tapped hidden states or None)."""
+        slot = tree_attention.install(self.model)
+        slot.layout = layout
+        try:
+            logits = self.model(ids, cache=cache)
+            return logits, self.taps.take() if self.taps is not None else None
+        except BaseException:
+            if self.taps is not None:
+                self.taps.seen.clear()
+            raise
+        finally:
+            slot.layout = None
+
+    def _extend(self, lane: Lane, before: int, positions: np.ndarray) -> None:
+        """The lane holds the columns from `before` on, one per position."""
+        self.positions[lane.row, before : before + len(positions)] = positions
+        lane.columns.extend(range(before, before + len(positions)))
+        lane.length += len(positions)
 
     def _mask(self, blocks: dict, width: int, window: int | None) -> np.ndarray:
         """(rows, width, columns + width) bool: a block's row i sees what `_sees` says;
@@ -256,17 +263,8 @@ class PackedCache:
             masks={w: mx.array(self._sees(lane, block, w)[1]) for w in set(self.windows)},
             windows={id(copy): window for copy, window in zip(aside, self.windows)},
         )
-        slot = tree_attention.install(self.model)
-        slot.layout = layout
-        try:
-            logits = self.model(read.ids.astype(mx.uint32)[None], cache=aside)[0]
-            hidden = self.taps.take()[0] if self.taps is not None else None
-        except BaseException:
-            if self.taps is not None:
-                self.taps.seen.clear()
-            raise
-        finally:
-            slot.layout = None
+        logits, hidden = self._run(read.ids.astype(mx.uint32)[None], aside, layout)
+        logits, hidden = logits[0], None if hidden is None else hidden[0]
         before, rows = self.columns, len(self.rows)
         fresh = [
             (
@@ -283,18 +281,12 @@ class PackedCache:
         except BaseException:
             for layer in self.layers:  # a layer may have taken the columns: none keeps them
                 layer.offset = min(layer.offset, before)
-            self.live, self.positions = self.live[:, :before], self.positions[:, :before]
+            self.positions = self.positions[:, :before]
             raise
-        self.live[row, before : before + n] = True
-        self.positions[row, before : before + n] = block.positions
-        lane.columns.extend(range(before, before + n))
-        lane.length += n
+        self._extend(lane, before, block.positions)
         return logits, hidden
 
-    # --- holes -------------------------------------------------------------------------
-    def forget(self, lane: Lane, columns: list[int]) -> None:
-        self.live[lane.row, columns] = False
-
+    # --- holes (a lane's forgotten columns: in no lane's `columns`, so no mask shows them) --
     def _compact_if_worth_it(self) -> None:
         """Gather every lane's columns to the front of its row and drop free rows, when holes
         outgrow the live columns (or a row is free)."""
@@ -307,13 +299,7 @@ class PackedCache:
             for layer in self.layers:
                 layer.keys = layer.values = None
                 layer.offset = 0
-            self._commit(
-                [],
-                width=0,
-                live=np.zeros((len(lanes), 0), bool),
-                positions=np.zeros((len(lanes), 0), np.int64),
-                lanes=lanes,
-            )
+            self._commit([], width=0, positions=np.zeros((len(lanes), 0), np.int64), lanes=lanes)
             return
         width = longest
         index = np.zeros((len(lanes), width), dtype=np.int64)
@@ -335,13 +321,13 @@ class PackedCache:
             mx.eval(buffers)
         live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
         positions = np.where(live, np.take_along_axis(self.positions[rows], index, axis=1), 0)
-        self._commit(buffers, width=width, live=live, positions=positions, lanes=lanes)
+        self._commit(buffers, width=width, positions=positions, lanes=lanes)
 
-    def _commit(self, buffers: list, *, width: int, live: np.ndarray, positions: np.ndarray, lanes: list) -> None:
+    def _commit(self, buffers: list, *, width: int, positions: np.ndarray, lanes: list) -> None:
         """The compacted cache in place of the old: plain assignments only."""
         for layer, (keys, values) in zip(self.layers, buffers):
             layer.keys, layer.values, layer.offset = keys, values, width
-        self.live, self.positions, self.rows = live, positions, list(lanes)
+        self.positions, self.rows = positions, list(lanes)
         for i, lane in enumerate(lanes):
             lane.row, lane.columns = i, list(range(lane.length))
 
@@ -372,7 +358,6 @@ class PackedCache:
             layer.keys[row : row + 1, :, :length, :] = keys
             layer.values[row : row + 1, :, :length, :] = values
             layer.offset = self.columns
-        self.live[row, :length] = True
         self.positions[row, :length] = np.arange(length)
         lane.columns = list(range(length))
         lane.length = length
@@ -459,7 +444,6 @@ class Lane:
     def trim_to(self, length: int) -> bool:
         if not 0 <= length <= self.length:
             raise CacheRollbackError(f"cannot trim {self.length} tokens to {length}")
-        self.packed.forget(self, self.columns[length:])
         del self.columns[length:]
         self.length = length
         return True
@@ -481,8 +465,6 @@ class Lane:
         if list(kept) != sorted(set(kept)) or (kept and not 0 <= kept[0] <= kept[-1] < count):
             raise CacheRollbackError(f"rows {kept} are not increasing rows of a {count}-row block")
         block = self.columns[len(self.columns) - count :]
-        keep = set(kept)
-        self.packed.forget(self, [column for i, column in enumerate(block) if i not in keep])
         self.columns[len(self.columns) - count :] = [block[i] for i in kept]
         self.length = len(self.columns)
 
