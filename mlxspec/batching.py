@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
-from .decoding import packed
+from .decoding import capture, packed
 from .decoding.batch import Batch, Finished
 from .decoding.caches import CacheOptions
 from .drafters.model import ModelDrafter
@@ -74,7 +74,9 @@ class Lanes:
         self.pair = pair
         self.batch = batch
         target = pair.target.model
-        self.target = packed.PackedCache(target, name=pair.target.name, batch=batch, taps=_taps(target), order=1)
+        self.target = packed.PackedCache(
+            target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1
+        )
         draft = pair.draft.model if pair.draft is not None else None
         self.draft = None
         if (
@@ -165,9 +167,3 @@ def generate_many(
 
     batch.run(admit, done=done)
     return results
-
-
-def _taps(model):
-    from .decoding import capture
-
-    return capture.taps_of(model)
