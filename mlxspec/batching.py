@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from .decoding import capture, packed
 from .decoding.batch import Batch, Finished
 from .decoding.caches import CacheOptions
+from .drafters.eagle3 import Eagle3Drafter, PackedHead
 from .drafters.model import ModelDrafter
 from .drafting import Controller, ControllerConfig
 from .generation import GenerationResult, Session, generate
@@ -67,8 +68,8 @@ def kv_bytes_per_token(model) -> int:
 
 
 class Lanes:
-    """The pair's packed caches for one batch: the target's, and a draft model's where it has
-    one that packs (a head reads the target's features and drafts per lane)."""
+    """The pair's packed caches for one batch: the target's, and the drafter's where it has a
+    model that packs (a draft model, an EAGLE-3 or MTP head)."""
 
     def __init__(self, pair: Pair, batch: Batch):
         self.pair = pair
@@ -78,20 +79,17 @@ class Lanes:
             target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1
         )
         draft = pair.draft.model if pair.draft is not None else None
+        if draft is not None and pair.kind is not None and pair.kind.reads_features:
+            draft = PackedHead(draft)  # a head: the layout handed to its one attention layer
         self.draft = None
-        if (
-            draft is not None
-            and pair.kind is not None
-            and not pair.kind.reads_features
-            and packed.why_not(draft) is None
-        ):
+        if draft is not None and pair.kind is not None and packed.why_not(draft) is None:
             self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0)
 
     @contextmanager
     def joined(self, session: Session):
         """While inside, the session's cursors are lanes of the batch."""
         cursors = [(session.target, self.target)]
-        if self.draft is not None and isinstance(session.draft, ModelDrafter):
+        if self.draft is not None and isinstance(session.draft, (ModelDrafter, Eagle3Drafter)):  # MTP's too
             cursors.append((session.draft, self.draft))
         joined = []
         try:
@@ -123,8 +121,8 @@ def generate_many(
     batch: Batch | None = None,
     **overrides,
 ) -> list[GenerationResult]:
-    """Generate for every prompt, `max_batch` at a time (default: all), the target's (and a
-    draft model's) forwards shared: each result is what `generate` gives that prompt alone
+    """Generate for every prompt, `max_batch` at a time (default: all), the target's (and the
+    drafter's) forwards shared: each result is what `generate` gives that prompt alone
     (greedy ids identical; sampled ones from their own seed's keys). `options`: one for all,
     or one per prompt; keywords as for `generate`; `batch`: one to run them in (its counts
     of forwards and rows read stay on it). Where the pair cannot batch (`why_not`),

@@ -18,7 +18,7 @@ host code.
 from __future__ import annotations
 
 import contextlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +43,8 @@ class Batch:
         self._hub: greenlet | None = None
         self.forwards = 0  # batched forwards run, for the figures
         self.rows = 0  # reads they served
+        self.forwards_of: Counter[str] = Counter()  # per packed cache (its name): forwards
+        self.rows_of: Counter[str] = Counter()  # and reads served
 
     def read(self, read: Read) -> tuple[mx.array, mx.array | None]:
         """From a task: its read, once forwarded with the others' (alone outside a run)."""
@@ -109,6 +111,8 @@ class Batch:
             return [(runner, _Raise(e)) for runner, _ in entries]
         self.forwards += 1
         self.rows += len(entries)
+        self.forwards_of[packed.name] += 1
+        self.rows_of[packed.name] += len(entries)
         return [(runner, result) for (runner, _), result in zip(entries, results)]
 
 

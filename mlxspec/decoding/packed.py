@@ -61,6 +61,8 @@ def windows_of(model) -> list[int | None]:
 def why_not(model) -> str | None:
     """None when `model` can read a packed batch; else why not (the family's attention, a
     recurrent layer)."""
+    if getattr(model, "reads_layout", False):  # a draft head that reads the layout itself
+        return model.why_not()
     reason = tree_attention.why_not_family(model)
     if reason is not None:
         return reason
@@ -74,11 +76,13 @@ def why_not(model) -> str | None:
 @dataclass
 class Read:
     """A lane's block for the next forward: `ids` (n,), laid out as `layout` says (None: a chain
-    after the lane's columns)."""
+    after the lane's columns); `beside` (n, width): what a draft head reads beside each id
+    (its hidden state), None for a model that reads ids alone."""
 
     lane: Lane
     ids: mx.array
     layout: tree_attention.TreeLayout | None
+    beside: mx.array | None = None
 
 
 class PackedCache:
@@ -98,7 +102,10 @@ class PackedCache:
         # the mask's axes before (rows, columns): one for the heads where attention is
         # mlx-lm's; gemma2 computes its own over (batch, kv heads, repeats, rows, columns)
         self._mask_axes = (slice(None), None, None) if capture.model_family(model) == "gemma2" else (slice(None), None)
-        tree_attention.install(model)
+        # a draft head (`reads_layout`) is handed the layout; a target's attention finds it
+        self._reads_layout = getattr(model, "reads_layout", False)
+        if not self._reads_layout:
+            tree_attention.install(model)
         self._empty()
 
     def _empty(self) -> None:
@@ -167,18 +174,22 @@ class PackedCache:
             if row in blocks:
                 read, block = blocks[row]
                 n = len(block.positions)
-                ids.append(mx.concatenate([read.ids.astype(mx.uint32), mx.zeros((width - n,), dtype=mx.uint32)]))
+                ids.append(_padded(read.ids.astype(mx.uint32), width))
                 positions[row, :n] = block.positions
                 positions[row, n:] = block.positions[-1]
             else:
                 ids.append(mx.zeros((width,), dtype=mx.uint32))
+        beside = None
+        if reads[0].beside is not None:  # a head's: each id's hidden state, zeros beside padding
+            blank = mx.zeros((width, reads[0].beside.shape[-1]), dtype=reads[0].beside.dtype)
+            beside = mx.stack([_padded(blocks[row][0].beside, width) if row in blocks else blank for row in range(rows)])
         layout = _PackedLayout(
             positions=positions.reshape(-1),
             masks={w: mx.array(self._mask(blocks, width, w)[self._mask_axes]) for w in set(self.windows)},
             windows={id(layer): window for layer, window in zip(self.layers, self.windows)},
         )
         try:
-            logits, hidden = self._run(mx.stack(ids), self.layers, layout)
+            logits, hidden = self._run(mx.stack(ids), self.layers, layout, beside=beside)
         except BaseException:
             for layer in self.layers:  # a layer may have taken the block: none keeps it
                 layer.offset = min(layer.offset, before)
@@ -192,9 +203,13 @@ class PackedCache:
             results.append((logits[row, :n], None if hidden is None else hidden[row, :n]))
         return results
 
-    def _run(self, ids: mx.array, cache: list, layout: _PackedLayout) -> tuple[mx.array, mx.array | None]:
+    def _run(
+        self, ids: mx.array, cache: list, layout: _PackedLayout, *, beside: mx.array | None = None
+    ) -> tuple[mx.array, mx.array | None]:
         """The model over `ids` (rows, n) and `cache` as `layout` lays them out: (logits, the
-        tapped hidden states or None)."""
+        tapped hidden states or None); a head's: (logits, its output) from ids beside `beside`."""
+        if self._reads_layout:
+            return self.model(ids, cache=cache, beside=beside, layout=layout)
         slot = tree_attention.install(self.model)
         slot.layout = layout
         try:
@@ -263,7 +278,8 @@ class PackedCache:
             masks={w: mx.array(self._sees(lane, block, w)[1]) for w in set(self.windows)},
             windows={id(copy): window for copy, window in zip(aside, self.windows)},
         )
-        logits, hidden = self._run(read.ids.astype(mx.uint32)[None], aside, layout)
+        beside = None if read.beside is None else read.beside[None]
+        logits, hidden = self._run(read.ids.astype(mx.uint32)[None], aside, layout, beside=beside)
         logits, hidden = logits[0], None if hidden is None else hidden[0]
         before, rows = self.columns, len(self.rows)
         fresh = [
@@ -379,6 +395,12 @@ def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
     return wide[:best]
 
 
+def _padded(block: mx.array, width: int) -> mx.array:
+    """`block` (n, ...) with zeros after it to `width` rows."""
+    pad = width - block.shape[0]
+    return block if not pad else mx.concatenate([block, mx.zeros((pad, *block.shape[1:]), dtype=block.dtype)])
+
+
 def _in_row(block: mx.array, row: int, rows: int) -> mx.array:
     """(1, heads, n, dim) as row `row` of `rows`, the others zeros (holes)."""
     zeros = mx.zeros((rows, *block.shape[1:]), dtype=block.dtype)
@@ -407,10 +429,13 @@ class Lane:
         self.columns: list[int] = []  # in position order
         self.length = 0
 
-    def read(self, ids: mx.array, layout: tree_attention.TreeLayout | None) -> tuple[mx.array, mx.array | None]:
-        """Read `ids` (laid out as `layout` says, None: a chain) with the batch's other lanes;
-        returns (logits, tapped hidden states or None), the lane then longer by len(ids)."""
-        read = Read(self, ids, layout)
+    def read(
+        self, ids: mx.array, layout: tree_attention.TreeLayout | None, *, beside: mx.array | None = None
+    ) -> tuple[mx.array, mx.array | None]:
+        """Read `ids` (laid out as `layout` says, None: a chain; a head's beside `beside`) with
+        the batch's other lanes; returns (logits, tapped hidden states or None; a head's
+        output), the lane then longer by len(ids)."""
+        read = Read(self, ids, layout, beside)
         if self.packed.batch is None:
             return self.packed.forward([read])[0]
         return self.packed.batch.read(read)

@@ -9,9 +9,10 @@ first id a verify places. Then it chains on its own output for the rest. Rows it
 its own outputs are thrown away when the round settles: next round it reads the target's
 true features for whatever was accepted (as EAGLE's and vLLM's implementations do).
 
-The head's KV cache is plain, so forgetting rows is a trim. After an interruption the head
-starts again from the target's features, which the store keeps for everything the target's
-cache holds. q is the head's warped distribution over its draft vocabulary placed at the
+The head's KV cache is plain, so forgetting rows is a trim. In a batch it is a lane of the
+batch's packed head cache (`join`, decoding/packed.py: `PackedHead`), so every lane's draft
+step is one forward of the head. After an interruption the head starts again from the
+target's features, which the store keeps for everything the target's cache holds. q is the head's warped distribution over its draft vocabulary placed at the
 target ids its rows stand for, zero elsewhere: an id outside the draft vocabulary is never
 proposed but is still emitted with exactly the target's probability.
 """
@@ -27,6 +28,7 @@ import numpy as np
 from ..decoding.carry import Carry
 from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
 from ..decoding.drafter import Drafts
+from ..decoding.packed import Lane, PackedCache
 from ..decoding.plan import Plan
 from ..decoding.tree import LevelPrice
 from . import EAGLE3
@@ -49,14 +51,54 @@ class Eagle3Drafter:
     def reset(self) -> None:
         from mlx_lm.models.cache import KVCache
 
-        self.cache = KVCache()
+        if isinstance(getattr(self, "cache", None), Lane):  # in a batch: its lane, emptied
+            self.cache.trim_to(0)
+        else:
+            self.cache: KVCache | Lane = KVCache()
         # the target's ids through the one the last row read (rows + 1 of them; none when no
         # row is read): row j is valid while ids 0 .. j+1 are still the target's
         self.ids: list[int] = []
 
     @property
     def rows(self) -> int:
-        return self.cache.offset
+        return self.cache.length if isinstance(self.cache, Lane) else self.cache.offset
+
+    # -- a batch's calls
+    def join(self, packed: PackedCache) -> None:
+        """Move the head's rows into a lane of `packed` (a batch's head cache)."""
+        lane = packed.lane()
+        if self.rows:
+            packed.adopt(lane, [self.cache.state])
+        self.cache = lane
+
+    def leave(self) -> None:
+        """Out of its lane, into a cache of its own holding the same rows (none, should
+        copying them out fail: the head then reads the target's features again)."""
+        from mlx_lm.models.cache import KVCache
+
+        lane, own, ids = self.cache, KVCache(), self.ids
+        try:
+            if lane.length:
+                (keys, values), *_ = lane.packed.gather(lane)
+                own.update_and_fetch(keys, values)
+                mx.eval(own.state)
+        except BaseException:
+            own, ids = KVCache(), []
+            raise
+        finally:  # out of the lane whatever happens, the row freed
+            self.cache, self.ids = own, ids
+            lane.packed.release(lane)
+
+    def _forward(self, tokens: mx.array, hidden: mx.array, *, chained: bool = False, layout=None):
+        """The head over `tokens` (1, n) beside `hidden` (1, n, ·), its cache one longer per
+        token: (logits (1, n, vocab), output (1, n, hidden)). In a lane: with the batch's
+        other lanes, each read beside its fused features (or its own last output)."""
+        if not isinstance(self.cache, Lane):
+            return self.head(tokens, hidden, self.cache, chained=chained, layout=layout)
+        fuse = getattr(self.head, "fuse", None)  # an MTP head reads its inputs as they are
+        beside = hidden[0] if chained or fuse is None else fuse(hidden[0])
+        logits, out = self.cache.read(tokens[0], layout, beside=beside)
+        return logits[None], out[None]
 
     # -- a session's calls
     def sync(self, ids: list[int]) -> int:
@@ -117,7 +159,7 @@ class Eagle3Drafter:
         reads = {"tokens": tokens, "hidden": hidden, "out": None}  # what the next step reads
 
         def step(i: int) -> mx.array:
-            logits, reads["out"] = self.head(reads["tokens"], reads["hidden"], self.cache, chained=i > 0)
+            logits, reads["out"] = self._forward(reads["tokens"], reads["hidden"], chained=i > 0)
             return logits[0, -1]
 
         def feed(token: mx.array) -> None:  # chained on its own output
@@ -163,7 +205,7 @@ class Eagle3Drafter:
         tokens = mx.array(history[begin + 1 : end + 1], dtype=TOKEN)[None]
         hidden = self.target.features.read(begin, end)[None]
         self.ids = history[: end + 1]
-        logits, out = self.head(tokens, hidden, self.cache)
+        logits, out = self._forward(tokens, hidden)
         outs = {-1: out[:, -1:]}  # what each fed candidate's children read as their hidden state
 
         def expand(growth, frontier: list[int]) -> mx.array:
@@ -172,7 +214,7 @@ class Eagle3Drafter:
             )
             step_tokens = mx.array([growth.candidates[c].token for c in frontier], dtype=TOKEN)[None]
             step_hidden = mx.concatenate([outs[growth.candidates[c].parent] for c in frontier], axis=1)
-            step_logits, step_out = self.head(step_tokens, step_hidden, self.cache, chained=True, layout=layout)
+            step_logits, step_out = self._forward(step_tokens, step_hidden, chained=True, layout=layout)
             for i, c in enumerate(frontier):
                 outs[c] = step_out[:, i : i + 1]
             return step_logits[0]
@@ -239,7 +281,10 @@ class Eagle3Drafter:
 
     def _trim(self, rows: int) -> None:
         if rows < self.rows:
-            self.cache.trim(self.rows - rows)
+            if isinstance(self.cache, Lane):
+                self.cache.trim_to(rows)
+            else:
+                self.cache.trim(self.rows - rows)
         self.ids = self.ids[: rows + 1] if rows else []
 
     def _read_behind(self) -> None:
@@ -250,7 +295,7 @@ class Eagle3Drafter:
             return
         history = self.target.history
         tokens = mx.array(history[self.rows + 1 : end + 1], dtype=TOKEN)[None]
-        self.head(tokens, self.target.features.read(self.rows, end)[None], self.cache)
+        self._forward(tokens, self.target.features.read(self.rows, end)[None])
         self.ids = history[: end + 1]
         mx.eval(self.cache.state)
 
@@ -268,3 +313,25 @@ class Eagle3Drafter:
                 history = self.target.history
                 self.target.invalidate(history)
                 self.target.prefill()
+
+
+class PackedHead:
+    """A draft head as a packed cache's model (decoding/packed.py): its one attention layer
+    is handed the batch's layout (rows' positions and masks) and reads it itself; each id is
+    read beside its hidden state (an EAGLE-3 head's fused features or its own last output)."""
+
+    reads_layout = True
+
+    def __init__(self, head):
+        self.head = head
+
+    def make_cache(self) -> list:
+        from mlx_lm.models.cache import KVCache
+
+        return [KVCache()]
+
+    def why_not(self) -> str | None:
+        return self.head.why_no_trees()
+
+    def __call__(self, ids: mx.array, *, cache: list, beside: mx.array, layout) -> tuple[mx.array, mx.array]:
+        return self.head(ids, beside, cache[0], chained=True, layout=layout)
