@@ -182,7 +182,9 @@ class PackedCache:
         beside = None
         if reads[0].beside is not None:  # a head's: each id's hidden state, zeros beside padding
             blank = mx.zeros((width, reads[0].beside.shape[-1]), dtype=reads[0].beside.dtype)
-            beside = mx.stack([_padded(blocks[row][0].beside, width) if row in blocks else blank for row in range(rows)])
+            beside = mx.stack(
+                [_padded(blocks[row][0].beside, width) if row in blocks else blank for row in range(rows)]
+            )
         layout = _PackedLayout(
             positions=positions.reshape(-1),
             masks={w: mx.array(self._mask(blocks, width, w)[self._mask_axes]) for w in set(self.windows)},
