@@ -35,7 +35,6 @@ from .caches import CacheRollbackError, Mark
 
 COMPACT_SLACK = 32  # columns tolerated beyond twice the longest lane before compacting
 CHUNK = 128  # prefill ids a lane reads per forward while others decode
-ASIDE_AT = 16  # a read longer than this runs in a forward of its own (the others unpadded)
 # What one forward more costs, in ids read: a few here (a CPU's forward is compute-bound past
 # a few rows); a GPU's decode step reads every weight whatever its rows, so more there
 FORWARD_IDS = 8
@@ -384,17 +383,16 @@ class PackedCache:
 def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
     """The reads to run aside, each in a forward of its own: the widest ones, as many as
     lowers the ids read in all (every row padded to the widest block left, plus each aside's
-    own, plus FORWARD_IDS for each forward more); a prompt's chunk always, beside others."""
+    own, plus FORWARD_IDS for each forward more). So a prompt's chunk beside rows that decode
+    runs aside, and prompts that arrived together are read together."""
     if rows < 2:
         return []
     wide = sorted(reads, key=lambda read: -read.ids.shape[0])
     widths = [read.ids.shape[0] for read in wide] + [1]
-    forced = sum(width > ASIDE_AT for width in widths)
     # an aside costs its ids, a forward more, and the copy of its lane's row
     price = [width + FORWARD_IDS + read.lane.length // COPIED_PER_ID for width, read in zip(widths, wide)]
     cost = [rows * widths[k] + sum(price[:k]) for k in range(len(wide) + 1)]
-    best = min(range(forced, len(wide) + 1), key=lambda k: cost[k])
-    return wide[:best]
+    return wide[: min(range(len(wide) + 1), key=lambda k: cost[k])]
 
 
 def _padded(block: mx.array, width: int) -> mx.array:
