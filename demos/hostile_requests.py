@@ -4,14 +4,16 @@ float ids, random mixes of every request field, a client that leaves mid-generat
 where a key's kept history should be, SIGTERM with a history to keep, and one key asking
 /health about another's; then the command line's option checks.
 
-    python demos/hostile_requests.py [--requests 600] [--seed N]
+    python demos/hostile_requests.py [--requests 600] [--seed N] [--clients 4]
 
 Each answer must be a 4xx with its error in one line, or a 200 whose body parses, within a
 bound; no answer may say "internal error"; after a client leaves, the worker must be free
 again within seconds; /health must answer while a generation runs and while a key's history
 file blocks; what a key's requests taught must be on disk after SIGTERM and counted by
 /health after a restart, before any request; one key's /health tells nothing of another's
-requests. Loopback only, a bounded count of requests, max_tokens small. Prints how each
+requests. With --clients N the random mixes come from N clients at once, so they share the
+server's batch (mixes of gamma, tree, sampling and stops side by side). Loopback only, a
+bounded count of requests, max_tokens small. Prints how each
 group ended and exits 1 if anything failed.
 """
 
@@ -28,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,9 +80,11 @@ class Tally:
     def __init__(self):
         self.ended: Counter = Counter()
         self.failures: list[str] = []
+        self._lock = threading.Lock()  # clients at once count into it
 
     def fail(self, what: str) -> None:
-        self.failures.append(what)
+        with self._lock:
+            self.failures.append(what)
         print(f"FAIL {what}", flush=True)
 
     def answer(self, group: str, response: httpx.Response, *, elapsed: float, what: str) -> None:
@@ -94,10 +99,12 @@ class Tally:
             message = response.json()["error"]["message"]
             if "\n" in message:
                 self.fail(f"{group}: {what}: a refusal over several lines: {message[:300]}")
-            self.ended[(group, "refused")] += 1
+            with self._lock:
+                self.ended[(group, "refused")] += 1
             return
         response.json()
-        self.ended[(group, "answered")] += 1
+        with self._lock:
+            self.ended[(group, "answered")] += 1
 
 
 def post(url: str, route: str, body: dict, *, key: str = KEY_A, timeout: float = ANSWER_SECONDS + 30):
@@ -116,8 +123,9 @@ def bodies(route: str, fields: dict) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": PROMPT}], **fields}
 
 
-def throw_fields(url: str, tally: Tally, *, count: int, rng: random.Random) -> None:
-    """The filer's cases by name, then random mixes of every field on every route."""
+def throw_fields(url: str, tally: Tally, *, count: int, rng: random.Random, clients: int = 1) -> None:
+    """The filer's cases by name, then random mixes of every field on every route, from
+    `clients` clients at once."""
     named = [
         ("/v1/completions", {"gamma": 1500, "tree": 50000, "max_tokens": 1500}),
         ("/v1/completions", {"gamma": 2000, "tree": 20000, "max_tokens": 64}),
@@ -132,6 +140,7 @@ def throw_fields(url: str, tally: Tally, *, count: int, rng: random.Random) -> N
         response, elapsed = post(url, route, bodies(route, {"max_tokens": 8, **fields}))
         tally.answer("named", response, elapsed=elapsed, what=f"{route} {fields}")
     routes = ["/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"]
+    requests = []
     for _ in range(count):
         route = rng.choice(routes)
         fields = {name: rng.choice(values) for name, values in FIELDS.items() if rng.random() < 0.5}
@@ -144,8 +153,16 @@ def throw_fields(url: str, tally: Tally, *, count: int, rng: random.Random) -> N
             body = {"model": "m", "input": PROMPT, **fields}
         else:
             body = bodies(route, fields)
+        requests.append((route, body, fields))
+
+    def send(request) -> None:
+        route, body, fields = request
         response, elapsed = post(url, route, body)
-        tally.answer("random", response, elapsed=elapsed, what=f"{route} {fields}")
+        tally.answer("random" if clients == 1 else f"random, {clients} at once", response, elapsed=elapsed,
+                     what=f"{route} {fields}")  # fmt: skip
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(send, requests))
 
 
 def client_leaves(url: str, tally: Tally) -> None:
@@ -278,6 +295,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=600, help="random request mixes (default 600)")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--clients", type=int, default=1, help="random mixes sent by this many clients at once")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"seed {seed}", flush=True)
@@ -286,7 +304,7 @@ def main() -> int:
         work = Path(folder)
         env = {"MLXSPEC_CACHE": str(work / "fields-cache")}
         with running_server("--api-key", KEY_A, log=work / "fields.log", env=env) as (url, _):
-            throw_fields(url, tally, count=args.requests, rng=random.Random(seed))
+            throw_fields(url, tally, count=args.requests, rng=random.Random(seed), clients=args.clients)
         history_runs(tally, work)
     command_line(tally)
     for (group, how), count in sorted(tally.ended.items()):

@@ -298,7 +298,9 @@ class PackedCache:
             return _each(lambda x: _in_row(x[..., -n:, :], row, rows), buffer)
 
         fresh = [(newest_in_row(copy.keys_and_values()[0]), newest_in_row(copy.keys_and_values()[1])) for copy in aside]
-        mx.eval(fresh, logits)
+        # the new keys before anything changes (the logits wait for their reader: a prompt's
+        # chunk has none, so its lm_head is never computed)
+        mx.eval(fresh)
         try:
             for layer, (keys, values) in zip(self.layers, fresh):
                 _append(layer, keys, values, before=before)
