@@ -149,8 +149,8 @@ class _Fields:
     """A config's fields read as the head needs them: the layer's own first, then the top
     level's (speculators keeps the vocabularies there), one line for a wrong one."""
 
-    def __init__(self, file: Path, raw: dict, layer: dict):
-        self.file, self.raw, self.layer = file, raw, layer
+    def __init__(self, file: Path, raw: dict, layer: dict, *, what: str = "an EAGLE-3 config"):
+        self.file, self.raw, self.layer, self.what = file, raw, layer, what
 
     def _get(self, key: str, *, top: bool = False):
         scopes = (self.raw,) if top else (self.layer, self.raw)
@@ -160,7 +160,7 @@ class _Fields:
         value = self._get(key)
         value = default if value is None else value
         if value is None:
-            raise ModelLoadError(f"{self.file}: an EAGLE-3 config needs {key}")
+            raise ModelLoadError(f"{self.file}: {self.what} needs {key}")
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
             raise ModelLoadError(f"{self.file}: {key} is {value!r}, not a whole number from 1 to {most}")
         return value
@@ -378,16 +378,7 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
     """A head from a folder in the published layout. Raises ModelLoadError in one line."""
     path = Path(path)
     config = read_config(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{path}: an EAGLE-3 head needs its weights (*.safetensors)")
-    weights = {}
-    for file in files:
-        try:
-            weights.update(mx.load(str(file)))
-        except Exception as e:  # a truncated or foreign file: one line, naming it
-            raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
-    weights = _published_to_module(weights)
+    weights = _published_to_module(read_weights(path, what="an EAGLE-3 head"))
     head = Eagle3Head(config, own_embedding="embed_tokens.weight" in weights)
     d2t = weights.pop("d2t", None)
     weights.pop("t2d", None)
@@ -398,21 +389,42 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
             )
         targets = (mx.arange(config.draft_vocab_size) + d2t.astype(mx.int64)).astype(mx.uint32)
         object.__setattr__(head, "draft_to_target", targets)
-    expected = dict(_flat(head.parameters()))
+    load_checked(head, weights, path=path, what="an EAGLE-3 head", dtype=dtype)
+    return head
+
+
+def read_weights(path: Path, *, what: str) -> dict:
+    """Every tensor of the folder's *.safetensors files; ModelLoadError in one line for none
+    or for a file that is not one."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: {what} needs its weights (*.safetensors)")
+    weights = {}
+    for file in files:
+        try:
+            weights.update(mx.load(str(file)))
+        except Exception as e:  # a truncated or foreign file: one line, naming it
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
+    return weights
+
+
+def load_checked(module: nn.Module, weights: dict, *, path: Path, what: str, dtype=None) -> None:
+    """`weights` into `module`, each name and shape checked against what its config built
+    first: one line naming a missing, unexpected or misshapen tensor."""
+    expected = dict(_flat(module.parameters()))
     missing = sorted(set(expected) - set(weights))
     if missing:
-        raise ModelLoadError(f"{path}: the head's weights lack {', '.join(missing[:4])}")
+        raise ModelLoadError(f"{path}: the weights of {what} lack {', '.join(missing[:4])}")
     for name, value in weights.items():
         want = expected.get(name)
         if want is None:
-            raise ModelLoadError(f"{path}: unexpected tensor {name} in an EAGLE-3 head")
+            raise ModelLoadError(f"{path}: unexpected tensor {name} in {what}")
         if tuple(value.shape) != tuple(want.shape):
             raise ModelLoadError(f"{path}: {name} has shape {tuple(value.shape)}, the config says {tuple(want.shape)}")
     if dtype is not None:
         weights = {k: v.astype(dtype) for k, v in weights.items()}
-    head.load_weights(list(weights.items()))
-    mx.eval(head.parameters())
-    return head
+    module.load_weights(list(weights.items()))
+    mx.eval(module.parameters())
 
 
 def save_head(head: Eagle3Head, path: Path, *, dtype=mx.bfloat16) -> None:
