@@ -77,14 +77,32 @@ def unnamed_head(config: dict) -> str | None:
 
 
 def is_head_folder(path: Path) -> bool:
+    return names_architecture(path, ARCHITECTURES)
+
+
+def names_architecture(path: Path, architectures: tuple[str, ...]) -> bool:
+    """Whether the folder's config.json lists one of `architectures` (what a kind's files say
+    they are)."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return False
     try:
         named = json.loads(config.read_text()).get("architectures") or ()
-        return isinstance(named, list) and any(a in ARCHITECTURES for a in named if isinstance(a, str))
+        return isinstance(named, list) and any(a in architectures for a in named if isinstance(a, str))
     except (ValueError, OSError, AttributeError):  # not JSON, or not an object
         return False
+
+
+def config_object(file: Path, what: str) -> dict:
+    """A config.json's object, or ModelLoadError in one line: not readable, not JSON, or not
+    an object."""
+    try:
+        raw = json.loads(file.read_text())
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"{file}: not a readable {what} ({e})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file}: not {what} (a JSON object of settings)")
+    return raw
 
 
 # Bounds past every published model's, so that a config's numbers cannot ask for more than a
@@ -102,12 +120,7 @@ def read_config(path: Path) -> HeadConfig:
     from ..folder_code import refuse_custom_code
 
     file = Path(path) / "config.json"
-    try:
-        raw = json.loads(file.read_text())
-    except (ValueError, OSError) as e:
-        raise ModelLoadError(f"{file}: not a readable EAGLE-3 config ({e})") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{file}: not an EAGLE-3 config (a JSON object of settings)")
+    raw = config_object(file, "an EAGLE-3 config")
     refuse_custom_code(Path(path))
     layer = raw.get("transformer_layer_config") or raw  # speculators nests the layer's config
     eagle = raw.get("eagle_config") or {}
@@ -246,7 +259,8 @@ def config_dict(config: HeadConfig) -> dict:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: HeadConfig):
+    def __init__(self, config: HeadConfig, *, width: int | None = None):
+        """`width`: what q, k and v read (a head's: 2·hidden, its embedding beside its features)."""
         super().__init__()
         from mlx_lm.models.rope_utils import initialize_rope
 
@@ -255,7 +269,7 @@ class Attention(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
         )
-        wide, bias = 2 * config.hidden_size, config.attention_bias
+        wide, bias = width or 2 * config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(wide, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=bias)
