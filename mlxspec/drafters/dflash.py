@@ -14,7 +14,8 @@ sampling, each id drawn from its own position's warped distribution, independent
 others, so the distribution it was drawn from given the drafts before it is that row, which
 is the q the standard rule divides by (exact, as the reference's `_rejection_sample` takes
 it). The whole block is always run (the published drafters attend both ways within it, so a
-shorter block would change every position's distribution).
+shorter block would change every position's distribution). Trees: DDTree over the same rows
+(ddtree.py), through the tree path every drafter's trees take.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..decoding.drafter import Drafts
 from ..decoding.plan import Plan
 from . import DFLASH
 from .chain import propose_chain, stack_drafts
+from .ddtree import block_tree
 from .dflash_model import DFlashDraft
 from .feature_rows import FeatureRows
 
@@ -34,7 +36,7 @@ from .feature_rows import FeatureRows
 class DFlashDrafter(FeatureRows):
     kind = DFLASH
     reads_ahead = 0  # a context row is the target's features alone
-    auto_trees = False
+    auto_trees = True  # a tree of any size costs the one forward a chain does
 
     def __init__(self, draft: DFlashDraft, target: Cursor, *, name: str):
         self.draft = draft
@@ -49,11 +51,14 @@ class DFlashDrafter(FeatureRows):
         return self.cache[0].offset
 
     def why_no_trees(self) -> str | None:
-        return "DDTree over a DFlash block is not built yet"
+        """None: DDTree turns the block's distributions into a tree (ddtree.py)."""
+        return None
 
     # -- a round's calls
-    def propose(self, plan: Plan, *, carry: Carry, state=None) -> Drafts:
-        """Up to `plan.draft` ids (at most block_size - 1), all from one forward of the block."""
+    def propose(self, plan: Plan, *, carry: Carry, state=None) -> Drafts | None:
+        """From one forward of the block: a DDTree of at most `plan.tree` nodes (ddtree.py),
+        or a chain of up to `plan.draft` ids; at most block_size - 1 deep either way. Under a
+        grammar, a chain (each position masked after the drafts before it)."""
         self._align()
         end = self.target_rows
         history = self.target.history
@@ -61,6 +66,8 @@ class DFlashDrafter(FeatureRows):
         if end == 0 or len(history) <= end or count < 1:  # nothing read to draft beside
             return stack_drafts([], [], [], params=carry.params, stopped=False, read_confidences=plan.read_confidences)
         logits = self._block(history, end)
+        if plan.tree and carry.grammar is None:
+            return block_tree(logits[:count], budget=plan.tree, carry=carry)
 
         def step(i: int) -> mx.array:
             return logits[i]

@@ -226,17 +226,15 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0][:200]
 
 
-def config_dict(config: HeadConfig) -> dict:
-    """The published layout (EAGLE / SpecForge), as vLLM and SGLang read it."""
-    out = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+def layer_fields(config) -> dict:
+    """The decoder layers' fields of a draft config (an EAGLE-3 head's, a DFlash drafter's),
+    as transformers' Llama and Qwen3 configs name them."""
+    return {
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
-        "num_hidden_layers": 1,
         "hidden_act": "silu",
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
@@ -244,6 +242,16 @@ def config_dict(config: HeadConfig) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "attention_bias": config.attention_bias,
         "vocab_size": config.vocab_size,
+    }
+
+
+def config_dict(config: HeadConfig) -> dict:
+    """The published layout (EAGLE / SpecForge), as vLLM and SGLang read it."""
+    out = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **layer_fields(config),
+        "num_hidden_layers": 1,
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "tie_word_embeddings": False,

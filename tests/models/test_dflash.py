@@ -58,7 +58,7 @@ def test_greedy_with_a_dflash_drafter_equals_standard(drafters, arch):
     standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
     assert len(standard) == MAX_TOKENS
     for gamma in (1, 3, 7, "auto"):
-        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma)
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma, tree=0)
         assert result.tokens == standard, f"gamma={gamma}"
         stats = result.stats
         if gamma in (3, 7):  # right often and wrong sometimes: both rollback paths run
@@ -83,8 +83,9 @@ def test_the_published_layout_loads_without_running_its_code(drafters, tmp_path)
     pair = mlxspec.load_pair(str(drafters.target("llama")), str(out))
     assert pair.draft.kind == "dflash" and pair.draft.config["block_size"] == block
     ours = drafters.pair("llama")
-    a = mlxspec.generate(ours, PROMPT, max_tokens=24, gamma=5)
-    b = mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=5)
+    # a fixed tree: auto's sizes follow this machine's timings, which differ between two runs
+    a = mlxspec.generate(ours, PROMPT, max_tokens=24, gamma=5, tree=8)
+    b = mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=5, tree=8)
     assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted > 0
     assert not marker.exists()
 
@@ -95,11 +96,12 @@ def test_the_drafters_rows_after_rejections_equal_rows_read_afresh(drafters):
     of the same ids: no row of a rejected draft, nothing of an older prompt."""
     pair = drafters.pair("qwen3")
     session = Session(pair)
-    first = mlxspec.generate(pair, PROMPT, max_tokens=30, gamma=7, session=session)
+    first = mlxspec.generate(pair, PROMPT, max_tokens=30, gamma=7, tree=0, session=session)
     assert 0 < first.stats.accepted < first.stats.drafted
     history = PROMPT + first.tokens
     prompt = history[: len(PROMPT) + 9] + [50, 51]  # back into a drafted block, then elsewhere
-    mlxspec.generate(pair, prompt, max_tokens=20, gamma=7, session=session)
+    trees = mlxspec.generate(pair, prompt, max_tokens=20, gamma=7, tree=8, session=session)
+    assert trees.stats.tree_rounds > 0
     drafter = session.draft
     rows = drafter.rows
     assert rows > len(prompt) and drafter.ids == session.target.history[:rows]
@@ -129,10 +131,11 @@ def test_a_session_with_a_dflash_drafter_stays_exact(drafters):
         lambda h: h + PROMPT[:4],
     ):
         prompt = prompt_of(history)
-        for gamma in (0, 5, "auto"):  # standard decoding keeps no features: the next call reads them again
-            got = mlxspec.generate(pair, prompt, max_tokens=12, gamma=gamma, session=session).tokens
+        # standard decoding keeps no features: the next call reads them again
+        for gamma, tree in ((0, 0), (5, 0), (5, 8), ("auto", "auto")):
+            got = mlxspec.generate(pair, prompt, max_tokens=12, gamma=gamma, tree=tree, session=session).tokens
             fresh = mlxspec.generate(pair, prompt, max_tokens=12, gamma=0, session=Session(pair)).tokens
-            assert got == fresh, (prompt, gamma)
+            assert got == fresh, (prompt, gamma, tree)
         history = prompt + got
 
 
@@ -147,6 +150,18 @@ def test_prompt_lookup_beside_a_dflash_drafter(drafters):
     result = mlxspec.generate(pair, prompt, max_tokens=MAX_TOKENS, gamma=3, ngram=True)
     assert result.tokens == standard
     assert result.stats.ngram_rounds > 0 and result.stats.model_rounds > 0, result.stats
+
+
+def test_greedy_under_a_grammar_with_a_dflash_drafter_equals_standard(drafters):
+    """Under a grammar each block position is masked by the matcher after the drafts before
+    it (a chain, trees or not), and the ids are standard decoding's under the grammar."""
+    from tests.exactness.test_grammar import WORDS
+
+    pair = drafters.pair("llama")
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0, grammar=WORDS).tokens
+    for gamma, tree in ((3, 0), (7, 8), ("auto", "auto")):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma, tree=tree, grammar=WORDS)
+        assert result.tokens == standard, (gamma, tree)
 
 
 def test_a_batch_of_prompts_with_a_dflash_drafter_is_each_prompts_own_output(drafters):
@@ -171,29 +186,62 @@ def test_the_cost_model_times_one_block_forward_as_the_drafters_step(drafters):
     assert measured.draft_step > 0 and measured.target_step > 0
 
 
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_greedy_with_ddtrees_equals_standard(drafters, arch):
+    """DDTree: the block's per-position distributions as a best-first tree, fixed sizes and
+    auto (sized by the verify curve), depths fixed and auto."""
+    pair = drafters.pair(arch)
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    for gamma, tree in ((3, 4), (7, 8), (7, 24), ("auto", 16), ("auto", "auto")):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma, tree=tree)
+        assert result.tokens == standard, f"gamma={gamma} tree={tree}"
+        if tree != "auto":  # trees verified, some paths taken, some not
+            stats = result.stats
+            assert stats.tree_rounds > 0 and 0 < stats.accepted, (gamma, tree, stats)
+
+
 # -- the sampled law: a drafter over 6 ids, chi-square of the first three emitted ids
 
 
-def test_sampling_with_a_dflash_drafter_has_the_targets_joint_law(factory):
-    """Temperature 0.7: each draft drawn from its own position's warped row, q that row.
-    The target has one layer, so the drafter reads that layer's output (the final norm's
-    input)."""
+@pytest.fixture(scope="module")
+def small_pair(factory):
+    """A one-layer llama over 6 ids and a drafter briefly fitted to it: it reads that layer's
+    output (the final norm's input); some drafts are accepted, some not."""
     from mlxspec.models.synthetic import ARCHITECTURES
+
+    config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    target = factory.model("dist-target", arch=config, vocab_size=6, seed=11, head_scale=5.0)
+    drafter = make_dflash(
+        target, factory.root / "dist-dflash", seed=3, block_size=4, fit_steps=60, fit_prompts=[LAW_PROMPT]
+    )
+    return mlxspec.load_pair(str(target), str(drafter))
+
+
+LAW_PROMPT = [1, 4, 2]
+LAWS = {
+    "chain, temperature 0.7": (SamplingParams(temp=0.7), 0),
+    "ddtree, temperature 0.7": (SamplingParams(temp=0.7), 8),
+    "ddtree, temperature 1, top-p 0.9": (SamplingParams(temp=1.0, top_p=0.9), 8),
+}
+
+
+@pytest.mark.parametrize(
+    "law_name", [pytest.param(name, marks=pytest.mark.slow) if LAWS[name][1] else name for name in LAWS]
+)
+def test_sampling_with_a_dflash_drafter_has_the_targets_joint_law(small_pair, monkeypatch, law_name):
+    """Chains: each draft drawn from its own position's warped row, q that row. DDTrees: a
+    drawn spine (q each depth's row) and point masses the heap chose; walks that took a point
+    mass and walks along the spine alone both counted."""
     from tests.exactness.test_distribution import LENGTH, fits, sample_joint
     from tests.models.test_eagle3 import exact_law_of
+    from tests.support.tree_walks import count_point_mass_paths
 
-    vocab, prompt, runs = 6, [1, 4, 2], 2000
-    config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
-    target = factory.model("dist-target", arch=config, vocab_size=vocab, seed=11, head_scale=5.0)
-    drafter = make_dflash(
-        target, factory.root / "dist-dflash", seed=3, block_size=4, fit_steps=60, fit_prompts=[prompt]
-    )
-    pair = mlxspec.load_pair(str(target), str(drafter))
-    params = SamplingParams(temp=0.7)
-    law = exact_law_of(pair.target.model, params, prompt, vocab, LENGTH)
-    fates = Counter()
-    counts = sample_joint(pair, params, 2, runs, 9000, prompt=prompt, fates=fates)
-    assert all(fates[n] > 50 for n in range(3)), fates  # rejections, partial and full acceptance
+    params, tree = LAWS[law_name]
+    law = exact_law_of(small_pair.target.model, params, LAW_PROMPT, 6, LENGTH)
+    taken, fates = count_point_mass_paths(monkeypatch), Counter()
+    counts = sample_joint(small_pair, params, 2, 2000, 9000, prompt=LAW_PROMPT, fates=fates, tree=tree)
+    assert all(fates[n] > 20 for n in range(3)), (fates, taken)  # rejections, partial and full acceptance
+    assert not tree or (taken[True] > 100 and taken[False] > 100), (taken, fates)  # point masses and spine
     ok, statistic, threshold = fits(counts, law)
     assert ok, f"chi2 {statistic:.1f} > {threshold:.1f}"
 
