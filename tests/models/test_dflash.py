@@ -286,3 +286,37 @@ def test_the_cli_refuses_a_misfit_dflash_drafter_in_one_line(drafters, tmp_path,
     # exit 1, as for an EAGLE-3 head that does not fit (2 is the CLI's for a bad option)
     assert run.returncode == 1 and len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
     assert field in lines[0]
+
+
+HOSTILE = {
+    "a JSON array": (lambda c: [c], "JSON"),
+    "no dflash_config": (lambda c: {k: v for k, v in c.items() if k != "dflash_config"}, "dflash_config"),
+    "zero layers": (lambda c: c | {"num_hidden_layers": 0}, "num_hidden_layers"),
+    "a trillion wide": (lambda c: c | {"hidden_size": 1e12}, "hidden_size"),
+    "a block of one": (lambda c: c | {"block_size": 1}, "block_size"),
+    "a mask id past the vocabulary": (
+        lambda c: c | {"dflash_config": {**c["dflash_config"], "mask_token_id": 10**6}},
+        "mask_token_id",
+    ),
+    "fractional layer ids": (
+        lambda c: c | {"dflash_config": {**c["dflash_config"], "target_layer_ids": [0.5]}},
+        "target_layer_ids",
+    ),
+    "sliding drafter layers": (lambda c: c | {"layer_types": ["sliding_attention"]}, "layer_types"),
+    "a rope factor that is text": (
+        lambda c: c | {"rope_scaling": {"rope_type": "linear", "factor": "x"}},
+        "rope_scaling",
+    ),
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+def test_a_hostile_dflash_config_is_refused_in_one_line(drafters, tmp_path, hostile):
+    """Every field checked before a module is built from it: one line naming it."""
+    change, field = HOSTILE[hostile]
+    out = tmp_path / "hostile"
+    shutil.copytree(drafters.drafter("llama", fit=0), out)
+    (out / "config.json").write_text(json.dumps(change(json.loads((out / "config.json").read_text()))))
+    with pytest.raises(ModelLoadError, match=field) as refused:
+        mlxspec.load_pair(str(drafters.target("llama")), str(out))
+    assert "\n" not in str(refused.value)

@@ -90,3 +90,17 @@ def _fit(draft, sequences, features, *, first: int, steps: int, rng) -> None:
         _, grads = step(draft, anchor)
         optimizer.update(draft, grads)
         mx.eval(draft.parameters(), optimizer.state)
+
+
+def fresh_block_drafts(pair, history: list[int], n: int) -> list[int]:
+    """What a DFlash drafter that read `history`'s rows in one block proposes greedily: the
+    argmax of the block's first `n` mask positions after history's last id."""
+    from mlxspec.decoding import capture
+
+    model, draft = pair.target.model, pair.draft.model
+    model(mx.array([history[:-1]]))
+    cache = draft.make_cache()
+    draft.read_context(capture.taps_of(model).take(), cache)
+    config = draft.config
+    block = mx.array([[history[-1]] + [config.mask_token_id] * (config.block_size - 1)])
+    return mx.argmax(draft(block, cache)[0, 1 : n + 1], axis=-1).tolist()
