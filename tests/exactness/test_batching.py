@@ -91,10 +91,7 @@ def heads(factory) -> Heads:
 def test_a_heads_drafts_are_one_forward_for_every_lane_and_the_drafts_alone(heads, arch):
     pair = heads.pair(arch)
     # no prompt lookup: its proposals from the text and from history are not the head's
-    for options in (
-        dict(gamma=3, tree=0, ngram=False, history=False),
-        dict(gamma=3, tree=8, ngram=False, history=False),
-    ):
+    for options in (dict(gamma=3, tree=0, ngram=False, history=False), dict(gamma=3, tree=8, ngram=False, history=False)):
         batch = Batch()
         together = generate_many(pair, PROMPTS, max_tokens=MAX_TOKENS, batch=batch, **options)
         by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in PROMPTS]
