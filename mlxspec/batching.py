@@ -24,8 +24,6 @@ from .options import Options
 def why_not(pair: Pair, cache_options: CacheOptions = CacheOptions()) -> str | None:
     """None when the pair's target can share its forwards across generations; else why
     not (its generations then run one after another)."""
-    if cache_options.kv_bits is not None:
-        return "quantized KV caches are not batched"
     if cache_options.max_kv_size is not None:
         return "a --max-kv-size window is not batched"
     if pair.target.shard is not None:
@@ -71,19 +69,22 @@ class Lanes:
     """The pair's packed caches for one batch: the target's, and the drafter's where it has a
     model that packs (a draft model, an EAGLE-3 or MTP head)."""
 
-    def __init__(self, pair: Pair, batch: Batch):
+    def __init__(self, pair: Pair, batch: Batch, *, cache_options: CacheOptions = CacheOptions()):
         self.pair = pair
         self.batch = batch
         target = pair.target.model
+        quantized = dict(kv_bits=cache_options.kv_bits, kv_group_size=cache_options.kv_group_size)
         self.target = packed.PackedCache(
-            target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1
+            target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1, **quantized
         )
         draft = pair.draft.model if pair.draft is not None else None
         if draft is not None and pair.kind is not None and pair.kind.reads_features:
             draft = PackedHead(draft)  # a head: the layout handed to its one attention layer
         self.draft = None
         if draft is not None and pair.kind is not None and packed.why_not(draft) is None:
-            self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0)
+            # a head's own cache is never quantized (a draft model's is, as its lane alone)
+            quantized_draft = {} if pair.kind.reads_features else quantized
+            self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0, **quantized_draft)
 
     @contextmanager
     def joined(self, session: Session):
@@ -119,26 +120,27 @@ def generate_many(
     *,
     max_batch: int | None = None,
     batch: Batch | None = None,
+    cache_options: CacheOptions = CacheOptions(),
     **overrides,
 ) -> list[GenerationResult]:
     """Generate for every prompt, `max_batch` at a time (default: all), the target's (and the
     drafter's) forwards shared: each result is what `generate` gives that prompt alone
     (greedy ids identical; sampled ones from their own seed's keys). `options`: one for all,
     or one per prompt; keywords as for `generate`; `batch`: one to run them in (its counts
-    of forwards and rows read stay on it). Where the pair cannot batch (`why_not`),
-    the prompts run one after another."""
+    of forwards and rows read stay on it); `cache_options`: as a `Session`'s (quantized KV).
+    Where the pair cannot batch (`why_not`), the prompts run one after another."""
     each = list(options) if isinstance(options, Sequence) else [options] * len(prompts)
     if len(each) != len(prompts):
         raise ValueError(f"{len(each)} options for {len(prompts)} prompts")
     results: list[GenerationResult | None] = [None] * len(prompts)
     batch = batch or Batch()
-    lanes = Lanes(pair, batch) if why_not(pair) is None else None
+    lanes = Lanes(pair, batch, cache_options=cache_options) if why_not(pair, cache_options) is None else None
     # one controller for all, as a server has: what it learns of the pair, and the batch's gate
     controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint, draft_weight=pair.draft_weight))
 
     def task(i: int) -> Callable[[], GenerationResult]:
         def run() -> GenerationResult:
-            session = Session(pair, controller=controller)
+            session = Session(pair, controller=controller, cache_options=cache_options)
             if lanes is None:
                 return generate(pair, prompts[i], each[i], session=session, **overrides)
             with lanes.joined(session):

@@ -296,18 +296,32 @@ def path_rows(pending: int, path: list[int]) -> list[int]:
 
 
 def _exported(cache, length: int) -> list | None:
-    """Per layer, the keys and values of a cache holding `length` ids in position order, or
-    None where some layer does not hold them so (a window that wrapped, quantized keys)."""
+    """Per layer, the keys and values of a cache holding `length` ids in position order
+    (quantized ones as their triples), or None where some layer does not hold them so (a
+    window that wrapped, kept tokens)."""
     if isinstance(cache, Lane) or not length or not cache.holds(length):
         return None
     states = []
     for layer in cache.layers:
-        plain = type(layer) is mlx_cache.KVCache
+        plain = type(layer) in (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
         window = type(layer) is mlx_cache.RotatingKVCache and not layer.keep and layer.offset == layer._idx
-        if not (plain or window) or layer.keys is None or layer.offset > layer.keys.shape[2]:
+        if not (plain or window) or layer.keys is None:
             return None
-        states.append((layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]))
+        held = layer.keys_and_values() if plain else (layer.keys, layer.values)
+        if held[0] is None or _columns(held[0]) < layer.offset:
+            return None
+        states.append(tuple(_first_columns(buffer, layer.offset) for buffer in held))
     return states
+
+
+def _columns(buffer) -> int:
+    return (buffer[0] if isinstance(buffer, tuple) else buffer).shape[2]
+
+
+def _first_columns(buffer, count: int):
+    if isinstance(buffer, tuple):
+        return tuple(x[..., :count, :] for x in buffer)
+    return buffer[..., :count, :]
 
 
 def _imported(cache: ModelCache, states: list) -> bool:
@@ -315,9 +329,11 @@ def _imported(cache: ModelCache, states: list) -> bool:
     layer cannot hold them so (kept tokens, a type not listed)."""
     if not states:
         return True
-    length = states[0][0].shape[2]
+    length = _columns(states[0][0])
     for layer, (keys, values) in zip(cache.layers, states):
-        if type(layer) is mlx_cache.KVCache:
+        if isinstance(keys, tuple) != (type(layer) is mlx_cache.QuantizedKVCache):
+            return False  # quantized keys into a plain layer, or the other way round
+        if type(layer) in (mlx_cache.KVCache, mlx_cache.QuantizedKVCache):
             layer.keys, layer.values, layer.offset = keys, values, length
         elif type(layer) is mlx_cache.RotatingKVCache and not layer.keep:
             # in time order, every row held: what a block update leaves (past the window too;

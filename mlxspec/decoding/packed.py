@@ -35,7 +35,6 @@ from .caches import CacheRollbackError, Mark
 
 COMPACT_SLACK = 32  # columns tolerated beyond twice the longest lane before compacting
 CHUNK = 128  # prefill ids a lane reads per forward while others decode
-ASIDE_AT = 16  # a read longer than this runs in a forward of its own (the others unpadded)
 # What one forward more costs, in ids read: a few here (a CPU's forward is compute-bound past
 # a few rows); a GPU's decode step reads every weight whatever its rows, so more there
 FORWARD_IDS = 8
@@ -88,16 +87,21 @@ class Read:
 class PackedCache:
     """One model's cache shared by lanes, a row each; see the module's docstring."""
 
-    def __init__(self, model, *, name: str, batch=None, taps=None, order: int = 0):
+    def __init__(
+        self, model, *, name: str, batch=None, taps=None, order: int = 0, kv_bits=None, kv_group_size: int = 64
+    ):
         """`batch` (batch.Batch): where lanes' reads wait for the others' (None: each read
         runs alone); `taps`: the model's hidden-state taps (capture.py), handed out per lane;
         `order`: among the caches of a batch, lower ones run their waiting reads first (a
-        drafter's before its target's, so the target reads every lane's drafts at once)."""
+        drafter's before its target's, so the target reads every lane's drafts at once);
+        `kv_bits`, `kv_group_size`: full-attention layers hold their keys and values
+        quantized, as a lane's cache of its own would (caches.make_cache), windows as they are."""
         self.model = model
         self.name = name
         self.batch = batch
         self.taps = taps
         self.order = order
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.windows = windows_of(model)
         # the mask's axes before (rows, columns): one for the heads where attention is
         # mlx-lm's; gemma2 computes its own over (batch, kv heads, repeats, rows, columns)
@@ -109,7 +113,8 @@ class PackedCache:
         self._empty()
 
     def _empty(self) -> None:
-        self.layers = [mlx_cache.KVCache() for _ in self.windows]  # (rows, heads, columns, dim)
+        # (rows, heads, columns, dim); quantized: a (data, scales, biases) triple of such arrays
+        self.layers = [_layer_cache(window, self.kv_bits, self.kv_group_size) for window in self.windows]
         self.rows: list[Lane | None] = []  # each row's lane (None: free)
         self.positions = np.zeros((0, 0), dtype=np.int64)  # (rows, columns): its position there
 
@@ -138,7 +143,11 @@ class PackedCache:
             self._empty()
 
     def _grow_rows(self) -> None:
-        grown = [(_with_row(layer.keys), _with_row(layer.values)) for layer in self.layers if layer.keys is not None]
+        grown = [
+            (_each(_with_row, layer.keys), _each(_with_row, layer.values))
+            for layer in self.layers
+            if layer.keys is not None
+        ]
         mx.eval(grown)
         for layer, (keys, values) in zip(self.layers, grown):
             layer.keys, layer.values = keys, values
@@ -182,7 +191,9 @@ class PackedCache:
         beside = None
         if reads[0].beside is not None:  # a head's: each id's hidden state, zeros beside padding
             blank = mx.zeros((width, reads[0].beside.shape[-1]), dtype=reads[0].beside.dtype)
-            beside = mx.stack([_padded(blocks[row][0].beside, width) if row in blocks else blank for row in range(rows)])
+            beside = mx.stack(
+                [_padded(blocks[row][0].beside, width) if row in blocks else blank for row in range(rows)]
+            )
         layout = _PackedLayout(
             positions=positions.reshape(-1),
             masks={w: mx.array(self._mask(blocks, width, w)[self._mask_axes]) for w in set(self.windows)},
@@ -264,12 +275,12 @@ class PackedCache:
         n, row = len(block.positions), lane.row
         columns = mx.array(np.array(lane.columns, dtype=np.int64))
         aside = []
-        for layer in self.layers:
-            copy = mlx_cache.KVCache()
+        for layer, window in zip(self.layers, self.windows):
+            copy = _layer_cache(window, self.kv_bits, self.kv_group_size)
             if lane.columns:
                 copy.keys, copy.values = (
-                    layer.keys[row : row + 1, :, columns, :],
-                    layer.values[row : row + 1, :, columns, :],
+                    _each(lambda x: x[row : row + 1, :, columns, :], layer.keys),
+                    _each(lambda x: x[row : row + 1, :, columns, :], layer.values),
                 )
                 copy.offset = len(lane.columns)
             aside.append(copy)
@@ -282,17 +293,15 @@ class PackedCache:
         logits, hidden = self._run(read.ids.astype(mx.uint32)[None], aside, layout, beside=beside)
         logits, hidden = logits[0], None if hidden is None else hidden[0]
         before, rows = self.columns, len(self.rows)
-        fresh = [
-            (
-                _in_row(copy.keys[..., copy.offset - n : copy.offset, :], row, rows),
-                _in_row(copy.values[..., copy.offset - n : copy.offset, :], row, rows),
-            )
-            for copy in aside
-        ]
+
+        def newest_in_row(buffer):  # the aside's n new columns, as row `row` of every row
+            return _each(lambda x: _in_row(x[..., -n:, :], row, rows), buffer)
+
+        fresh = [(newest_in_row(copy.keys_and_values()[0]), newest_in_row(copy.keys_and_values()[1])) for copy in aside]
         mx.eval(fresh, logits)
         try:
             for layer, (keys, values) in zip(self.layers, fresh):
-                layer.update_and_fetch(keys, values)
+                _append(layer, keys, values, before=before)
             self._grow_columns(n)
         except BaseException:
             for layer in self.layers:  # a layer may have taken the columns: none keeps them
@@ -327,13 +336,12 @@ class PackedCache:
         buffers = []
         if self.layers[0].keys is not None:
             take, selected = mx.array(index)[:, None, :, None], mx.array(rows)
+
+            def compacted(x):
+                return mx.take_along_axis(x[selected], take, axis=2)
+
             for layer in self.layers:
-                buffers.append(
-                    (
-                        mx.take_along_axis(layer.keys[selected], take, axis=2),
-                        mx.take_along_axis(layer.values[selected], take, axis=2),
-                    )
-                )
+                buffers.append((_each(compacted, layer.keys), _each(compacted, layer.values)))
             mx.eval(buffers)
         live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
         positions = np.where(live, np.take_along_axis(self.positions[rows], index, axis=1), 0)
@@ -352,27 +360,30 @@ class PackedCache:
         """Per layer, the lane's keys and values in position order (1, heads, length, dim)."""
         index = mx.array(np.array(lane.columns, dtype=np.int64))
         row = lane.row
-        return [
-            (layer.keys[row : row + 1, :, index, :], layer.values[row : row + 1, :, index, :]) for layer in self.layers
-        ]
+
+        def taken(x):
+            return x[row : row + 1, :, index, :]
+
+        return [(_each(taken, layer.keys), _each(taken, layer.values)) for layer in self.layers]
 
     def adopt(self, lane: Lane, states: list[tuple[mx.array, mx.array]]) -> None:
         """Write a sequence's keys and values (per layer, (1, heads, length, dim), positions
         0 on) into an empty lane's row, at the first columns."""
         if lane.length:
             raise CacheRollbackError("a lane adopts a sequence only while empty")
-        length, row = states[0][0].shape[2], lane.row
+        length, row, rows = _columns_of(states[0][0]), lane.row, len(self.rows)
         if self.columns < length:
             self._grow_columns(length - self.columns)
         for layer, (keys, values) in zip(self.layers, states):
             if layer.keys is None:  # the first: a buffer of every row, this one filled
-                layer.keys = mx.zeros((len(self.rows), *keys.shape[1:]), dtype=keys.dtype)
-                layer.values = mx.zeros((len(self.rows), *values.shape[1:]), dtype=values.dtype)
-            elif layer.keys.shape[2] < self.columns:
-                layer.keys = _with_columns(layer.keys, self.columns)
-                layer.values = _with_columns(layer.values, self.columns)
-            layer.keys[row : row + 1, :, :length, :] = keys
-            layer.values[row : row + 1, :, :length, :] = values
+                layer.keys = _each(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), keys)
+                layer.values = _each(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), values)
+            elif _columns_of(layer.keys) < self.columns:
+                layer.keys = _each(lambda x: _with_columns(x, self.columns), layer.keys)
+                layer.values = _each(lambda x: _with_columns(x, self.columns), layer.values)
+            for buffer, state in ((layer.keys, keys), (layer.values, values)):
+                for into, part in zip(_parts(buffer), _parts(state)):
+                    into[row : row + 1, :, :length, :] = part
             layer.offset = self.columns
         self.positions[row, :length] = np.arange(length)
         lane.columns = list(range(length))
@@ -382,17 +393,56 @@ class PackedCache:
 def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
     """The reads to run aside, each in a forward of its own: the widest ones, as many as
     lowers the ids read in all (every row padded to the widest block left, plus each aside's
-    own, plus FORWARD_IDS for each forward more); a prompt's chunk always, beside others."""
+    own, plus FORWARD_IDS for each forward more). So a prompt's chunk beside rows that decode
+    runs aside, and prompts that arrived together are read together."""
     if rows < 2:
         return []
     wide = sorted(reads, key=lambda read: -read.ids.shape[0])
     widths = [read.ids.shape[0] for read in wide] + [1]
-    forced = sum(width > ASIDE_AT for width in widths)
     # an aside costs its ids, a forward more, and the copy of its lane's row
     price = [width + FORWARD_IDS + read.lane.length // COPIED_PER_ID for width, read in zip(widths, wide)]
     cost = [rows * widths[k] + sum(price[:k]) for k in range(len(wide) + 1)]
-    best = min(range(forced, len(wide) + 1), key=lambda k: cost[k])
-    return wide[:best]
+    return wide[: min(range(len(wide) + 1), key=lambda k: cost[k])]
+
+
+def _layer_cache(window: int | None, kv_bits: int | None, kv_group_size: int):
+    """A packed layer's cache: quantized where a lane's own full-attention layer would be."""
+    if window is None and kv_bits is not None:
+        return mlx_cache.QuantizedKVCache(group_size=kv_group_size, bits=kv_bits)
+    return mlx_cache.KVCache()
+
+
+def _parts(buffer) -> tuple:
+    """A layer's keys (or values): one array, or a quantized triple."""
+    return buffer if isinstance(buffer, tuple) else (buffer,)
+
+
+def _each(change, buffer):
+    """`change` applied to each array of a buffer, its form kept."""
+    return tuple(change(x) for x in buffer) if isinstance(buffer, tuple) else change(buffer)
+
+
+def _columns_of(buffer) -> int:
+    return _parts(buffer)[0].shape[2]
+
+
+def _append(layer, keys, values, *, before: int) -> None:
+    """Columns, already in the layer's form, after its first `before` (its offset): a plain
+    layer writes them as a forward would; a quantized one takes them as they are, not
+    quantized again (a copy of its buffers: asides are prompt chunks, not decode steps)."""
+    if not isinstance(keys, tuple):
+        layer.update_and_fetch(keys, values)
+        return
+    if layer.keys is None:
+        layer.keys, layer.values = keys, values
+    else:
+
+        def joined(old, new):
+            return mx.concatenate([old[..., :before, :], new], axis=2)
+
+        layer.keys = tuple(map(joined, layer.keys, keys))
+        layer.values = tuple(map(joined, layer.values, values))
+    layer.offset = before + _columns_of(keys)
 
 
 def _padded(block: mx.array, width: int) -> mx.array:

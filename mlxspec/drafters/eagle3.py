@@ -14,9 +14,9 @@ The head's KV cache is plain, so forgetting rows is a trim. In a batch it is a l
 batch's packed head cache (`join`, decoding/packed.py: `PackedHead`), so every lane's draft
 step is one forward of the head. After an interruption the head starts again from the
 target's features, which the store keeps for everything the target's cache holds. q is the
-head's warped distribution over its draft vocabulary placed at the target ids its rows stand
-for, zero elsewhere: an id outside the draft vocabulary is never proposed but is still
-emitted with exactly the target's probability.
+head's warped distribution over its draft vocabulary placed at the target ids its rows
+stand for, zero elsewhere: an id outside the draft vocabulary is never proposed but is
+still emitted with exactly the target's probability.
 """
 
 from __future__ import annotations

@@ -7,11 +7,14 @@ wait and its verify longer, which its own timings do not charge it. So while two
 generations share the forwards, the batch itself is measured: windows of its aggregate
 tokens per second (every lane's tokens over wall-clock time) with drafting on and with
 every lane decoding plainly, kept per batch size, and the better regime runs, the other
-tried again after a few windows, twice as many each time it loses again (a size not
-measured yet borrows the nearest size's measures of both). Drafting on means each lane's controller chooses as alone;
-plain means every `--gamma auto` lane decodes plainly (a fixed gamma is the user's and is
-kept). Vllm sizes drafts by batch size for the same reason; here the size is measured, not
-assumed. One generation alone never sees the gate.
+tried again after a few windows, twice as many each time it loses again. A size not
+measured yet starts in the regime the measured sizes imply: drafting's gain only falls as
+the batch grows (every lane's drafts lengthen the one forward all lanes wait for), so plain
+decoding that won at a smaller size wins here too, and drafting that won at a larger one;
+else the nearest size's verdict, else drafting is measured first. Drafting on means each
+lane's controller chooses as alone; plain means every `--gamma auto` lane decodes plainly
+(a fixed gamma is the user's and is kept). vLLM sizes drafts by batch size for the same
+reason; here the size is measured, not assumed. One generation alone never sees the gate.
 """
 
 from __future__ import annotations
@@ -50,11 +53,15 @@ class BatchGate:
         return not self.active or self.regime == DRAFT
 
     def join(self) -> None:
-        self.live += 1
-        self._begin()
+        self._resize(self.live + 1)
 
     def leave(self) -> None:
-        self.live = max(self.live - 1, 0)
+        self._resize(max(self.live - 1, 0))
+
+    def _resize(self, live: int) -> None:
+        """A new batch size: a fresh window, in the regime expected to win at that size."""
+        self.live, self._trying = live, False
+        self.regime = self._best() or self.regime
         self._begin()
 
     def count(self, tokens: int) -> None:
@@ -76,12 +83,10 @@ class BatchGate:
         self._begin()
 
     def _next(self) -> str:
-        drafting, plain = self._measured()
-        if drafting is None:
-            return DRAFT
-        if plain is None:
-            return PLAIN
-        best, other = (DRAFT, PLAIN) if drafting >= plain else (PLAIN, DRAFT)
+        best = self._best()
+        if best is None:  # nothing to go by: measure drafting, then plain decoding
+            return DRAFT if (self.live, DRAFT) not in self.rates else PLAIN
+        other = PLAIN if best == DRAFT else DRAFT
         if self._trying:  # a try of the worse regime just ended: if it lost again, wait longer
             self._trying, self._since_try = False, 0
             won = self.regime == best
@@ -93,16 +98,26 @@ class BatchGate:
             return other
         return best
 
-    def _measured(self) -> tuple[float | None, float | None]:
-        """Both regimes' rates at this size, else at the nearest size where both are known."""
+    def _best(self) -> str | None:
+        """The regime expected faster at this size: as measured here; else as the sizes
+        measured imply (drafting's gain falls as the batch grows: see the module's
+        docstring); else, where nothing is measured here, the nearest size's; else None."""
         here = self.rates.get((self.live, DRAFT)), self.rates.get((self.live, PLAIN))
         if None not in here:
-            return here
-        both = [size for size, regime in self.rates if regime == DRAFT and (size, PLAIN) in self.rates]
-        if not both or here != (None, None):
-            return here
-        nearest = min(both, key=lambda size: abs(size - self.live))
-        return self.rates[nearest, DRAFT], self.rates[nearest, PLAIN]
+            return DRAFT if here[0] >= here[1] else PLAIN
+        won = {  # per size measured both ways: whether drafting was faster
+            size: self.rates[size, DRAFT] >= self.rates[size, PLAIN]
+            for size, regime in self.rates
+            if regime == DRAFT and (size, PLAIN) in self.rates
+        }
+        if any(not drafted for size, drafted in won.items() if size < self.live):
+            return PLAIN
+        if any(drafted for size, drafted in won.items() if size > self.live):
+            return DRAFT
+        if won and here == (None, None):
+            nearest = min(won, key=lambda size: abs(size - self.live))
+            return DRAFT if won[nearest] else PLAIN
+        return None
 
     def _begin(self) -> None:
         self._start, self._tokens = None, 0

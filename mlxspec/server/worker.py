@@ -11,7 +11,7 @@ greenlet with its own keys, policy and grammar, and only the forwards are shared
 between forwards (its prompt read in chunks aside, so the others are not padded to its
 length) and leaves when it ends; a session generating in the batch is never handed to
 another job. `max_batch` 1 is one at a time (FIFO), as are families whose caches cannot be
-batched (recurrent state, quantized KV: `batching.why_not`, said once at start).
+batched (recurrent state, a `--max-kv-size` window: `batching.why_not`, said once at start).
 
 Each generation's events go to the asyncio side as they come (`Job`); between rounds the
 worker looks at the job's stop flag (a client that went away, the server shutting down) and
@@ -308,7 +308,7 @@ class Worker:
         from ..decoding.batch import Batch
 
         batch = Batch()
-        lanes = Lanes(self.pair, batch)
+        lanes = Lanes(self.pair, batch, cache_options=self._cache_options or CacheOptions())
         closing = False
 
         def admit(idle: bool) -> list:

@@ -21,6 +21,7 @@ import mlxspec
 from mlxspec.batching import Lanes, generate_many, why_not
 from mlxspec.decoding import engine, packed
 from mlxspec.decoding.batch import Batch
+from mlxspec.decoding.caches import CacheOptions
 from mlxspec.decoding.events import Round
 from mlxspec.decoding.packed import Lane, PackedCache
 from mlxspec.generation import Session
@@ -75,6 +76,24 @@ def test_greedy_ids_in_a_batch_are_the_ids_alone(load_pair, arch, mode):
     assert batch.rows > 1.5 * batch.forwards > 0, (batch.rows, batch.forwards)
 
 
+@pytest.mark.parametrize("mode", ["standard", "chain", "tree"])
+def test_quantized_kv_caches_batch_exactly(load_pair, mode):
+    """Keys and values held quantized (--kv-bits): a lane's rows are quantized once, as its
+    cache alone holds them, and move between rows, asides and compactions as they are; two
+    at a time over four prompts, so lanes join and leave mid-run."""
+    pair = load_pair("llama_kv32")
+    kv = CacheOptions(kv_bits=4, kv_group_size=32)
+    options = MODES[mode]
+    batch = Batch()
+    results = generate_many(pair, PROMPTS, max_tokens=MAX_TOKENS, batch=batch, cache_options=kv, max_batch=2, **options)
+    by_itself = [
+        mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, session=Session(pair, cache_options=kv), **options).tokens
+        for p in PROMPTS
+    ]
+    assert [r.tokens for r in results] == by_itself
+    assert batch.rows > 1.5 * batch.forwards > 0, (batch.rows, batch.forwards)
+
+
 def test_a_quantized_target_batches_exactly(load_pair):
     pair = load_pair("llama", bits=4)
     together, batch = batched(pair, PROMPTS, gamma=3, tree=8)
@@ -91,7 +110,10 @@ def heads(factory) -> Heads:
 def test_a_heads_drafts_are_one_forward_for_every_lane_and_the_drafts_alone(heads, arch):
     pair = heads.pair(arch)
     # no prompt lookup: its proposals from the text and from history are not the head's
-    for options in (dict(gamma=3, tree=0, ngram=False, history=False), dict(gamma=3, tree=8, ngram=False, history=False)):
+    for options in (
+        dict(gamma=3, tree=0, ngram=False, history=False),
+        dict(gamma=3, tree=8, ngram=False, history=False),
+    ):
         batch = Batch()
         together = generate_many(pair, PROMPTS, max_tokens=MAX_TOKENS, batch=batch, **options)
         by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in PROMPTS]
@@ -157,10 +179,11 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
     request's conversation in its session) through a batch smaller than them: they join as
     others leave, at whatever round that is. Each answer equals the one given alone, and a
     continued session's caches stay exact across the join and the leave."""
-    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding"]))
+    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32"]))
     pair = load_pair(arch)
+    kv = CacheOptions(kv_bits=4, kv_group_size=32) if arch == "llama_kv32" else CacheOptions()  # quantized KV
     count = data.draw(st.integers(2, 6))
-    sessions = [Session(pair) for _ in range(2)]
+    sessions = [Session(pair, cache_options=kv) for _ in range(2)]
     jobs = []
     for _ in range(count):
         prompt = data.draw(st.lists(st.integers(5, 300), min_size=1, max_size=30))
@@ -172,14 +195,14 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
 
     answers = {}
     batch = Batch()
-    lanes = Lanes(pair, batch)
+    lanes = Lanes(pair, batch, cache_options=kv)
     queue, running, busy = list(range(count)), set(), set()
 
     def task(i):
         prompt, options, which = jobs[i]
 
         def run():
-            session = sessions[which] if which is not None else Session(pair)
+            session = sessions[which] if which is not None else Session(pair, cache_options=kv)
             # a session continues: its last prompt and answer, then the new prompt
             ids = session_history.get(which, []) + prompt
             try:
@@ -216,7 +239,10 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
     batch.run(admit, done=done)
     assert sorted(answers) == list(range(count))
     for i, (ids, tokens) in answers.items():
-        assert tokens == mlxspec.generate(pair, ids, jobs[i][1]).tokens, (i, jobs[i][1])
+        assert tokens == mlxspec.generate(pair, ids, jobs[i][1], session=Session(pair, cache_options=kv)).tokens, (
+            i,
+            jobs[i][1],
+        )
 
 
 def sample_rows_in_batches(pair, params, *, runs: int, seed: int, per_batch: int = 8) -> Counter:

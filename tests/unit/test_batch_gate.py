@@ -85,3 +85,35 @@ def test_drafting_wins_when_it_is_faster_and_sizes_are_kept_apart():
     assert gate.live == 2 and gate.drafting()
     window(gate, clock, seconds=1.0)
     assert gate.rates[2, DRAFT] == pytest.approx(24.0)
+
+
+def test_a_size_not_measured_yet_starts_in_the_regime_the_others_imply():
+    gate, clock = measured(drafting=2.0, plain=1.0)  # at two lanes plain decoding won
+    gate.join(), gate.join()  # four: drafting's gain only falls as the batch grows
+    assert gate.live == 4 and gate.regime == PLAIN
+    regimes = []
+    for _ in range(TRY_OTHER_EVERY + 1):
+        window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 0.5)
+        regimes.append(gate.regime)
+    # plain windows first, then drafting tried here all the same, and here it wins
+    assert regimes[0] == PLAIN and DRAFT in regimes, regimes
+    assert gate.rates[4, DRAFT] > gate.rates[4, PLAIN]
+    gate.leave(), gate.leave(), gate.leave()
+    gate.join()  # two again: measured both ways there, plain won
+    assert gate.live == 2 and gate.regime == PLAIN
+    gate.join()  # three: smaller than a size where drafting won, larger than one where it lost
+    assert gate.live == 3 and gate.regime == PLAIN  # a loss below outweighs a win above
+
+
+def test_drafting_that_won_in_a_larger_batch_starts_a_smaller_one():
+    clock = Clock()
+    gate = BatchGate(clock)
+    for _ in range(4):
+        gate.join()
+    window(gate, clock, seconds=1.0)  # drafting measured first
+    window(gate, clock, seconds=2.0)  # then plain: slower
+    assert gate.drafting()
+    gate.leave()
+    window(gate, clock, seconds=1.0)
+    gate.leave()
+    assert gate.live == 2 and gate.regime == DRAFT and (2, PLAIN) not in gate.rates
