@@ -136,3 +136,19 @@ def install_final(model, *, after_norm: bool = True) -> Taps:
     object.__setattr__(norm, "_mlxspec_taps", taps)
     object.__setattr__(norm, "_mlxspec_after_norm", after_norm)
     return taps
+
+
+def install_outputs(model, layer_ids: tuple[int, ...]) -> Taps:
+    """Tap the *outputs* of `layer_ids` (as DFlash counts them: its reference hooks each
+    layer's output): layer i's output is what enters layer i + 1, and the last layer's what
+    enters the final norm. Returns the Taps, its ids in the order given."""
+    count = num_layers(model)
+    bad = [i for i in layer_ids if not 0 <= i < count]
+    if bad:
+        raise UnsupportedModel(f"the target has {count} layers; a feature layer id must be below that, got {bad}")
+    inputs = tuple(i + 1 for i in layer_ids if i + 1 < count)
+    taps = install(model, inputs) if inputs else None
+    if count - 1 in layer_ids:
+        taps = install_final(model, after_norm=False)
+    taps.layer_ids = tuple(i + 1 if i + 1 < count else FINAL for i in layer_ids)
+    return taps

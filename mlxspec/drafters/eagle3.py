@@ -3,11 +3,12 @@
 The head's row j reads token j+1 beside the target's features at position j and predicts
 token j+2 (eagle3_head.py). The target writes the features of every position it reads into
 its cursor's FeatureStore, so the head follows the target's history instead of keeping ids
-of its own: before proposing it reads a row for each position the target has read since,
-the last of which predicts the id after the target's pending one, which is exactly the
-first id a verify places. Then it chains on its own output for the rest. Rows it made from
-its own outputs are thrown away when the round settles: next round it reads the target's
-true features for whatever was accepted (as EAGLE's and vLLM's implementations do).
+of its own (the bookkeeping every feature drafter shares: feature_rows.py): before proposing
+it reads a row for each position the target has read since, the last of which predicts the
+id after the target's pending one, which is exactly the first id a verify places. Then it
+chains on its own output for the rest. Rows it made from its own outputs are thrown away
+when the round settles: next round it reads the target's true features for whatever was
+accepted (as EAGLE's and vLLM's implementations do).
 
 The head's KV cache is plain, so forgetting rows is a trim. In a batch it is a lane of the
 batch's packed head cache (`join`, decoding/packed.py: `PackedHead`), so every lane's draft
@@ -20,14 +21,11 @@ still emitted with exactly the target's probability.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-
 import mlx.core as mx
 import numpy as np
 
 from ..decoding.carry import Carry
-from ..decoding.cursor import CATCH_UP_AFTER, TOKEN, Cursor, common_prefix
+from ..decoding.cursor import TOKEN, Cursor
 from ..decoding.drafter import Drafts
 from ..decoding.packed import Lane, PackedCache
 from ..decoding.plan import Plan
@@ -35,19 +33,16 @@ from ..decoding.tree import LevelPrice
 from . import EAGLE3
 from .chain import propose_chain, stack_drafts
 from .eagle3_head import Eagle3Head
+from .feature_rows import FeatureRows
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(FeatureRows):
     kind = EAGLE3
+    reads_ahead = 1  # row j reads id j + 1 beside the features at j
 
     def __init__(self, head: Eagle3Head, target: Cursor, *, name: str):
-        if target.features is None:
-            raise ValueError(f"a {self.kind} drafter needs a target cursor that keeps its features")
         self.head = head
-        self.target = target
-        self.name = name
-        self.width = target.width
-        self.reset()
+        super().__init__(target, name=name)
 
     def reset(self) -> None:
         from mlx_lm.models.cache import KVCache
@@ -101,38 +96,7 @@ class Eagle3Drafter:
         logits, out = self.cache.read(tokens[0], layout, beside=beside)
         return logits[None], out[None]
 
-    # -- a session's calls
-    def sync(self, ids: list[int]) -> int:
-        """Nothing to do until the target has read the prompt: rows follow its history."""
-        return 0
-
-    def prefill(self) -> None:
-        """After the target's prefill: read the prompt's rows but the last."""
-        with self._reset_on_error():
-            self._ensure_features()
-            self._read_behind()
-
-    def hear(self, ids) -> None:
-        """Ids emitted without the head are in the target's history already."""
-
-    def catch_up_if_behind(self) -> float:
-        """Before a round's marks: the target reads any pending ids but its last (its first
-        draft must predict the id after that one, from true features), and the head reads a
-        backlog of rows in a forward of its own."""
-        start = time.perf_counter()
-        if len(self.target.pending) > 1:  # a rewind that refeeds ids; a heard stretch
-            self.target.catch_up()
-        self._align()
-        if self.target_rows - self.rows > CATCH_UP_AFTER:
-            with self._reset_on_error():
-                self._ensure_features()
-                self._read_behind()
-        return time.perf_counter() - start
-
     # -- a round's calls
-    def begin(self, plan: Plan):
-        return None
-
     def propose(self, plan: Plan, *, carry: Carry, state=None) -> Drafts | None:
         """The plan's proposal: a tree (`plan.tree`; None: nothing to draft from) or a chain."""
         if plan.tree:
@@ -256,64 +220,19 @@ class Eagle3Drafter:
         outputs (a chain's chained rows, a tree's every row)."""
         self._trim(min(self.rows, max(len(self.ids) - 1, 0)))
 
-    def undo(self, state) -> None:
-        self.reset()
+    # -- rows (feature_rows.py)
+    def _trim_cache(self, rows: int) -> None:
+        if isinstance(self.cache, Lane):
+            self.cache.trim_to(rows)
+        else:
+            self.cache.trim(self.rows - rows)
 
-    @contextmanager
-    def _reset_on_error(self):
-        """An interrupt inside the head's forward may leave its cache's buffers apart (keys
-        grown, values not): start again from the target's features rather than trust it."""
-        try:
-            yield
-        except BaseException:
-            self.reset()
-            raise
+    def _read_rows(self, begin: int, end: int) -> None:
+        tokens = mx.array(self.target.history[begin + 1 : end + 1], dtype=TOKEN)[None]
+        self._forward(tokens, self.target.features.read(begin, end)[None])
 
-    # -- rows
-    @property
-    def target_rows(self) -> int:
-        """Rows the target's features allow: one per position it has read."""
-        return len(self.target.tokens)
-
-    def _align(self) -> None:
-        """Forget rows whose ids are no longer the target's (a rejection, a new prompt)."""
-        common = common_prefix(self.ids, self.target.history)
-        self._trim(min(self.rows, max(common - 1, 0), self.target_rows))
-
-    def _trim(self, rows: int) -> None:
-        if rows < self.rows:
-            if isinstance(self.cache, Lane):
-                self.cache.trim_to(rows)
-            else:
-                self.cache.trim(self.rows - rows)
-        self.ids = self.ids[: rows + 1] if rows else []
-
-    def _read_behind(self) -> None:
-        """Read every row the target allows but the last (propose reads that one)."""
-        self._align()
-        end = self.target_rows - 1
-        if end <= self.rows:
-            return
-        history = self.target.history
-        tokens = mx.array(history[self.rows + 1 : end + 1], dtype=TOKEN)[None]
-        self._forward(tokens, self.target.features.read(self.rows, end)[None])
-        self.ids = history[: end + 1]
-        mx.eval(self.cache.state)
-
-    def _ensure_features(self) -> None:
-        """The store lacks positions the target holds only where its cache came from elsewhere
-        (a prompt-cache file) or where standard decoding kept none: have the target read
-        them again."""
-        self._align()
-        # from the last row propose reads again when the head holds them all (a standard
-        # call since may have forgotten it) to the target's newest position
-        first = min(self.rows, max(self.target_rows - 1, 0))
-        if not self.target.features.covers(first, self.target_rows):
-            self.reset()
-            if not self.target.features.covers(0, self.target_rows):
-                history = self.target.history
-                self.target.invalidate(history)
-                self.target.prefill()
+    def _state(self):
+        return self.cache.state
 
 
 class PackedHead:
@@ -332,7 +251,8 @@ class PackedHead:
         return [KVCache()]
 
     def why_not(self) -> str | None:
-        return self.head.why_no_trees()
+        packs = getattr(self.head, "why_not_packed", None)  # a drafter that is no head of one layer
+        return packs() if packs is not None else self.head.why_no_trees()
 
     def __call__(self, ids: mx.array, *, cache: list, beside: mx.array, layout) -> tuple[mx.array, mx.array]:
         return self.head(ids, beside, cache[0], chained=True, layout=layout)

@@ -77,14 +77,32 @@ def unnamed_head(config: dict) -> str | None:
 
 
 def is_head_folder(path: Path) -> bool:
+    return names_architecture(path, ARCHITECTURES)
+
+
+def names_architecture(path: Path, architectures: tuple[str, ...]) -> bool:
+    """Whether the folder's config.json lists one of `architectures` (what a kind's files say
+    they are)."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return False
     try:
         named = json.loads(config.read_text()).get("architectures") or ()
-        return isinstance(named, list) and any(a in ARCHITECTURES for a in named if isinstance(a, str))
+        return isinstance(named, list) and any(a in architectures for a in named if isinstance(a, str))
     except (ValueError, OSError, AttributeError):  # not JSON, or not an object
         return False
+
+
+def config_object(file: Path, what: str) -> dict:
+    """A config.json's object, or ModelLoadError in one line: not readable, not JSON, or not
+    an object."""
+    try:
+        raw = json.loads(file.read_text())
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"{file}: not a readable {what} ({e})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file}: not {what} (a JSON object of settings)")
+    return raw
 
 
 # Bounds past every published model's, so that a config's numbers cannot ask for more than a
@@ -102,12 +120,7 @@ def read_config(path: Path) -> HeadConfig:
     from ..folder_code import refuse_custom_code
 
     file = Path(path) / "config.json"
-    try:
-        raw = json.loads(file.read_text())
-    except (ValueError, OSError) as e:
-        raise ModelLoadError(f"{file}: not a readable EAGLE-3 config ({e})") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{file}: not an EAGLE-3 config (a JSON object of settings)")
+    raw = config_object(file, "an EAGLE-3 config")
     refuse_custom_code(Path(path))
     layer = raw.get("transformer_layer_config") or raw  # speculators nests the layer's config
     eagle = raw.get("eagle_config") or {}
@@ -149,8 +162,8 @@ class _Fields:
     """A config's fields read as the head needs them: the layer's own first, then the top
     level's (speculators keeps the vocabularies there), one line for a wrong one."""
 
-    def __init__(self, file: Path, raw: dict, layer: dict):
-        self.file, self.raw, self.layer = file, raw, layer
+    def __init__(self, file: Path, raw: dict, layer: dict, *, what: str = "an EAGLE-3 config"):
+        self.file, self.raw, self.layer, self.what = file, raw, layer, what
 
     def _get(self, key: str, *, top: bool = False):
         scopes = (self.raw,) if top else (self.layer, self.raw)
@@ -160,7 +173,7 @@ class _Fields:
         value = self._get(key)
         value = default if value is None else value
         if value is None:
-            raise ModelLoadError(f"{self.file}: an EAGLE-3 config needs {key}")
+            raise ModelLoadError(f"{self.file}: {self.what} needs {key}")
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
             raise ModelLoadError(f"{self.file}: {key} is {value!r}, not a whole number from 1 to {most}")
         return value
@@ -213,17 +226,15 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0][:200]
 
 
-def config_dict(config: HeadConfig) -> dict:
-    """The published layout (EAGLE / SpecForge), as vLLM and SGLang read it."""
-    out = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+def layer_fields(config) -> dict:
+    """The decoder layers' fields of a draft config (an EAGLE-3 head's, a DFlash drafter's),
+    as transformers' Llama and Qwen3 configs name them."""
+    return {
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
-        "num_hidden_layers": 1,
         "hidden_act": "silu",
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
@@ -231,6 +242,16 @@ def config_dict(config: HeadConfig) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "attention_bias": config.attention_bias,
         "vocab_size": config.vocab_size,
+    }
+
+
+def config_dict(config: HeadConfig) -> dict:
+    """The published layout (EAGLE / SpecForge), as vLLM and SGLang read it."""
+    out = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **layer_fields(config),
+        "num_hidden_layers": 1,
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "tie_word_embeddings": False,
@@ -246,7 +267,8 @@ def config_dict(config: HeadConfig) -> dict:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: HeadConfig):
+    def __init__(self, config: HeadConfig, *, width: int | None = None):
+        """`width`: what q, k and v read (a head's: 2·hidden, its embedding beside its features)."""
         super().__init__()
         from mlx_lm.models.rope_utils import initialize_rope
 
@@ -255,7 +277,7 @@ class Attention(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
         )
-        wide, bias = 2 * config.hidden_size, config.attention_bias
+        wide, bias = width or 2 * config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(wide, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=bias)
@@ -378,16 +400,7 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
     """A head from a folder in the published layout. Raises ModelLoadError in one line."""
     path = Path(path)
     config = read_config(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{path}: an EAGLE-3 head needs its weights (*.safetensors)")
-    weights = {}
-    for file in files:
-        try:
-            weights.update(mx.load(str(file)))
-        except Exception as e:  # a truncated or foreign file: one line, naming it
-            raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
-    weights = _published_to_module(weights)
+    weights = _published_to_module(read_weights(path, what="an EAGLE-3 head"))
     head = Eagle3Head(config, own_embedding="embed_tokens.weight" in weights)
     d2t = weights.pop("d2t", None)
     weights.pop("t2d", None)
@@ -398,21 +411,42 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
             )
         targets = (mx.arange(config.draft_vocab_size) + d2t.astype(mx.int64)).astype(mx.uint32)
         object.__setattr__(head, "draft_to_target", targets)
-    expected = dict(_flat(head.parameters()))
+    load_checked(head, weights, path=path, what="an EAGLE-3 head", dtype=dtype)
+    return head
+
+
+def read_weights(path: Path, *, what: str) -> dict:
+    """Every tensor of the folder's *.safetensors files; ModelLoadError in one line for none
+    or for a file that is not one."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: {what} needs its weights (*.safetensors)")
+    weights = {}
+    for file in files:
+        try:
+            weights.update(mx.load(str(file)))
+        except Exception as e:  # a truncated or foreign file: one line, naming it
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
+    return weights
+
+
+def load_checked(module: nn.Module, weights: dict, *, path: Path, what: str, dtype=None) -> None:
+    """`weights` into `module`, each name and shape checked against what its config built
+    first: one line naming a missing, unexpected or misshapen tensor."""
+    expected = dict(_flat(module.parameters()))
     missing = sorted(set(expected) - set(weights))
     if missing:
-        raise ModelLoadError(f"{path}: the head's weights lack {', '.join(missing[:4])}")
+        raise ModelLoadError(f"{path}: the weights of {what} lack {', '.join(missing[:4])}")
     for name, value in weights.items():
         want = expected.get(name)
         if want is None:
-            raise ModelLoadError(f"{path}: unexpected tensor {name} in an EAGLE-3 head")
+            raise ModelLoadError(f"{path}: unexpected tensor {name} in {what}")
         if tuple(value.shape) != tuple(want.shape):
             raise ModelLoadError(f"{path}: {name} has shape {tuple(value.shape)}, the config says {tuple(want.shape)}")
     if dtype is not None:
         weights = {k: v.astype(dtype) for k, v in weights.items()}
-    head.load_weights(list(weights.items()))
-    mx.eval(head.parameters())
-    return head
+    module.load_weights(list(weights.items()))
+    mx.eval(module.parameters())
 
 
 def save_head(head: Eagle3Head, path: Path, *, dtype=mx.bfloat16) -> None:

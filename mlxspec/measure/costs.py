@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from ..decoding.caches import make_cache
 from ..decoding.sampling import SamplingParams, warp
+from ..drafters import DFLASH
 from ..models.pairs import Pair
 
 
@@ -86,7 +87,9 @@ def measure(
     ]
 
     draft_step = 0.0
-    if pair.kind is not None and pair.kind.reads_features:
+    if pair.kind is not None and pair.kind.name == DFLASH:
+        draft_step = _block_time(pair, prompt, params, repeats)
+    elif pair.kind is not None and pair.kind.reads_features:
         draft_step = _head_step_time(pair, prompt, params, repeats)
     elif pair.draft is not None:
         draft_cache = make_cache(pair.draft.model, "draft")
@@ -96,6 +99,26 @@ def measure(
         mx.eval(draft_cache.state)
         draft_step = _forward_time(pair.draft.model, draft_cache, filler[:1], params, repeats)
     return Costs(times[0], draft_step, tuple(t / times[0] for t in times))
+
+
+def _block_time(pair: Pair, prompt: list[int], params: SamplingParams, repeats: int) -> float:
+    """Median seconds of a DFlash drafter's block forward (its whole chain: one forward
+    whatever γ) after reading the prompt's rows, with its rows warped when sampling."""
+    from ..decoding import capture
+
+    draft = pair.draft.model
+    pair.target.model(mx.array(prompt[:-1])[None])
+    cache = draft.make_cache()
+    draft.read_context(capture.taps_of(pair.target.model).take(), cache)
+    config = draft.config
+    block = mx.array([[prompt[-1]] + [config.mask_token_id] * (config.block_size - 1)])
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        logits = draft(block, cache)[0, 1:]
+        mx.eval(mx.argmax(logits, axis=-1) if params.greedy else warp(logits, params))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 def _head_step_time(pair: Pair, prompt: list[int], params: SamplingParams, repeats: int) -> float:

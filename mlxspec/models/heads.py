@@ -1,13 +1,13 @@
-"""Loading a draft head beside its target: an EAGLE-3 head found by its config, or the
-target's own MTP head read from its checkpoint; checked against the target, the target's
-layers (or its final norm) tapped for the features the head reads."""
+"""Loading a draft head beside its target: an EAGLE-3 head or a DFlash block drafter found by
+its config, or the target's own MTP head read from its checkpoint; checked against the
+target, the target's layers (or its final norm) tapped for the features the head reads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..decoding import capture
-from ..drafters import EAGLE3, MTP
+from ..drafters import DFLASH, EAGLE3, MTP
 from ..drafters.eagle3_head import check_fits, load_head, read_config, target_embedding
 from ..errors import IncompatibleHead
 
@@ -19,11 +19,7 @@ def load_eagle3(name: str, path: Path, target):
 
     from .loading import LoadedModel
 
-    if getattr(target, "shard", None) is not None:
-        raise IncompatibleHead(
-            "an EAGLE-3 head reads the target's hidden states, which a target split across ranks "
-            "does not bring back to rank 0: run it in one process"
-        )
+    _refuse_shard(target, "an EAGLE-3 head")
     layers = capture.num_layers(target.model)  # refuses a family it cannot tap, naming it
     # the config against the target first: a misfit is named by its field, not by a shape
     ids = check_fits(read_config(path), target_config=target.config, target_layers=layers, name=name)
@@ -61,11 +57,7 @@ def load_mtp(target):
     )
     from .loading import LoadedModel
 
-    if getattr(target, "shard", None) is not None:
-        raise IncompatibleHead(
-            "an MTP head reads the target's hidden states, which a target split across ranks "
-            "does not bring back to rank 0: run it in one process"
-        )
+    _refuse_shard(target, "an MTP head")
     dtype = mx.float32 if mx.default_device() == mx.cpu else None
     head = load_head(Path(target.path), target.model, target.config, name=target.name, dtype=dtype)
     capture.install_final(target.model, after_norm=HIDDEN_AFTER_NORM)
@@ -82,3 +74,39 @@ def load_mtp(target):
         weight_bytes=sum(f.stat().st_size for f in files if f.exists()),
         kind=MTP,
     )
+
+
+def load_dflash(name: str, path: Path, target):
+    """A LoadedModel (kind "dflash") for the DFlash drafter at `path`, fitted to `target` (a
+    LoadedModel): its embedding and LM head the target's; taps the target's layers it reads."""
+    import mlx.core as mx
+
+    from ..drafters.dflash_model import check_fits as check_dflash_fits
+    from ..drafters.dflash_model import load_draft
+    from ..drafters.dflash_model import read_config as read_dflash_config
+    from .loading import LoadedModel
+
+    _refuse_shard(target, "a DFlash drafter")
+    layers = capture.num_layers(target.model)  # refuses a family it cannot tap, naming it
+    config = read_dflash_config(path)
+    check_dflash_fits(config, target_config=target.config, target_layers=layers, name=name)
+    draft = load_draft(path, dtype=mx.float32 if mx.default_device() == mx.cpu else None).bind(target.model)
+    capture.install_outputs(target.model, config.target_layer_ids)
+    return LoadedModel(
+        name=name,
+        path=Path(path),
+        model=draft,
+        tokenizer=target.tokenizer,
+        config={"target_layer_ids": list(config.target_layer_ids), "block_size": config.block_size},
+        width=target.width,
+        weight_bytes=sum(f.stat().st_size for f in Path(path).glob("*.safetensors")),
+        kind=DFLASH,
+    )
+
+
+def _refuse_shard(target, what: str) -> None:
+    if getattr(target, "shard", None) is not None:
+        raise IncompatibleHead(
+            f"{what} reads the target's hidden states, which a target split across ranks "
+            "does not bring back to rank 0: run it in one process"
+        )

@@ -10,6 +10,8 @@ drafter module and its tests.
                    (drafters/lookup.py, drafters/history/), beside any other kind too
     EAGLE-3 head   a folder in the published layout: reads the target's hidden states
     MTP head       `--draft mtp`: the target's own head, read from its checkpoint
+    DFlash         a folder in the published layout: a block drafter over the target's hidden
+                   states, drafting a chain in one forward
 
 MLX and the drafters load only when a kind is detected in a folder, loads or makes its
 drafter: the views ask which kind a preset names without them.
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..drafters import DRAFT_MODEL, EAGLE3, MTP, PROMPT_LOOKUP
+from ..drafters import DFLASH, DRAFT_MODEL, EAGLE3, MTP, PROMPT_LOOKUP
 from ..errors import IncompatiblePair
 from .loading import LoadedModel
 
@@ -121,6 +123,25 @@ def _eagle3_drafter(draft: LoadedModel, target, *, name: str, cache_options):
     return Eagle3Drafter(draft.model, target, name=name)
 
 
+# -- a DFlash block drafter: layers over the target's hidden states, its embedding and LM head the target's
+def _is_dflash(path: Path) -> bool:
+    from ..drafters.dflash_model import is_dflash_folder
+
+    return is_dflash_folder(path)
+
+
+def _load_dflash(name: str, path: Path | None, target: LoadedModel) -> LoadedModel:
+    from .heads import load_dflash
+
+    return load_dflash(name, path, target)
+
+
+def _dflash_drafter(draft: LoadedModel, target, *, name: str, cache_options):
+    from ..drafters.dflash import DFlashDrafter
+
+    return DFlashDrafter(draft.model, target, name=name)
+
+
 # -- the target's own MTP head
 def _load_mtp(name: str, path: Path | None, target: LoadedModel) -> LoadedModel:
     from .heads import load_mtp
@@ -140,6 +161,7 @@ KINDS: dict[str, Kind] = {
         Kind(DRAFT_MODEL, load=_load_draft_model, drafter=_model_drafter),
         Kind(PROMPT_LOOKUP, named=True, by_lookup=True),
         Kind(EAGLE3, reads_features=True, detect=_is_eagle3_head, load=_load_eagle3, drafter=_eagle3_drafter),
+        Kind(DFLASH, reads_features=True, detect=_is_dflash, load=_load_dflash, drafter=_dflash_drafter),
         Kind(
             MTP,
             named=True,

@@ -4,7 +4,8 @@ A Session keeps both caches between calls and brings them back to the longest pr
 share with the next prompt: a trim, a checkpoint whose ids start the prompt, or a fresh
 cache. The regression below is the stale checkpoint of issue 12; the state machine walks
 sessions through random sequences of calls (extend, diverge, retry, interrupt) on every
-cache family, and with EAGLE-3 heads, whose rows follow the target's history. `demos/session_fuzz.py`
+cache family, and with EAGLE-3 heads and DFlash drafters, whose rows follow the target's
+history. `demos/session_fuzz.py`
 runs it longer.
 """
 
@@ -26,15 +27,19 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 import mlxspec
 from mlxspec import Done, Prefill, Round
 from mlxspec.decoding.caches import CacheOptions
-from mlxspec.drafters import EAGLE3, MTP
+from mlxspec.drafters import DFLASH
+from mlxspec.drafters.feature_rows import FeatureRows
 from mlxspec.generation import Session
 from tests.conftest import ARCH_SETTINGS, ctrl_c_at, emitted_ids, fresh_standard
+from tests.support.dflash import fresh_block_drafts, make_dflash
 from tests.support.heads import fresh_head_drafts, make_head
 from tests.support.mtp_models import write_hub_model
 
 
 def fresh_draft(pair, history, n, options=CacheOptions()) -> list[int]:
     """What a draft that read `history` in one block would propose greedily, `n` ids."""
+    if pair.kind.name == DFLASH:
+        return fresh_block_drafts(pair, history, n)
     if pair.kind.reads_features:
         return fresh_head_drafts(pair, history, n)
     model = pair.draft.model
@@ -100,6 +105,9 @@ HEAD_FAMILIES = {
     "ArraysCache, Qwen3.5 MTP head": ("mtp:qwen3_5", CacheOptions()),
     # GLM-4.7-Flash's nextn layer: MLA's KV cache, the embedding zeroed at the head's row 0
     "KVCache, GLM nextn head": ("mtp:glm4_moe_lite", CacheOptions()),
+    # DFlash block drafters: context rows of the target's features, the block never cached
+    "KVCache, DFlash drafter": ("dflash:llama", CacheOptions()),
+    "RotatingKVCache, DFlash drafter": ("dflash:gemma3_text", CacheOptions()),
 }
 # Rotating caches both trim (before wrapping, after a block) and restore (after single
 # steps), where a stale checkpoint can hide: they get more sequences. With checkpoints
@@ -185,6 +193,13 @@ def head_pair(factory, arch: str):
                 fit_prompts=prompts,
             )
         return mlxspec.load_pair(str(out), "mtp")
+    if arch.startswith("dflash:"):
+        family = arch.removeprefix("dflash:")
+        target = factory.model(f"{family}-target", arch=family, seed=1, head_scale=ARCH_SETTINGS[family][0])
+        out = factory.root / f"{family}-dflash-sessions"
+        if not (out / "config.json").exists():
+            make_dflash(target, out, fit_steps=150, fit_prompts=prompts, seed=3)
+        return mlxspec.load_pair(str(target), str(out))
     target = factory.model(f"{arch}-target", arch=arch, seed=1, head_scale=ARCH_SETTINGS[arch][0])
     out = factory.root / f"{arch}-eagle3-sessions"
     if not (out / "config.json").exists():
@@ -327,12 +342,13 @@ def how_sync_goes(cursor, prompt: list[int]) -> str:
 
 
 def assert_truthful(cursor) -> None:
-    if getattr(cursor, "kind", None) in (EAGLE3, MTP):
-        # a head follows the target lazily: what it keeps after aligning (as its next use
-        # does first) is one row per position of the target's history, no more
+    if isinstance(cursor, FeatureRows):
+        # a drafter over the target's features follows it lazily: what it keeps after
+        # aligning (as its next use does first) is one row per position of the target's
+        # history, no more
         cursor._align()
-        assert cursor.rows == cursor.cache.offset <= cursor.target_rows
-        assert len(cursor.ids) == (cursor.rows + 1 if cursor.rows else 0) or not cursor.rows
+        assert cursor.rows <= cursor.target_rows
+        assert len(cursor.ids) == (cursor.rows + cursor.reads_ahead if cursor.rows else 0) or not cursor.rows
         assert cursor.ids == cursor.target.history[: len(cursor.ids)]
         return
     assert cursor.cache.length == len(cursor.tokens)

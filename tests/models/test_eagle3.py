@@ -20,7 +20,7 @@ from mlxspec.drafting import Controller, ControllerConfig
 from mlxspec.errors import IncompatibleHead, UnsupportedModel
 from mlxspec.generation import Session
 from tests.conftest import ARCH_SETTINGS, ModelFactory
-from tests.support.heads import fresh_head_drafts, make_head
+from tests.support.heads import check_ctrl_c_mid_round, fresh_head_drafts, make_head
 
 PROMPT = list(range(10, 22))
 MAX_TOKENS = 40
@@ -216,19 +216,7 @@ def test_a_target_with_ids_to_refeed_still_drafts_aligned(heads, monkeypatch):
 
 
 def test_a_ctrl_c_mid_round_leaves_a_head_session_exact(heads):
-    from tests.conftest import ctrl_c_at
-
-    pair = heads.pair("llama")
-    session = Session(pair)
-    expected = mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=0).tokens
-    for at in (40, 200, 700, 1500):
-        with ctrl_c_at(at):
-            try:
-                for _ in mlxspec.stream(pair, PROMPT, session=session, max_tokens=24, gamma=3):
-                    pass
-            except KeyboardInterrupt:
-                pass
-        assert mlxspec.generate(pair, PROMPT, max_tokens=24, gamma=3, session=session).tokens == expected, at
+    check_ctrl_c_mid_round(heads.pair("llama"), PROMPT, gamma=3)
 
 
 # -- the sampled law: a head over 6 ids, chi-square of the first three emitted ids

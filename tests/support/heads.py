@@ -123,3 +123,23 @@ def fresh_head_drafts(pair, history: list[int], n: int) -> list[int]:
         out.append((choice if head.draft_to_target is None else head.draft_to_target[choice]).item())
         tokens, hidden = mx.array([[out[-1]]]), pre[:, -1:]
     return out
+
+
+def check_ctrl_c_mid_round(pair, prompt: list[int], *, gamma: int, max_tokens: int = 24) -> None:
+    """Ctrl-C at several points of a drafting stream, each followed by the same prompt on
+    the same session: the output is standard decoding's every time."""
+    import mlxspec
+    from mlxspec.generation import Session
+    from tests.conftest import ctrl_c_at
+
+    session = Session(pair)
+    expected = mlxspec.generate(pair, prompt, max_tokens=max_tokens, gamma=0).tokens
+    for at in (40, 200, 700, 1500):
+        with ctrl_c_at(at):
+            try:
+                for _ in mlxspec.stream(pair, prompt, session=session, max_tokens=max_tokens, gamma=gamma):
+                    pass
+            except KeyboardInterrupt:
+                pass
+        got = mlxspec.generate(pair, prompt, max_tokens=max_tokens, gamma=gamma, session=session).tokens
+        assert got == expected, at

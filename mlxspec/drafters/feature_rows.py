@@ -1,0 +1,139 @@
+"""The row bookkeeping of a drafter that reads the target's hidden states (an EAGLE-3 or MTP
+head, a DFlash block drafter): its cache holds one row per position the target has read,
+made from the target's features there (the cursor's FeatureStore), so it follows the
+target's history instead of keeping ids of its own.
+
+A row at position j stays valid while the ids it was made from are still the target's: ids
+0 .. j, and `reads_ahead` more (an EAGLE-3 row j reads id j + 1 beside the features at j; a
+DFlash row reads the features alone). Before each proposal the rows whose ids the target no
+longer holds (a rejection, a new prompt sharing a prefix) are trimmed, and the rows the
+target has read since are read from the store; after an interruption (Ctrl-C inside a
+forward) the drafter starts again from the target's features, which the store keeps for
+everything the target's cache holds."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import mlx.core as mx
+
+from ..decoding.cursor import CATCH_UP_AFTER, Cursor, common_prefix
+
+
+class FeatureRows:
+    kind: str
+    reads_ahead: int  # ids a row reads past its own position
+
+    def __init__(self, target: Cursor, *, name: str):
+        if target.features is None:
+            raise ValueError(f"a {self.kind} drafter needs a target cursor that keeps its features")
+        self.target = target
+        self.name = name
+        self.width = target.width
+        self.reset()
+
+    # -- what a kind says: its cache and how it reads rows
+    def reset(self) -> None:
+        """An empty cache; no ids."""
+        raise NotImplementedError
+
+    @property
+    def rows(self) -> int:
+        raise NotImplementedError
+
+    def _trim_cache(self, rows: int) -> None:
+        raise NotImplementedError
+
+    def _read_rows(self, begin: int, end: int) -> None:
+        """Read rows begin .. end - 1 from the target's features (and ids) into the cache."""
+        raise NotImplementedError
+
+    def _state(self):
+        """The cache's arrays, to evaluate."""
+        raise NotImplementedError
+
+    # -- a session's calls
+    def sync(self, ids: list[int]) -> int:
+        """Nothing to do until the target has read the prompt: rows follow its history."""
+        return 0
+
+    def prefill(self) -> None:
+        """After the target's prefill: read the prompt's rows but the last."""
+        with self._reset_on_error():
+            self._ensure_features()
+            self._read_behind()
+
+    def hear(self, ids) -> None:
+        """Ids emitted without the drafter are in the target's history already."""
+
+    def catch_up_if_behind(self) -> float:
+        """Before a round's marks: the target reads any pending ids but its last (the first
+        draft must predict the id after that one, from true features), and the drafter reads
+        a backlog of rows in a forward of its own."""
+        start = time.perf_counter()
+        if len(self.target.pending) > 1:  # a rewind that refeeds ids; a heard stretch
+            self.target.catch_up()
+        self._align()
+        if self.target_rows - self.rows > CATCH_UP_AFTER:
+            with self._reset_on_error():
+                self._ensure_features()
+                self._read_behind()
+        return time.perf_counter() - start
+
+    def begin(self, plan):
+        return None
+
+    def undo(self, state) -> None:
+        self.reset()
+
+    @contextmanager
+    def _reset_on_error(self):
+        """An interrupt inside a forward may leave the cache's buffers apart (keys grown,
+        values not): start again from the target's features rather than trust it."""
+        try:
+            yield
+        except BaseException:
+            self.reset()
+            raise
+
+    # -- rows
+    @property
+    def target_rows(self) -> int:
+        """Rows the target's features allow: one per position it has read."""
+        return len(self.target.tokens)
+
+    def _align(self) -> None:
+        """Forget rows whose ids are no longer the target's (a rejection, a new prompt)."""
+        common = common_prefix(self.ids, self.target.history)
+        self._trim(min(self.rows, max(common - self.reads_ahead, 0), self.target_rows))
+
+    def _trim(self, rows: int) -> None:
+        if rows < self.rows:
+            self._trim_cache(rows)
+        self.ids = self.ids[: rows + self.reads_ahead] if rows else []
+
+    def _read_behind(self) -> None:
+        """Read every row the target allows but the last (a proposal reads that one)."""
+        self._align()
+        end = self.target_rows - 1
+        if end <= self.rows:
+            return
+        self._read_rows(self.rows, end)
+        self.ids = self.target.history[: end + self.reads_ahead]
+        mx.eval(self._state())
+
+    def _ensure_features(self) -> None:
+        """The store lacks positions the target holds only where its cache came from elsewhere
+        (a prompt-cache file) or where standard decoding kept none: have the target read
+        them again."""
+        self._align()
+        # from the first row a proposal reads (the last held row again, for a drafter whose
+        # row reads ahead) to the target's newest position
+        first = min(self.rows, max(self.target_rows - self.reads_ahead, 0))
+        if not self.target.features.covers(first, self.target_rows):
+            self.reset()
+            if not self.target.features.covers(0, self.target_rows):
+                history = self.target.history
+                self.target.invalidate(history)
+                self.target.prefill()
