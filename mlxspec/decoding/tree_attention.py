@@ -182,13 +182,19 @@ def why_not(model, cache) -> str | None:
     modules = _attention_modules(model)
     if modules is None:
         return f"this {family} model's attention is not of the shape trees are read through"
-    for rope in {_unwrapped(type(m.rope)) for m in modules}:
+    for rope in {_unwrapped(type(m.rope)) for m in modules}:  # inline: see why_not_family
         if rope.__name__ not in ROPES_BY_ROW:
             return f"{rope.__name__} cannot place a tree's rows at their own positions"
     for layer in cache.layers:
         if type(layer) not in (*_PLAIN, *_WINDOWED):
             return f"a {type(layer).__name__} cannot hold a tree's branches"
     return None
+
+
+def why_not_rope(rope) -> str | None:
+    """None when a rotary embedding places each row of a block at its own position."""
+    name = _unwrapped(type(rope)).__name__
+    return None if name in ROPES_BY_ROW else f"{name} cannot place a tree's rows at their own positions"
 
 
 def why_not_family(model) -> str | None:

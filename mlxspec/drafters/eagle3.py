@@ -63,8 +63,13 @@ class Eagle3Drafter(FeatureRows):
     def join(self, packed: PackedCache) -> None:
         """Move the head's rows into a lane of `packed` (a batch's head cache)."""
         lane = packed.lane()
-        if self.rows:
-            packed.adopt(lane, [self.cache.state])
+        try:
+            if self.rows:
+                keys, values = self.cache.keys_and_values()  # the rows held, not the buffer's spare
+                packed.adopt(lane, [(keys, values)])
+        except BaseException:
+            packed.release(lane)
+            raise
         self.cache = lane
 
     def leave(self) -> None:
@@ -228,8 +233,13 @@ class Eagle3Drafter(FeatureRows):
             self.cache.trim(self.rows - rows)
 
     def _read_rows(self, begin: int, end: int) -> None:
-        tokens = mx.array(self.target.history[begin + 1 : end + 1], dtype=TOKEN)[None]
-        self._forward(tokens, self.target.features.read(begin, end)[None])
+        # in a batch, in chunks as the target reads a prompt: lanes that arrive together read
+        # theirs in one forward, padded to the longest chunk, not to the longest prompt
+        step = (self.cache.chunk if isinstance(self.cache, Lane) else None) or max(end - begin, 1)
+        for first in range(begin, end, step):
+            last = min(first + step, end)
+            tokens = mx.array(self.target.history[first + 1 : last + 1], dtype=TOKEN)[None]
+            self._forward(tokens, self.target.features.read(first, last)[None])
 
     def _state(self):
         return self.cache.state

@@ -359,8 +359,11 @@ class Eagle3Head(nn.Module):
         object.__setattr__(self, "_shared_embedding", embedding)
 
     def why_no_trees(self) -> str | None:
-        """None: its own attention (Attention above) reads a tree's layout."""
-        return None
+        """None where its own attention (Attention above) reads a tree's layout: a rotary
+        embedding that places each row at its own position (not "dynamic" NTK scaling)."""
+        from ..decoding.tree_attention import why_not_rope
+
+        return why_not_rope(self.midlayer.self_attn.rope)
 
     def embed(self, ids: mx.array) -> mx.array:
         table = self.embed_tokens if "embed_tokens" in self else self._shared_embedding

@@ -136,10 +136,12 @@ class MtpHead(nn.Module):
 
 def _why_no_trees(head) -> str | None:
     """None when the head's one layer's attention has the shape trees are read through."""
+    from ..decoding.tree_attention import why_not_rope
+
     attention = getattr(head.layers[0], "self_attn", None)
     if attention is None or not hasattr(attention, "rope"):
         return f"this {type(head).__name__}'s layer has no attention of the shape trees are read through"
-    return None
+    return why_not_rope(attention.rope)
 
 
 def _reading_tree(head, layout):
@@ -186,6 +188,10 @@ class NextnHead(nn.Module):
     def share(self, *, embed, output) -> None:
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_output", self.shared_head.head if "head" in self.shared_head else output)
+
+    def why_not_packed(self) -> str | None:
+        """A batch's lanes share one cache, whose offset is not a lane's length."""
+        return "a nextn head finds its first row by its cache's offset"
 
     def hidden(self, ids: mx.array, hidden: mx.array, cache, layout=None) -> mx.array:
         from mlx_lm.models.base import create_attention_mask

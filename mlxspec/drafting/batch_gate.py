@@ -62,6 +62,7 @@ class BatchGate:
         """A new batch size: a fresh window, in the regime expected to win at that size."""
         self.live, self._trying = live, False
         self.regime = self._best() or self.regime
+        self._since_try = min(self._since_try, self.between_tries - 1)  # a window of it before a try
         self._begin()
 
     def count(self, tokens: int) -> None:

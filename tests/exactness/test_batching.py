@@ -129,6 +129,66 @@ def test_a_heads_drafts_are_one_forward_for_every_lane_and_the_drafts_alone(head
         assert batch.rows_of[head] > 1.5 * batch.forwards_of[head] > 0, (batch.rows_of, batch.forwards_of)
 
 
+def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
+    """A session that generated alone (its head holding the conversation's rows) joins a
+    batch beside another request for its next turn and leaves it again: its head's rows move
+    into the batch's head cache and back, so every turn drafts and answers as alone."""
+    pair = heads.pair("llama")
+    options = dict(max_tokens=MAX_TOKENS, gamma=3, tree=0, ngram=False, history=False)
+
+    def turns(batched: bool) -> list:
+        session, ids, out = Session(pair), list(PROMPTS[0]), []
+        for turn in range(3):
+            if batched and turn == 1:
+                result = _beside_another(pair, session, ids, options)
+            else:
+                result = mlxspec.generate(pair, ids, session=session, **options)
+            out.append((result.tokens, result.stats.drafted, result.stats.accepted))
+            ids = ids + result.tokens + PROMPTS[2 + turn % 2]
+        return out
+
+    assert turns(batched=True) == turns(batched=False)
+
+
+def _beside_another(pair, session: Session, ids: list[int], options: dict):
+    """`session`'s generation for `ids` in a batch beside a fresh request's."""
+    batch = Batch()
+    lanes = Lanes(pair, batch)
+    results = {}
+
+    def mine():
+        with lanes.joined(session):
+            results["mine"] = mlxspec.generate(pair, ids, session=session, **options)
+
+    def other():
+        fresh = Session(pair)
+        with lanes.joined(fresh):
+            results["other"] = mlxspec.generate(pair, PROMPTS[1], session=fresh, **options)
+
+    tasks = [mine, other]
+    batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+    assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0  # the head's forwards shared
+    return results["mine"]
+
+
+def test_heads_that_cannot_share_a_forward_draft_per_lane(heads):
+    """A head whose rotary embedding takes one offset ("dynamic" NTK scaling) reads neither
+    trees nor a packed batch: said, not raised from inside a forward."""
+    from mlx_lm.models.rope_utils import initialize_rope
+
+    from mlxspec.drafters.eagle3 import PackedHead
+
+    head = heads.pair("llama").draft.model
+    assert packed.why_not(PackedHead(head)) is None
+    kept = head.midlayer.self_attn.rope
+    try:
+        head.midlayer.self_attn.rope = initialize_rope(16, 10000.0, False, {"type": "dynamic", "factor": 2.0}, 64)
+        assert "DynamicNTKScalingRoPE" in packed.why_not(PackedHead(head))
+        assert head.why_no_trees() is not None
+    finally:
+        head.midlayer.self_attn.rope = kept
+
+
 def test_prompt_lookup_and_a_grammar_row_beside_free_rows(load_pair):
     pair = load_pair("llama")
     prompts = [PROMPTS[0] * 3, PROMPTS[1] * 3, "Say yes or no.", PROMPTS[2]]
