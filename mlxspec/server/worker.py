@@ -8,8 +8,8 @@ decoded together get about three times the tokens per second of four one after a
 each still gets exactly its own answer: each generation runs the engine's own code in a
 greenlet with its own keys, policy and grammar, and only the forwards are shared
 (decoding/batch.py, decoding/packed.py; measured in docs/server.md). A job joins the batch
-between forwards (its prompt read in chunks aside, so the others are not padded to its
-length) and leaves when it ends; a session generating in the batch is never handed to
+between forwards (its prompt read in chunks, aside while others decode, so they are not
+padded to its length) and leaves when it ends; a session generating in the batch is never handed to
 another job. `max_batch` 1 is one at a time (FIFO), as are families whose caches cannot be
 batched (recurrent state, a `--max-kv-size` window: `batching.why_not`, said once at start).
 
