@@ -39,9 +39,7 @@ import mlx.nn as nn
 
 from ..errors import IncompatibleHead, ModelLoadError
 from .eagle3_head import (
-    MAX_HEADS,
     MAX_POSITIONS,
-    MAX_VOCAB,
     MAX_WIDTH,
     MLP,
     _check_rope,
@@ -107,12 +105,7 @@ def read_config(path: Path) -> DFlashConfig:
             f"{file}: layer_types {layer_types!r}: only full_attention drafter layers are supported "
             "(sliding_attention ones are not yet)"
         )
-    hidden = field.size("hidden_size", most=MAX_WIDTH)
-    heads = field.size("num_attention_heads", most=min(MAX_HEADS, hidden))
-    kv_heads = field.size("num_key_value_heads", most=heads, default=heads)
-    if heads % kv_heads:
-        raise ModelLoadError(f"{file}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
-    vocab = field.size("vocab_size", most=MAX_VOCAB)
+    hidden, heads, kv_heads, vocab = field.attention()
     mask = dflash.get("mask_token_id", raw.get("mask_token_id"))
     if mask is None:
         raise ModelLoadError(f"{file}: a DFlash config needs dflash_config.mask_token_id (the block's mask id)")

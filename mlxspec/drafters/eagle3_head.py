@@ -130,12 +130,7 @@ def read_config(path: Path) -> HeadConfig:
     layers = layer.get("num_hidden_layers", raw.get("num_hidden_layers", 1))
     if layers != 1:
         raise ModelLoadError(f"{file}: num_hidden_layers is {layers!r}: an EAGLE-3 head is one decoder layer")
-    hidden = field.size("hidden_size", most=MAX_WIDTH)
-    heads = field.size("num_attention_heads", most=min(MAX_HEADS, hidden))
-    kv_heads = field.size("num_key_value_heads", most=heads, default=heads)
-    if heads % kv_heads:
-        raise ModelLoadError(f"{file}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
-    vocab = field.size("vocab_size", most=MAX_VOCAB)
+    hidden, heads, kv_heads, vocab = field.attention()
     config = HeadConfig(
         hidden_size=hidden,
         intermediate_size=field.size("intermediate_size", most=8 * MAX_WIDTH),
@@ -184,6 +179,18 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise ModelLoadError(f"{self.file}: {key} is {value!r}, not a positive number")
         return float(value)
+
+    def attention(self) -> tuple[int, int, int, int]:
+        """(hidden_size, num_attention_heads, num_key_value_heads, vocab_size), each in range,
+        the key-value heads dividing the heads."""
+        hidden = self.size("hidden_size", most=MAX_WIDTH)
+        heads = self.size("num_attention_heads", most=min(MAX_HEADS, hidden))
+        kv_heads = self.size("num_key_value_heads", most=heads, default=heads)
+        if heads % kv_heads:
+            raise ModelLoadError(
+                f"{self.file}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}"
+            )
+        return hidden, heads, kv_heads, self.size("vocab_size", most=MAX_VOCAB)
 
     def switch(self, key: str, *, top: bool = False) -> bool:
         value = self._get(key, top=top)
