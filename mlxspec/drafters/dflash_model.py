@@ -49,6 +49,7 @@ from .eagle3_head import (
     load_checked,
     names_architecture,
     read_weights,
+    renamed,
     target_embedding,
 )
 from .eagle3_head import Attention as HeadAttention
@@ -279,7 +280,7 @@ def load_draft(path: Path, *, dtype=None) -> DFlashDraft:
     """A drafter from a folder in the published layout. Raises ModelLoadError in one line."""
     path = Path(path)
     config = read_config(path)
-    weights = {k.removeprefix("model."): v for k, v in read_weights(path, what="a DFlash drafter").items()}
+    weights = renamed(read_weights(path, what="a DFlash drafter"), lambda name: name.removeprefix("model."), path=path)
     for shared in ("embed_tokens.weight", "lm_head.weight"):  # the target's, where a file carries a copy
         weights.pop(shared, None)
     draft = DFlashDraft(config)

@@ -410,7 +410,7 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
     """A head from a folder in the published layout. Raises ModelLoadError in one line."""
     path = Path(path)
     config = read_config(path)
-    weights = _published_to_module(read_weights(path, what="an EAGLE-3 head"))
+    weights = _published_to_module(read_weights(path, what="an EAGLE-3 head"), path=path)
     head = Eagle3Head(config, own_embedding="embed_tokens.weight" in weights)
     d2t = weights.pop("d2t", None)
     weights.pop("t2d", None)
@@ -426,18 +426,35 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
 
 
 def read_weights(path: Path, *, what: str) -> dict:
-    """Every tensor of the folder's *.safetensors files; ModelLoadError in one line for none
-    or for a file that is not one."""
+    """Every tensor of the folder's *.safetensors files; ModelLoadError in one line for none,
+    for a file that is not one, or for a tensor that two files hold (which one is meant?)."""
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{path}: {what} needs its weights (*.safetensors)")
-    weights = {}
+    weights, source = {}, {}
     for file in files:
         try:
-            weights.update(mx.load(str(file)))
+            tensors = mx.load(str(file))
         except Exception as e:  # a truncated or foreign file: one line, naming it
             raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
+        for name in tensors:
+            if name in source:
+                raise ModelLoadError(f"{file}: {name} is in {source[name].name} too: one of the two is stale")
+            source[name] = file
+        weights.update(tensors)
     return weights
+
+
+def renamed(weights: dict, rename, *, path: Path) -> dict:
+    """`weights` under `rename(name)`; ModelLoadError in one line where two names become one
+    (a file holding a tensor both with and without a prefix)."""
+    out, was = {}, {}
+    for name, value in weights.items():
+        new = rename(name)
+        if new in out:
+            raise ModelLoadError(f"{path}: {was[new]} and {name} are both {new}: which one is meant?")
+        out[new], was[new] = value, name
+    return out
 
 
 def load_checked(module: nn.Module, weights: dict, *, path: Path, what: str, dtype=None) -> None:
@@ -453,6 +470,11 @@ def load_checked(module: nn.Module, weights: dict, *, path: Path, what: str, dty
             raise ModelLoadError(f"{path}: unexpected tensor {name} in {what}")
         if tuple(value.shape) != tuple(want.shape):
             raise ModelLoadError(f"{path}: {name} has shape {tuple(value.shape)}, the config says {tuple(want.shape)}")
+        # damage that shapes do not show: weights stored as whole numbers, or not finite
+        if mx.issubdtype(want.dtype, mx.floating) and not mx.issubdtype(value.dtype, mx.floating):
+            raise ModelLoadError(f"{path}: {name} holds {value.dtype} values, not floating-point weights")
+        if mx.issubdtype(value.dtype, mx.floating) and not mx.all(mx.isfinite(value)).item():
+            raise ModelLoadError(f"{path}: {name} holds values that are not finite (NaN or infinity): damaged")
     if dtype is not None:
         weights = {k: v.astype(dtype) for k, v in weights.items()}
     module.load_weights(list(weights.items()))
@@ -474,16 +496,14 @@ def save_head(head: Eagle3Head, path: Path, *, dtype=mx.bfloat16) -> None:
     (path / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
 
 
-def _published_to_module(weights: dict) -> dict:
+def _published_to_module(weights: dict, *, path: Path) -> dict:
     """Published names to this module's: no `model.` prefix, `layers.0.` read as `midlayer.`."""
-    out = {}
-    for name, value in weights.items():
-        if name.startswith("model."):
-            name = name[len("model.") :]
-        if name.startswith("layers.0."):
-            name = "midlayer." + name[len("layers.0.") :]
-        out[name] = value
-    return out
+
+    def rename(name: str) -> str:
+        name = name.removeprefix("model.")
+        return "midlayer." + name[len("layers.0.") :] if name.startswith("layers.0.") else name
+
+    return renamed(weights, rename, path=path)
 
 
 def _flat(tree, prefix: str = ""):

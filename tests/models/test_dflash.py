@@ -320,3 +320,58 @@ def test_a_hostile_dflash_config_is_refused_in_one_line(drafters, tmp_path, host
     with pytest.raises(ModelLoadError, match=field) as refused:
         mlxspec.load_pair(str(drafters.target("llama")), str(out))
     assert "\n" not in str(refused.value)
+
+
+def _damaged(folder, tmp_path, damage):
+    """A copy of a drafter or head folder whose weights `damage(tensors, out)` rewrote."""
+    out = tmp_path / "damaged"
+    shutil.copytree(folder, out)
+    tensors = dict(mx.load(str(out / "model.safetensors")))
+    damage(tensors, out)
+    return out
+
+
+def _first_float(tensors) -> str:
+    return next(name for name, value in sorted(tensors.items()) if mx.issubdtype(value.dtype, mx.floating))
+
+
+DAMAGE = {  # what shapes do not show, and names that say two things
+    "NaN weights": (
+        lambda t, out: mx.save_safetensors(
+            str(out / "model.safetensors"), {**t, _first_float(t): t[_first_float(t)] * float("nan")}
+        ),
+        "not finite",
+    ),
+    "whole-number weights": (
+        lambda t, out: mx.save_safetensors(
+            str(out / "model.safetensors"), {**t, _first_float(t): t[_first_float(t)].astype(mx.int32)}
+        ),
+        "not floating-point",
+    ),
+    "a stale second file": (
+        lambda t, out: mx.save_safetensors(str(out / "old.safetensors"), {_first_float(t): t[_first_float(t)] * 0}),
+        "stale",
+    ),
+    "a tensor with and without its prefix": (
+        lambda t, out: mx.save_safetensors(
+            str(out / "model.safetensors"), {**t, "model." + _first_float(t): t[_first_float(t)]}
+        ),
+        "which one is meant",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_damaged_weights_are_refused_in_one_line(drafters, tmp_path, kind, damage):
+    """Nothing damaged loads as if sound: a NaN or integer tensor (shapes alike), a second
+    file holding a tensor again, two names for one tensor; for DFlash drafters and EAGLE-3
+    heads, which share the loader (review finding: each loaded, drafting nothing or badly)."""
+    from tests.models.test_eagle3 import Heads
+
+    folder = drafters.drafter("llama", fit=0) if kind == "dflash" else Heads(drafters.factory).head("llama", fit=0)
+    change, says = DAMAGE[damage]
+    damaged = _damaged(folder, tmp_path, change)
+    with pytest.raises(ModelLoadError, match=says) as refused:
+        mlxspec.load_pair(str(drafters.target("llama")), str(damaged))
+    assert "\n" not in str(refused.value)
