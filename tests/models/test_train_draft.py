@@ -59,6 +59,7 @@ RECIPES = {
 }
 
 
+@pytest.mark.alone  # its data phase is a wall-clock budget (--answer-minutes): on a busy machine it made none
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_trained_head_loads_and_beats_a_random_head(recipe, target, tmp_path):
     import mlx.core as mx
