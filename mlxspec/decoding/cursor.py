@@ -21,7 +21,7 @@ from mlx_lm.models import cache as mlx_cache
 from . import tree_attention
 from .caches import CacheOptions, CacheRollbackError, Mark, ModelCache
 from .features import FeatureStore
-from .packed import Lane, PackedCache
+from .packed import Lane, PackedCache, columns_of, each_array
 from .tree import Tree
 
 PREFILL_STEP = 512
@@ -308,20 +308,11 @@ def _exported(cache, length: int) -> list | None:
         if not (plain or window) or layer.keys is None:
             return None
         held = layer.keys_and_values() if plain else (layer.keys, layer.values)
-        if held[0] is None or _columns(held[0]) < layer.offset:
+        if held[0] is None or columns_of(held[0]) < layer.offset:
             return None
-        states.append(tuple(_first_columns(buffer, layer.offset) for buffer in held))
+        held_ids = lambda x, count=layer.offset: x[..., :count, :]  # noqa: E731 - the columns it holds
+        states.append(tuple(each_array(held_ids, buffer) for buffer in held))
     return states
-
-
-def _columns(buffer) -> int:
-    return (buffer[0] if isinstance(buffer, tuple) else buffer).shape[2]
-
-
-def _first_columns(buffer, count: int):
-    if isinstance(buffer, tuple):
-        return tuple(x[..., :count, :] for x in buffer)
-    return buffer[..., :count, :]
 
 
 def _imported(cache: ModelCache, states: list) -> bool:
@@ -329,7 +320,7 @@ def _imported(cache: ModelCache, states: list) -> bool:
     layer cannot hold them so (kept tokens, a type not listed)."""
     if not states:
         return True
-    length = _columns(states[0][0])
+    length = columns_of(states[0][0])
     for layer, (keys, values) in zip(cache.layers, states):
         if isinstance(keys, tuple) != (type(layer) is mlx_cache.QuantizedKVCache):
             return False  # quantized keys into a plain layer, or the other way round

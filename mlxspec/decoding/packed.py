@@ -144,7 +144,7 @@ class PackedCache:
 
     def _grow_rows(self) -> None:
         grown = [
-            (_each(_with_row, layer.keys), _each(_with_row, layer.values))
+            (each_array(_with_row, layer.keys), each_array(_with_row, layer.values))
             for layer in self.layers
             if layer.keys is not None
         ]
@@ -279,8 +279,8 @@ class PackedCache:
             copy = _layer_cache(window, self.kv_bits, self.kv_group_size)
             if lane.columns:
                 copy.keys, copy.values = (
-                    _each(lambda x: x[row : row + 1, :, columns, :], layer.keys),
-                    _each(lambda x: x[row : row + 1, :, columns, :], layer.values),
+                    each_array(lambda x: x[row : row + 1, :, columns, :], layer.keys),
+                    each_array(lambda x: x[row : row + 1, :, columns, :], layer.values),
                 )
                 copy.offset = len(lane.columns)
             aside.append(copy)
@@ -295,9 +295,9 @@ class PackedCache:
         before, rows = self.columns, len(self.rows)
 
         def newest_in_row(buffer):  # the aside's n new columns, as row `row` of every row
-            return _each(lambda x: _in_row(x[..., -n:, :], row, rows), buffer)
+            return each_array(lambda x: _in_row(x[..., -n:, :], row, rows), buffer)
 
-        fresh = [(newest_in_row(copy.keys_and_values()[0]), newest_in_row(copy.keys_and_values()[1])) for copy in aside]
+        fresh = [tuple(map(newest_in_row, copy.keys_and_values())) for copy in aside]
         # the new keys before anything changes (the logits wait for their reader: a prompt's
         # chunk has none, so its lm_head is never computed)
         mx.eval(fresh)
@@ -343,7 +343,7 @@ class PackedCache:
                 return mx.take_along_axis(x[selected], take, axis=2)
 
             for layer in self.layers:
-                buffers.append((_each(compacted, layer.keys), _each(compacted, layer.values)))
+                buffers.append((each_array(compacted, layer.keys), each_array(compacted, layer.values)))
             mx.eval(buffers)
         live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
         positions = np.where(live, np.take_along_axis(self.positions[rows], index, axis=1), 0)
@@ -366,23 +366,23 @@ class PackedCache:
         def taken(x):
             return x[row : row + 1, :, index, :]
 
-        return [(_each(taken, layer.keys), _each(taken, layer.values)) for layer in self.layers]
+        return [(each_array(taken, layer.keys), each_array(taken, layer.values)) for layer in self.layers]
 
     def adopt(self, lane: Lane, states: list[tuple[mx.array, mx.array]]) -> None:
         """Write a sequence's keys and values (per layer, (1, heads, length, dim), positions
         0 on) into an empty lane's row, at the first columns."""
         if lane.length:
             raise CacheRollbackError("a lane adopts a sequence only while empty")
-        length, row, rows = _columns_of(states[0][0]), lane.row, len(self.rows)
+        length, row, rows = columns_of(states[0][0]), lane.row, len(self.rows)
         if self.columns < length:
             self._grow_columns(length - self.columns)
         for layer, (keys, values) in zip(self.layers, states):
             if layer.keys is None:  # the first: a buffer of every row, this one filled
-                layer.keys = _each(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), keys)
-                layer.values = _each(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), values)
-            elif _columns_of(layer.keys) < self.columns:
-                layer.keys = _each(lambda x: _with_columns(x, self.columns), layer.keys)
-                layer.values = _each(lambda x: _with_columns(x, self.columns), layer.values)
+                layer.keys = each_array(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), keys)
+                layer.values = each_array(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), values)
+            elif columns_of(layer.keys) < self.columns:
+                layer.keys = each_array(lambda x: _with_columns(x, self.columns), layer.keys)
+                layer.values = each_array(lambda x: _with_columns(x, self.columns), layer.values)
             for buffer, state in ((layer.keys, keys), (layer.values, values)):
                 for into, part in zip(_parts(buffer), _parts(state)):
                     into[row : row + 1, :, :length, :] = part
@@ -419,12 +419,14 @@ def _parts(buffer) -> tuple:
     return buffer if isinstance(buffer, tuple) else (buffer,)
 
 
-def _each(change, buffer):
-    """`change` applied to each array of a buffer, its form kept."""
+def each_array(change, buffer):
+    """`change` applied to each array of a layer's keys (or values), their form kept: one
+    array, or a quantized triple."""
     return tuple(change(x) for x in buffer) if isinstance(buffer, tuple) else change(buffer)
 
 
-def _columns_of(buffer) -> int:
+def columns_of(buffer) -> int:
+    """The columns (ids) a layer's keys or values hold, one array or a quantized triple."""
     return _parts(buffer)[0].shape[2]
 
 
@@ -444,7 +446,7 @@ def _append(layer, keys, values, *, before: int) -> None:
 
         layer.keys = tuple(map(joined, layer.keys, keys))
         layer.values = tuple(map(joined, layer.values, values))
-    layer.offset = before + _columns_of(keys)
+    layer.offset = before + columns_of(keys)
 
 
 def _padded(block: mx.array, width: int) -> mx.array:

@@ -19,13 +19,14 @@ consecutive turns of one role joined, so that every chat template's alternation 
 conversation with a turn of another role (tool, function, ...) is left out whole, as is one
 left with no user turn: both are counted in `Corpus`.
 
-Held out (`is_held_out`): a conversation whose first user turn's text hashes (sha256 of its
-UTF-8, as a big-endian number) to 0 modulo 16 (split.py) is never trained on: neither its
-text nor an answer to any of its user turns; they are the run's held-out examples and the
-prompts a later measurement may use as unseen. The rule reads the conversation alone (not
-its place in the file, a seed or the parser's count), so that it gives the same split on
-every machine, after --resume and for any cut of the file, and the many conversations
-ShareGPT holds twice (or split in parts that share a first question) fall on one side.
+Held out (split.py's `conversation_is_held_out`): a conversation whose first user turn's
+text hashes (sha256 of its UTF-8, as a big-endian number) to 0 modulo 16 is never
+trained on: neither its text nor an answer to any of its user turns; they are the run's
+held-out examples and the prompts a later measurement may use as unseen. The rule reads the
+conversation alone (not its place in the file, a seed or the parser's count), so that it
+gives the same split on every machine, after --resume and for any cut of the file, and the
+many conversations ShareGPT holds twice (or split in parts that share a first question) fall
+on one side.
 """
 
 from __future__ import annotations
@@ -271,16 +272,10 @@ def prompts_of(conversation: list[dict]) -> list[list[dict]]:
     return [conversation[: i + 1] for i, turn in enumerate(conversation) if turn["role"] == "user"]
 
 
-def is_held_out(conversation: list[dict]) -> bool:
-    """Whether a conversation (or a prompt cut from one: prompts_of) is held out from
-    training, by the rule in the module's docstring (split.py)."""
-    return conversation_is_held_out(conversation)
-
-
 def held_out_prompts(corpus: Corpus) -> list[list[dict]]:
     """The prompts (each user turn with the turns before it) of the held-out conversations:
     unseen by any head trained on `corpus`."""
-    return [p for c in corpus.conversations if is_held_out(c) for p in prompts_of(c)]
+    return [p for c in corpus.conversations if conversation_is_held_out(c) for p in prompts_of(c)]
 
 
 _READ: dict[tuple, Corpus] = {}  # the last file read: a run checks it before work, then uses it

@@ -18,7 +18,7 @@ import mlxspec
 from mlxspec.decoding.sampling import SamplingParams
 from mlxspec.errors import IncompatibleHead, ModelLoadError
 from mlxspec.generation import Session
-from tests.conftest import ARCH_SETTINGS, ModelFactory
+from tests.models.test_eagle3 import Heads
 from tests.support.dflash import make_dflash
 from tests.support.heads import check_ctrl_c_mid_round
 
@@ -27,16 +27,11 @@ MAX_TOKENS = 64  # past the 40 ids it was fitted on: it misses more there
 FAMILIES = ["llama", "qwen3", "gemma3_text"]  # gemma3_text: a window of 8 that wraps
 
 
-class Drafters:
-    def __init__(self, factory: ModelFactory):
-        self.factory = factory
-        self.built = {}
-
-    def target(self, arch: str):
-        return self.factory.model(f"{arch}-target", arch=arch, seed=1, head_scale=ARCH_SETTINGS[arch][0])
+class Drafters(Heads):
+    """The EAGLE-3 tests' tiny targets (and their heads), with DFlash drafters beside them."""
 
     def drafter(self, arch: str, *, fit: int = 200, **kwargs):
-        key = (arch, fit, tuple(sorted(kwargs.items())))
+        key = ("dflash", arch, fit, tuple(sorted(kwargs.items())))
         if key not in self.built:
             out = self.factory.root / f"{arch}-dflash-{fit}-{len(self.built)}"
             self.built[key] = make_dflash(self.target(arch), out, fit_steps=fit, fit_prompts=[PROMPT], **kwargs)
@@ -367,9 +362,7 @@ def test_damaged_weights_are_refused_in_one_line(drafters, tmp_path, kind, damag
     """Nothing damaged loads as if sound: a NaN or integer tensor (shapes alike), a second
     file holding a tensor again, two names for one tensor; for DFlash drafters and EAGLE-3
     heads, which share the loader (review finding: each loaded, drafting nothing or badly)."""
-    from tests.models.test_eagle3 import Heads
-
-    folder = drafters.drafter("llama", fit=0) if kind == "dflash" else Heads(drafters.factory).head("llama", fit=0)
+    folder = drafters.drafter("llama", fit=0) if kind == "dflash" else drafters.head("llama", fit=0)
     change, says = DAMAGE[damage]
     damaged = _damaged(folder, tmp_path, change)
     with pytest.raises(ModelLoadError, match=says) as refused:
