@@ -52,6 +52,12 @@ class BatchGate:
         """Whether `--gamma auto` generations may draft now."""
         return not self.active or self.regime == DRAFT
 
+    def steps_left(self) -> int:
+        """Plain steps a lane may take before the gate may turn: the rest of its window, its
+        share of it. A stretch that ends before is a pipeline bubble (its last step is read
+        with nothing queued behind it) for nothing; one that runs on keeps a turn waiting."""
+        return max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // max(self.live, 1)))
+
     def join(self) -> None:
         self._resize(self.live + 1)
 

@@ -50,7 +50,7 @@ from .timing import PLAIN_DOUBT, RoundTimes
 from .tree_budget import TreeCalibration
 
 LEARN_NEXT_EVERY = 16  # rounds between tries of one position beyond the best
-BATCH_STRETCH = 4  # plain steps at most between plans in a batch, whose gate may turn
+BATCH_STRETCH = 4  # plain steps at most between plans in a batch that drafts: a lane's own turn
 
 
 @dataclass(frozen=True)
@@ -316,4 +316,8 @@ class Controller:
         stretch = self.probes.stretch(
             plain_timed=self.times.plain_step is not None, affordable_in=self._affordable_in(self._probe_size())
         )
-        return min(stretch, BATCH_STRETCH) if self.batch.active else stretch
+        if not self.batch.active:
+            return stretch
+        if not self.batch.drafting():  # the gate's plain window: no plan can draft before it ends
+            return self.batch.steps_left()
+        return min(stretch, BATCH_STRETCH)
