@@ -4,7 +4,7 @@ speculation (the preset's own drafting), and mlx-lm's own server (which batches,
 draft) on the same target folder, as the peer.
 
     LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') OPENBLAS_NUM_THREADS=1 \
-        python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 [--prompts chat|edit] [--json]
+        python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 [--prompts chat|edit|edit-below] [--json]
 
 Each run sends `clients` chat requests at once (streamed, temperature 0, --max-tokens each,
 a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code
@@ -59,11 +59,18 @@ RENAMES = [("result", "acc"), ("best", "winner"), ("count", "n"), ("total", "run
            ("found", "squares_found"), ("inverse", "flipped"), ("number", "x")]  # fmt: skip
 
 
+EDIT_FORMS = {  # the request, and the code: SmolLM2-135M rewrites the code either way
+    "edit": "Rewrite this code with `{old}` renamed to `{new}`. Reply with the code only.\n\n```python\n{code}```",
+    # the code first: Gemma 3 270M then copies it, renaming, as an editor's request reads
+    "edit-below": "```python\n{code}```\n\nRewrite the code above line by line with `{old}` renamed to `{new}`. "
+    "Keep every other line the same.",
+}
+
+
 def prompts(kind: str, count: int) -> list[str]:
-    if kind == "edit":
+    if kind in EDIT_FORMS:
         return [
-            f"Rewrite this code with `{old}` renamed to `{new}`. Reply with the code only.\n\n"
-            f"```python\n{CODE[i % len(CODE)]}```"
+            EDIT_FORMS[kind].format(old=old, new=new, code=CODE[i % len(CODE)])
             for i, (old, new) in ((i, RENAMES[i % len(RENAMES)]) for i in range(count))
         ]
     chat = [p.prompt for p in suites.suite()]  # chat, code and writing requests
@@ -133,7 +140,7 @@ def main() -> None:
     parser.add_argument("--pair", default="smollm2")
     parser.add_argument("--clients", default="1,2,4,8")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--prompts", choices=["chat", "edit"], default="chat")
+    parser.add_argument("--prompts", choices=["chat", *EDIT_FORMS], default="chat")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--configs", default="one-at-a-time,batched-plain,batched-spec,mlx-lm")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
