@@ -4,7 +4,8 @@ speculation (the preset's own drafting), and mlx-lm's own server (which batches,
 draft) on the same target folder, as the peer.
 
     LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') OPENBLAS_NUM_THREADS=1 \
-        python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 [--prompts chat|edit|edit-below] [--json]
+        python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 \
+        [--prompts chat|edit|edit-below] [--api chat|completions] [--json]
 
 Each run sends `clients` chat requests at once (streamed, temperature 0, --max-tokens each,
 a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code
@@ -100,32 +101,36 @@ def start(command: list[str], port: int, log) -> subprocess.Popen:
     raise SystemExit(f"no answer from {' '.join(command)}")
 
 
-def one(url: str, prompt: str, *, max_tokens: int, extra: dict, started: float) -> dict:
+def one(url: str, prompt: str, *, max_tokens: int, extra: dict, started: float, api: str = "chat") -> dict:
+    """One streamed request: a chat message, or (`api` "completions") the prompt as raw text, which
+    a model without a chat template reads alike on every server."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=1800, max_retries=0)
     pieces, first, tokens = [], None, 0
-    stream = client.chat.completions.create(
-        model="default_model",
-        messages=[{"role": "user", "content": prompt}],
-        temperature=0,
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body=extra,
-    )
+    common = dict(temperature=0, max_tokens=max_tokens, stream=True, extra_body=extra)
+    common["stream_options"] = {"include_usage": True}
+    if api == "chat":
+        stream = client.chat.completions.create(
+            model="default_model", messages=[{"role": "user", "content": prompt}], **common
+        )
+    else:
+        stream = client.completions.create(model="default_model", prompt=prompt, **common)
     for chunk in stream:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-        if chunk.choices and chunk.choices[0].delta.content:
+        piece = (chunk.choices[0].delta.content if api == "chat" else chunk.choices[0].text) if chunk.choices else None
+        if piece:
             first = first or time.perf_counter()
-            pieces.append(chunk.choices[0].delta.content)
+            pieces.append(piece)
     end = time.perf_counter()
     return {"text": "".join(pieces), "tokens": tokens, "first": (first or end) - started, "last": end - started}
 
 
-def run(url: str, texts: list[str], *, max_tokens: int, extra: dict) -> dict:
+def run(url: str, texts: list[str], *, max_tokens: int, extra: dict, api: str = "chat") -> dict:
     started = time.perf_counter()
     with ThreadPoolExecutor(len(texts)) as pool:
-        answers = list(pool.map(lambda t: one(url, t, max_tokens=max_tokens, extra=extra, started=started), texts))
+        answers = list(
+            pool.map(lambda t: one(url, t, max_tokens=max_tokens, extra=extra, started=started, api=api), texts)
+        )
     wall = max(a["last"] for a in answers)
     return {
         "tok_s": sum(a["tokens"] for a in answers) / wall,
@@ -142,6 +147,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--prompts", choices=["chat", *EDIT_FORMS], default="chat")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--api", choices=["chat", "completions"], default="chat",
+                        help="completions: the prompt as raw text (a model without a chat template)")  # fmt: skip
     parser.add_argument("--configs", default="one-at-a-time,batched-plain,batched-spec,mlx-lm")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     args = parser.parse_args()
@@ -180,8 +187,9 @@ def main() -> None:
                     url = f"http://127.0.0.1:{ports[server_of[config]]}"
                     extra = extra_of.get(config, {})
                     if repeat == 0 and n == clients[0]:
-                        run(url, ["(warm-up) Hello"], max_tokens=8, extra=extra)
-                    results.setdefault((config, n), []).append(run(url, texts, max_tokens=args.max_tokens, extra=extra))
+                        run(url, ["(warm-up) Hello"], max_tokens=8, extra=extra, api=args.api)
+                    answer = run(url, texts, max_tokens=args.max_tokens, extra=extra, api=args.api)
+                    results.setdefault((config, n), []).append(answer)
                     print(f"repeat {repeat + 1} · {n} clients · {config}: {results[config, n][-1]['tok_s']:.1f} tok/s",
                           file=sys.stderr)  # fmt: skip
     finally:
