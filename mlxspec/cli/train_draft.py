@@ -111,8 +111,33 @@ def train_draft(
         Optional[int], typer.Option("--tokens", metavar="N", help="Stop training after N trained positions.")
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
-    draft_vocab: Annotated[int, typer.Option("--draft-vocab", metavar="N", help="Ids the head can propose.")] = 8192,
-    steps: Annotated[int, typer.Option("--steps", metavar="N", help="Training-time-test steps unrolled.")] = 3,
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            metavar="eagle3|dflash",
+            help="What to train: an EAGLE-3 head, or a DFlash block drafter (drafts a block in one forward).",
+        ),
+    ] = "eagle3",
+    block_size: Annotated[
+        Optional[int],
+        typer.Option("--block-size", metavar="N", help="DFlash: the block's length, its first id and N-1 masks."),
+    ] = None,
+    layers: Annotated[
+        Optional[int], typer.Option("--layers", metavar="N", help="DFlash: the drafter's decoder layers.")
+    ] = None,
+    mask_id: Annotated[
+        Optional[int],
+        typer.Option(
+            "--mask-id", metavar="ID", help="DFlash: the mask id (default: the tokenizer's mask token or a spare id)."
+        ),
+    ] = None,
+    draft_vocab: Annotated[
+        Optional[int], typer.Option("--draft-vocab", metavar="N", help="EAGLE-3: ids the head can propose (8192).")
+    ] = None,
+    steps: Annotated[
+        Optional[int], typer.Option("--steps", metavar="N", help="EAGLE-3: training-time-test steps unrolled (3).")
+    ] = None,
     answer_minutes: Annotated[
         Optional[float],
         typer.Option("--answer-minutes", metavar="M", help="Time for the target's answers (default: a quarter, ≤ 15)."),
@@ -138,16 +163,19 @@ def train_draft(
         ),
     ] = False,
     batch_rows: Annotated[
-        int, typer.Option("--batch-rows", metavar="N", help="Positions a training batch (each unrolled --steps).")
-    ] = 1024,
+        Optional[int],
+        typer.Option(
+            "--batch-rows", metavar="N", help="Positions a training batch (EAGLE-3: 1024, each unrolled; DFlash: 256)."
+        ),
+    ] = None,
     single_step_share: Annotated[
-        float,
+        Optional[float],
         typer.Option(
             "--single-step-share",
             metavar="F",
-            help="Share of training spent on the first draft step alone, before all --steps (faster early on).",
+            help="EAGLE-3: share of training spent on the first draft step alone, before all --steps (0.6).",
         ),
-    ] = 0.6,
+    ] = None,
     standardize: Annotated[
         bool,
         typer.Option(
@@ -157,7 +185,8 @@ def train_draft(
         ),
     ] = True,
 ):
-    """Train an EAGLE-3 draft head for a target from its own answers and hidden states.
+    """Train a drafter for a target from its own answers and hidden states: an EAGLE-3 head,
+    or a DFlash block drafter (--kind dflash).
 
     Example: mlxspec train-draft --target mlx-community/SmolLM2-135M-Instruct --out head --minutes 55
     """
@@ -178,8 +207,16 @@ def train_draft(
             max_disk=parse_size(max_disk),
             minutes=minutes,
             tokens=tokens,
-            draft_vocab=draft_vocab,
-            steps=steps,
+            kind=kind,
+            kind_options={
+                "draft_vocab": draft_vocab,
+                "steps": steps,
+                "single_step_share": single_step_share,
+                "batch_rows": batch_rows,
+                "block_size": block_size,
+                "draft_layers": layers,
+                "mask_id": mask_id,
+            },
             answer_minutes=answer_minutes,
             text_minutes=text_minutes,
             max_tokens=max_tokens,
@@ -189,8 +226,6 @@ def train_draft(
             warmup=warmup,
             raw=raw,
             norm_before_residual=norm_before_residual,
-            batch_rows=batch_rows,
-            single_step_share=single_step_share,
             standardize=standardize,
         )
     bar, started = _Bar(), False
@@ -210,8 +245,9 @@ def train_draft(
             abandon(out)
         raise
     alpha = " ".join(f"{a:.3f}" for a in facts["held_out"].get("alpha", []))
+    written = "DFlash drafter" if settings.kind == "dflash" else "head"
     print(
-        f"head written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
+        f"{written} written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
         f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
     )
 
@@ -227,13 +263,53 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+# the options of one kind only, and their defaults (None: none)
+KIND_OPTIONS = {
+    "eagle3": {"draft_vocab": 8192, "steps": 3, "single_step_share": 0.6, "batch_rows": 1024},
+    # blocks of 8: each block position costs a row of the LM head (Gemma 3's reads 262k ids),
+    # and on a CPU a chain rarely passes 6 accepted ids; one layer, as SpecForge's default
+    "dflash": {"block_size": 8, "draft_layers": 1, "mask_id": None, "batch_rows": 256},
+}
+OPTION_NAMES = {"draft_layers": "--layers"}
+
+
+def _kind_options(kind: str, given: dict) -> dict:
+    """The kind's options, its defaults where not given; an option of the other kind given
+    is refused in one line (exit 2)."""
+    if kind not in KIND_OPTIONS:
+        raise InvalidOption(f"--kind must be {' or '.join(KIND_OPTIONS)}, got {kind!r}")
+    own = KIND_OPTIONS[kind]
+    for name, value in given.items():
+        if value is not None and name not in own:
+            flag = OPTION_NAMES.get(name, "--" + name.replace("_", "-"))
+            owner = next(k for k in KIND_OPTIONS if name in KIND_OPTIONS[k])
+            raise InvalidOption(f"{flag} is an option of --kind {owner}, not of --kind {kind}")
+    # the other kind's fields keep their defaults: run.json records every setting
+    others = {k: v for options in KIND_OPTIONS.values() for k, v in options.items()}
+    return others | {name: given[name] if given.get(name) is not None else default for name, default in own.items()}
+
+
 def _new_settings(
-    *, target: str, prompts, text: list[Path], corpus, minutes, tokens, answer_minutes, text_minutes, **options
+    *,
+    target: str,
+    prompts,
+    text: list[Path],
+    corpus,
+    minutes,
+    tokens,
+    answer_minutes,
+    text_minutes,
+    kind: str,
+    kind_options: dict,
+    **options,
 ):
     """A new run's settings from its options, each checked as the run will use it (one line
     naming the option, exit 2), with the budget's defaults filled in."""
     from ..training.run import Settings, settings_problem
 
+    options |= {"kind": kind} | _kind_options(kind, kind_options)
+    if kind != "eagle3" and options.get("norm_before_residual"):
+        raise InvalidOption(f"--norm-before-residual is an option of --kind eagle3, not of --kind {kind}")
     total = minutes if minutes is not None else 30.0
     settings = Settings(
         target=target,
@@ -249,5 +325,6 @@ def _new_settings(
     )
     if problem := settings_problem(settings):
         name, what = problem
-        raise InvalidOption(f"--{name.replace('_', '-')} must be {what}, got {getattr(settings, name)!r}")
+        flag = OPTION_NAMES.get(name, "--" + name.replace("_", "-"))
+        raise InvalidOption(f"{flag} must be {what}, got {getattr(settings, name)!r}")
     return settings

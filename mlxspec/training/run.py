@@ -1,10 +1,11 @@
-"""One `mlxspec train-draft` run, start to finish: the folder, the data, training, the head.
+"""One `mlxspec train-draft` run, start to finish: the folder, the data, training, the drafter
+(an EAGLE-3 head, or with --kind dflash a DFlash block drafter: training/dflash.py).
 
 DIR/run.json          the run's settings (what --resume continues; what marks a run)
 DIR/data/             shards of examples and progress.json (data.py)
-DIR/checkpoint/       head and optimizer state, step and data cursor (trainer.py)
+DIR/checkpoint/       drafter and optimizer state, step and data cursor (trainer.py)
 DIR/config.json, model.safetensors, README.md
-                      the finished head and its card, moved in only at the end
+                      the finished drafter and its card, moved in only at the end
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drafters import DFLASH, EAGLE3
+from ..drafters.dflash_model import MAX_BLOCK, MAX_LAYERS
 from .data import (
     DataPlan,
     TrainingError,
@@ -33,14 +36,12 @@ from .data import (
 )
 from .trainer import (
     INITIAL_LOGIT_STD,
+    Eagle3Objective,
     State,
-    calibrate_output,
     check_checkpoint,
     checkpoint_folder,
-    evaluate,
     feature_scale,
     fold_feature_scale,
-    label,
     load_checkpoint,
     new_head,
     read_state,
@@ -50,6 +51,7 @@ from .trainer import (
 )
 
 RUN_FILE = "run.json"
+KINDS = (EAGLE3, DFLASH)
 BUNDLED_PROMPTS = 6000
 MAX_STEPS = 32  # training-time-test steps unrolled at most (each a forward of the head per batch)
 SEED_LIMIT = 2**32  # a run's seed plus its prompt and epoch counts stay well inside MLX's 64-bit seeds
@@ -84,6 +86,10 @@ class Settings:
     corpus: str | None = None  # `sharegpt` or a file of conversations (conversations.py)
     corpus_tokens: int = 2_000_000  # of the corpus's conversations, read teacher-forced at most
     max_disk: int | None = None  # bytes the data's shards may take (runs before this option: no bound)
+    kind: str = EAGLE3  # what is trained: an EAGLE-3 head or a DFlash block drafter
+    block_size: int = 8  # DFlash: the block's length (its anchor id and block_size - 1 mask ids)
+    draft_layers: int = 1  # DFlash: the drafter's decoder layers
+    mask_id: int | None = None  # DFlash: the block's mask id (None: chosen from the tokenizer)
 
 
 def _finite_above(value, low: float, *, inclusive: bool = False) -> bool:
@@ -128,6 +134,14 @@ def settings_problem(settings: Settings) -> tuple[str, str] | None:
             "a number from 0 up to (not including) 1",
         ),
         *((name, isinstance(getattr(settings, name), bool), "true or false") for name in _SWITCHES),
+        ("kind", settings.kind in KINDS, " or ".join(KINDS)),
+        ("block_size", _whole_from(settings.block_size, 2, MAX_BLOCK + 1), f"a whole number from 2 to {MAX_BLOCK}"),
+        (
+            "draft_layers",
+            _whole_from(settings.draft_layers, 1, MAX_LAYERS + 1),
+            f"a whole number from 1 to {MAX_LAYERS}",
+        ),
+        ("mask_id", settings.mask_id is None or _whole_from(settings.mask_id, 0), "a token id"),
     )
     for name, sound, what in rules:
         if not sound:
@@ -261,19 +275,29 @@ def load_target(name: str):
 @dataclass(frozen=True)
 class TargetShape:
     """What the run's files must fit: the target's vocabulary, the tapped layers and the
-    width of the features they give."""
+    width of the features they give. An EAGLE-3 head reads the hidden states entering
+    its `aux` layers (low, middle, high); a DFlash drafter the outputs of its
+    `target_layer_ids` (training/dflash.py): one data path, tapped where the kind reads."""
 
     vocab_size: int
     aux: tuple[int, ...]
     feature_width: int
+    kind: str = EAGLE3
 
     @classmethod
-    def of(cls, config: dict, layers: int) -> TargetShape:
+    def of(cls, config: dict, layers: int, *, kind: str = EAGLE3) -> TargetShape:
         from ..decoding.capture import default_aux_layers
+        from .dflash import target_layer_ids
 
         text = config.get("text_config") or config
-        aux = tuple(default_aux_layers(layers))
-        return cls(int(text["vocab_size"]), aux, int(text["hidden_size"]) * len(aux))
+        aux = tuple(target_layer_ids(layers) if kind == DFLASH else default_aux_layers(layers))
+        return cls(int(text["vocab_size"]), aux, int(text["hidden_size"]) * len(aux), kind)
+
+    def tap(self, model):
+        """The target's Taps at the layers the kind reads (capture.py)."""
+        from ..decoding.capture import install, install_outputs
+
+        return (install_outputs if self.kind == DFLASH else install)(model, self.aux)
 
 
 @dataclass
@@ -313,7 +337,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     kept (spent_seconds)."""
     import mlx.core as mx
 
-    from ..decoding.capture import install, num_layers
+    from ..decoding.capture import num_layers
 
     began = time.perf_counter()
     clear_unrecorded(out / "data", note=progress.note)  # what a run killed mid-write left
@@ -322,9 +346,14 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     progress.status(f"loading {settings.target}")
     target = load_target(settings.target)
     model, tokenizer = target.model, target.tokenizer
-    shape = TargetShape.of(target.config, num_layers(model))
+    shape = TargetShape.of(target.config, num_layers(model), kind=settings.kind)
     kept = read_back(out, settings, shape)
-    taps = install(model, shape.aux)
+    mask_id = None
+    if settings.kind == DFLASH:  # refused before any work where the tokenizer has none
+        from .dflash import choose_mask_id
+
+        mask_id = choose_mask_id(tokenizer, vocab_size=shape.vocab_size, given=settings.mask_id)
+    taps = shape.tap(model)
     plan = data_plan(settings, vocab_size=shape.vocab_size)
     record, made = build_data(
         model, tokenizer, taps, out / "data", plan, report=progress.data, until=until,
@@ -334,16 +363,36 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     if not examples:
         raise TrainingError("the target wrote no usable data (give more --minutes, prompts, --text or --max-disk)")
     data = out / "data"
-    eos = sorted(set(tokenizer.eos_token_ids))
-    vocabulary = kept.vocabulary
-    if vocabulary is None:  # decided once: a resumed run reads it back
-        chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
-        vocabulary = keep(data / VOCABULARY, chosen)
-    bound = (data / VOCABULARY,)
-    draft_index = np.full(shape.vocab_size, -1, np.int64)
-    draft_index[vocabulary] = np.arange(len(vocabulary))
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
+    bound: tuple[Path, ...] = ()
+    if settings.kind == DFLASH:
+        from .dflash import DFlashObjective, new_drafter
+
+        head = new_drafter(
+            model, target.config, layer_ids=shape.aux, block_size=settings.block_size,
+            layers=settings.draft_layers, mask_id=mask_id, seed=settings.seed,
+        )  # fmt: skip
+        objective = DFlashObjective(block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size)
+        vocabulary = None
+    else:
+        vocabulary = kept.vocabulary
+        if vocabulary is None:  # decided once: a resumed run reads it back
+            eos = sorted(set(tokenizer.eos_token_ids))
+            chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+            vocabulary = keep(data / VOCABULARY, chosen)
+        bound += (data / VOCABULARY,)
+        draft_index = np.full(shape.vocab_size, -1, np.int64)
+        draft_index[vocabulary] = np.arange(len(vocabulary))
+        head = new_head(
+            model,
+            target.config,
+            vocabulary=vocabulary,
+            aux_layer_ids=shape.aux,
+            seed=settings.seed,
+            norm_before_residual=settings.norm_before_residual,
+        )
+        objective = Eagle3Objective(draft_index, settings.steps, settings.single_step_share)
     if settings.standardize:  # fixed once, so that a resumed run trains on the same standardised features
         scale = (
             kept.scale if kept.scale is not None else keep(data / SCALE, feature_scale(train_set, seed=settings.seed))
@@ -351,22 +400,13 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         standardize(examples, scale)
         bound += (data / SCALE,)
 
-    head = new_head(
-        model,
-        target.config,
-        vocabulary=vocabulary,
-        aux_layer_ids=shape.aux,
-        seed=settings.seed,
-        norm_before_residual=settings.norm_before_residual,
-    )
-    state = start_state(head, kept.checkpoint, train_set, draft_index, progress)
+    state = start_state(head, objective, kept.checkpoint, train_set, progress)
     state = train(
         head=head,
+        objective=objective,
         train_set=train_set,
         held_out=held_out,
-        draft_index=draft_index,
         folder=out,
-        steps=settings.steps,
         state=state,
         seed=settings.seed,
         peak_lr=settings.lr,
@@ -375,10 +415,9 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         tokens=settings.tokens,
         warmup=settings.warmup,
         batch_rows=settings.batch_rows,
-        single_step_share=settings.single_step_share,
         bound=bound,
     )
-    figures = evaluate(head, held_out, [label(e, draft_index) for e in held_out], settings.steps) if held_out else {}
+    figures = objective.evaluate(head, held_out, [objective.labels(e) for e in held_out]) if held_out else {}
     progress.evaluated(figures) if figures else None
     facts = {
         "answers": sum(1 for e in examples if e.train_from > 0),
@@ -393,12 +432,19 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         "session_seconds": time.perf_counter() - began,
         "prompts_used": record["prompts_done"],
     }
-    head.config.extra["mlxspec"] = {"trained_by": "mlxspec train-draft", "held_out": figures} | {
-        k: facts[k] for k in ("answer_tokens", "text_tokens", "trained_positions")
-    }
     if settings.standardize:
-        fold_feature_scale(head, scale)  # the published head reads the target's raw features
-    write_finished(head, out, model_card(settings, facts, figures, state, shape.aux, len(vocabulary)))
+        fold_feature_scale(head, scale)  # the published drafter reads the target's raw features
+    if settings.kind == DFLASH:
+        from ..drafters.dflash_model import load_draft, save_draft
+
+        card = model_card(settings, facts, figures, state, what=dflash_summary(settings, shape, mask_id))
+        write_finished(head, out, card, save=save_draft, load=load_draft)
+    else:
+        head.config.extra["mlxspec"] = {"trained_by": "mlxspec train-draft", "held_out": figures} | {
+            k: facts[k] for k in ("answer_tokens", "text_tokens", "trained_positions")
+        }
+        card = model_card(settings, facts, figures, state, eagle3_summary(settings, shape, len(vocabulary)))
+        write_finished(head, out, card)
     mx.clear_cache()
     return facts | {"held_out": figures}
 
@@ -431,16 +477,18 @@ def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
     )
 
 
-def start_state(head, checkpoint: Path | None, train_set: list, draft_index: np.ndarray, progress: Progress) -> State:
-    """The checkpoint's state (its head's weights loaded), or a fresh one with the head's
-    output calibrated."""
+def start_state(head, objective, checkpoint: Path | None, train_set: list, progress: Progress) -> State:
+    """The checkpoint's state (its drafter's weights loaded), or a fresh one with the
+    drafter's output calibrated."""
     if checkpoint:
         state = load_checkpoint(checkpoint, head)
         progress.note(f"resuming training at step {state.step}")
         return state
-    factor = calibrate_output(head, train_set, draft_index)
+    factor = objective.calibrate(head, train_set)
     if factor < 1.0:
-        progress.note(f"the head's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}")
+        progress.note(
+            f"the drafter's output scaled by {factor:.3g} to start from logits of spread {INITIAL_LOGIT_STD:g}"
+        )
     return State()
 
 
@@ -493,7 +541,28 @@ def scale_problem(value: np.ndarray, *, width: int) -> str | None:
     return None
 
 
-def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux, vocab: int) -> str:
+def eagle3_summary(settings: Settings, shape: TargetShape, vocab: int) -> tuple[str, str]:
+    """An EAGLE-3 head's card: its title and what it is."""
+    return "EAGLE-3 draft head", (
+        f"one decoder layer over the target's\nhidden states entering layers {list(shape.aux)}, "
+        f"{vocab}-id draft vocabulary, training-time\ntest unrolled {settings.steps} steps"
+    )
+
+
+def dflash_summary(settings: Settings, shape: TargetShape, mask_id: int) -> tuple[str, str]:
+    """A DFlash drafter's card: its title and what it is (training/dflash.py's recipe)."""
+    return "DFlash block drafter", (
+        f"{settings.draft_layers} decoder layer(s) over the\noutputs of the target's layers "
+        f"{list(shape.aux)}, blocks of {settings.block_size} (mask id {mask_id}),\n"
+        "random anchors, the target's own distributions as labels; its embedding and LM head\n"
+        "are the target's"
+    )
+
+
+def model_card(settings: Settings, facts: dict, figures: dict, state: State, what: tuple[str, str]) -> str:
+    """The finished drafter's README: `what` (its title, what it is), the data, held-out
+    acceptance and how it went."""
+    title, summary = what
     alpha = figures.get("alpha") or []
     rows = "\n".join(f"| {k} | {a:.3f} |" for k, a in enumerate(alpha, 1))
     history = "\n".join(
@@ -515,11 +584,10 @@ def model_card(settings: Settings, facts: dict, figures: dict, state: State, aux
         if settings.corpus
         else ""
     )
-    return f"""# EAGLE-3 draft head for {Path(settings.target).name}
+    return f"""# {title} for {Path(settings.target).name}
 
-Trained on this machine by `mlxspec train-draft` (one decoder layer over the target's
-hidden states entering layers {list(aux)}, {vocab}-id draft vocabulary, training-time
-test unrolled {settings.steps} steps). Load it with `--draft DIR` beside its target.
+Trained on this machine by `mlxspec train-draft` ({summary}). Load it with `--draft DIR`
+beside its target.
 
     {settings.command}
 

@@ -14,6 +14,9 @@ Held out, two figures per run: greedy agreement along chains (step k counted onl
 steps before it agreed and the data went on as the target's argmax, as a greedy verify
 would), and at step 1 the expected acceptance sum(min(p, q)) at temperature 1 over the
 target's top ids.
+
+The loop (`train`: the budget, checkpoints, Ctrl-C, held-out figures as it goes) runs any
+`Objective`: this module's EAGLE-3 one, or a DFlash block drafter's (training/dflash.py).
 """
 
 from __future__ import annotations
@@ -150,11 +153,17 @@ def calibrate_output(head: Eagle3Head, examples: list, draft_index: np.ndarray, 
     applied (at most 1: never sharpened)."""
     chosen = examples[: max(1, sample)]
     batch = make_batch(chosen, [label(e, draft_index) for e in chosen], 1)
-    logits = unroll(head, batch["tokens"], batch["features"], 1)[0]
-    spread = mx.sqrt(mx.mean(mx.var(logits, axis=-1))).item()
+    return rescale_output(head.norm, unroll(head, batch["tokens"], batch["features"], 1)[0])
+
+
+def rescale_output(norm, logits: mx.array) -> float:
+    """Scale a drafter's final `norm` so that `logits` (its first, over real features) would
+    spread by INITIAL_LOGIT_STD, where they spread by more than MAX_INITIAL_SPREAD; the
+    factor applied (at most 1)."""
+    spread = mx.sqrt(mx.mean(mx.var(logits.astype(mx.float32), axis=-1))).item()
     factor = 1.0 if spread <= MAX_INITIAL_SPREAD else INITIAL_LOGIT_STD / spread
-    head.norm.weight = head.norm.weight * factor
-    mx.eval(head.norm.weight)
+    norm.weight = norm.weight * factor
+    mx.eval(norm.weight)
     return factor
 
 
@@ -332,6 +341,59 @@ def evaluate(head: Eagle3Head, examples: list[Example], labels: list[Labels], st
     return {"alpha": alpha, "expected_acceptance": overlap / max(overlap_n, 1), "positions": int(reached[0])}
 
 
+# ---------------------------------------------------------------- what train() trains
+
+
+class Objective:
+    """What `train` trains a drafter for: how an example is labelled, a batch made, the loss
+    and the held-out figures ({"alpha": per draft position, "expected_acceptance",
+    "positions"}). Anything random in a batch is drawn from `key` (seed, epoch, batch), so
+    that a resumed run makes the batches an uninterrupted one would."""
+
+    def labels(self, example: Example) -> Labels: ...
+    def batch(self, examples: list[Example], labels: list[Labels], *, key: tuple[int, ...]) -> dict: ...
+    def loss(self, model, batch: dict, fraction: float) -> mx.array: ...
+    def positions(self, batch: dict, fraction: float) -> int: ...  # trained positions a step counts
+    def evaluate(self, model, examples: list[Example], labels: list[Labels]) -> dict: ...
+    def calibrate(self, model, examples: list[Example]) -> float: ...  # a fresh drafter's output scale
+
+
+@dataclass
+class Eagle3Objective(Objective):
+    """Training-time test over `steps` draft steps (the module's docstring).
+
+    For the first `single_step_share` of the budget only the first draft step is unrolled:
+    a third of the work a batch, and position 1, which every accepted chain starts with,
+    learns far faster per second that way (SmolLM2: held-out α 0.30 after 6 minutes on one
+    core; three steps throughout took 18 to reach 0.29); the rest of the budget trains all
+    `steps` as the engine drafts."""
+
+    draft_index: np.ndarray
+    steps: int
+    single_step_share: float = 0.0
+
+    def labels(self, example: Example) -> Labels:
+        return label(example, self.draft_index)
+
+    def batch(self, examples: list[Example], labels: list[Labels], *, key: tuple[int, ...]) -> dict:
+        return make_batch(examples, labels, self.steps)
+
+    def unrolled(self, fraction: float) -> int:
+        return 1 if fraction < self.single_step_share else self.steps
+
+    def loss(self, model, batch: dict, fraction: float) -> mx.array:
+        return loss_fn(model, batch, self.unrolled(fraction))
+
+    def positions(self, batch: dict, fraction: float) -> int:
+        return int(np.array(batch["label_mask"]).sum()) * self.unrolled(fraction)
+
+    def evaluate(self, model, examples: list[Example], labels: list[Labels]) -> dict:
+        return evaluate(model, examples, labels, self.steps)
+
+    def calibrate(self, model, examples: list[Example]) -> float:
+        return calibrate_output(model, examples, self.draft_index)
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -392,12 +454,11 @@ def lr_at(fraction: float, step: int, peak: float, warmup: int = 100) -> float:
 
 def train(
     *,
-    head: Eagle3Head,
+    head,
+    objective: Objective,
     train_set: list[Example],
     held_out: list[Example],
-    draft_index: np.ndarray,
     folder: Path,
-    steps: int,
     state: State,
     seed: int,
     peak_lr: float,
@@ -406,21 +467,14 @@ def train(
     tokens: int | None = None,
     warmup: int = 100,
     batch_rows: int = BATCH_ROWS,
-    single_step_share: float = 0.0,
     bound: tuple[Path, ...] = (),
 ) -> State:
     """Train until `until` (perf_counter seconds, the session's deadline: time is kept before
     it for the final evaluation and writing the head) or `tokens` trained positions,
     checkpointing to folder/checkpoint (bound to the files in `bound`: the run's vocabulary
-    and feature scale); returns the state.
-
-    For the first `single_step_share` of the budget only the first draft step is unrolled:
-    a third of the work a batch, and position 1, which every accepted chain starts with,
-    learns far faster per second that way (SmolLM2: held-out α 0.30 after 6 minutes on one
-    core; three steps throughout took 18 to reach 0.29); the rest of the budget trains all
-    `steps` as the engine drafts."""
-    labels = [label(e, draft_index) for e in train_set]
-    held_labels = [label(e, draft_index) for e in held_out]
+    and feature scale); returns the state. What is trained, on what and how is `objective`'s."""
+    labels = [objective.labels(e) for e in train_set]
+    held_labels = [objective.labels(e) for e in held_out]
     held = list(range(len(held_out)))[:: max(1, len(held_out) // EVAL_EXAMPLES)][:EVAL_EXAMPLES]
     held_examples, held_labels = [held_out[i] for i in held], [held_labels[i] for i in held]
     optimizer = optim.AdamW(learning_rate=peak_lr, weight_decay=0.0)
@@ -431,9 +485,9 @@ def train(
             optimizer.state = tree_unflatten(list(mx.load(str(saved / "optimizer.safetensors")).items()))
         except (OSError, RuntimeError, ValueError) as e:
             raise TrainingError(f"{saved}: the optimizer's state does not read back ({e})") from None
-    step_fn = nn.value_and_grad(head, lambda batch, unrolled: loss_fn(head, batch, unrolled))
+    step_fn = nn.value_and_grad(head, lambda batch, fraction: objective.loss(head, batch, fraction))
     started = time.perf_counter()
-    figures = evaluate(head, held_examples, held_labels, steps) if held_examples else None
+    figures = objective.evaluate(head, held_examples, held_labels) if held_examples else None
     eval_seconds = time.perf_counter() - started
     if figures:
         if not state.history:
@@ -453,11 +507,11 @@ def train(
                 state.epoch, state.batch = state.epoch + 1, 0
                 continue
             chosen = batches[state.batch]
-            batch = make_batch([train_set[i] for i in chosen], [labels[i] for i in chosen], steps)
+            key = (seed, state.epoch, state.batch)
+            batch = objective.batch([train_set[i] for i in chosen], [labels[i] for i in chosen], key=key)
             fraction = budget.fraction(state.seconds, state.tokens)
-            unrolled = 1 if fraction < single_step_share else steps
             optimizer.learning_rate = lr_at(fraction, state.step, peak_lr, warmup)
-            loss, grads = step_fn(batch, unrolled)
+            loss, grads = step_fn(batch, fraction)
             grads, _ = optim.clip_grad_norm(grads, 1.0)
             optimizer.update(head, grads)
             mx.eval(loss, head.parameters(), optimizer.state)
@@ -468,13 +522,13 @@ def train(
                     f"start again with a smaller --lr than {peak_lr:g}"
                 )
             state.step, state.batch = state.step + 1, state.batch + 1
-            state.tokens += int(np.array(batch["label_mask"]).sum()) * unrolled
+            state.tokens += objective.positions(batch, fraction)
             now = time.perf_counter()
             state.seconds, mark = state.seconds + now - mark, now
             done = Snapshot.of(head, optimizer, state)
             progress.trained(state, budget.fraction(state.seconds, state.tokens))
             if held_examples and now - last_eval > EVAL_EVERY and now + eval_seconds < stop:
-                figures = evaluate(head, held_examples, held_labels, steps)
+                figures = objective.evaluate(head, held_examples, held_labels)
                 state.history.append({"step": state.step, "tokens": state.tokens} | figures)
                 progress.evaluated(figures)
                 last_eval = time.perf_counter()
@@ -657,7 +711,7 @@ def _figures(entry) -> bool:
     )
 
 
-def write_finished(head: Eagle3Head, folder: Path, card: str) -> None:
+def write_finished(head, folder: Path, card: str, *, save=save_head, load=load_head) -> None:
     """The finished head: written and loaded back in folder/.partial, then moved in, its
     config.json last, so a folder without it (an interrupted run) never loads as a head.
     Weights that are not all finite are refused: a diverged run leaves no head."""
@@ -665,8 +719,8 @@ def write_finished(head: Eagle3Head, folder: Path, card: str) -> None:
     partial = folder / ".partial"
     try:
         shutil.rmtree(partial, ignore_errors=True)
-        save_head(head, partial)
-        load_head(partial)  # what was written reads back as a head
+        save(head, partial)
+        load(partial)  # what was written reads back as a drafter of its kind
         (partial / "README.md").write_text(card)
         (partial / "README.md").rename(folder / "README.md")
         (partial / "model.safetensors").rename(folder / "model.safetensors")
