@@ -127,12 +127,20 @@ class Policy:
         if not isinstance(self.tree, Auto):
             return Plan(draft=depth, tree=self.tree, width=self.tree_width)
         controller, times = self.controller, self.controller.times
+        if not times.most_verified:
+            # Before any verify is timed, a chain; then a tree of at most twice the ids a timed
+            # verify read. A tree sized on the prior's gently sloping curve is the dearest guess
+            # where a verify of k ids costs about k steps (a 4-bit target on MLX's CPU backend,
+            # CUDA's multi-token calls): there the blind first round read about nine nodes, for
+            # ten plain steps, and the second as many again.
+            return Plan(draft=depth)
+        nodes = min(TREE_AUTO_MAX, 2 * times.most_verified)
         deeper = max(1, min(depth + self.shape.extra_depth, controller.config.max_gamma, remaining - 1))
         costs = tuple((times.verify_time(1 + k) or 0.0) + times.overhead for k in range(TREE_AUTO_MAX + 1))
         calibration = tuple(controller.tree_calibration.factors(deeper))
         return Plan(
             draft=deeper,
-            tree=TREE_AUTO_MAX,
+            tree=nodes,
             width=self.tree_width,
             tree_costs=costs if costs[0] > 0 else (),
             tree_calibration=calibration,

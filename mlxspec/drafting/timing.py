@@ -99,6 +99,7 @@ class RoundTimes:
     draft_weight: float | None = None  # the draft's weights over the target's (None: unknown)
     plain_step: float | None = None
     overhead: float = 0.0
+    most_verified: int = 0  # the most ids a timed verify read: the curve is known up to here
     _plains: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW), repr=False)
     _rounds: int = 0
     _draft: LineFit = field(init=False, repr=False)
@@ -120,6 +121,7 @@ class RoundTimes:
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
             self._verify.add(tokens, seconds)
+            self.most_verified = max(self.most_verified, tokens)
         one = self._verify.at(1)
         if self.plain_step is not None and one is not None and self.plain_step > STALE_PLAIN * one:
             self.plain_step = None

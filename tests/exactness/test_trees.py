@@ -11,6 +11,7 @@ import mlx.core as mx
 import pytest
 
 import mlxspec
+from mlxspec.decoding.plan import Plan
 from mlxspec.generation import Session
 from mlxspec.grammar import GrammarSpec
 from tests.conftest import ctrl_c_at
@@ -170,7 +171,10 @@ def test_auto_drafts_a_head_s_trees_at_every_temperature_as_deep_as_its_chain_un
     ids = mlxspec.generation.encode_prompt(pair, PROMPT)
     for temp, extra in ((0.0, 2), (0.7, 0)):
         policy = drafting_policy(pair, Session(pair), Options.build(gamma="auto", temp=temp), ids)
-        assert policy.shape.extra_depth == extra and policy._tree_plan(3, remaining=100).draft == 3 + extra
+        assert policy._tree_plan(3, remaining=100) == Plan(draft=3)  # before any verify is timed: a chain
+        policy.controller.times.observe_verify(4, 0.01)
+        plan = policy._tree_plan(3, remaining=100)
+        assert policy.shape.extra_depth == extra and plan.draft == 3 + extra and plan.tree == 8
     beside_model = load_pair("llama")
     chained = mlxspec.generate(beside_model, PROMPT, max_tokens=MAX_TOKENS, gamma=3, temp=0.7, seed=1)
     assert chained.stats.model_rounds > 0 and chained.stats.tree_rounds == 0
@@ -194,7 +198,8 @@ def test_a_tree_round_reports_what_its_first_choices_would_have_accepted_as_a_ch
     monkeypatch.setattr(Controller, "observe_round", spy)
     pair = heads.pair("llama")
     standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0, temp=temp, seed=3)
-    result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma="auto", tree="auto", temp=temp, seed=3)
+    # a fixed γ: every round drafts, and after the first (a chain) they are trees
+    result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=3, tree="auto", temp=temp, seed=3)
     trees = [o for o in seen if o.nodes]
     assert trees
     for o in trees:
