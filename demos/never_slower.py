@@ -137,10 +137,7 @@ def dear_draft_bar(args, results: dict) -> None:
     """Bar 4: auto against standard decoding with a draft dearer than its target."""
     pair = mlxspec.load_pair(str(BUNDLED_DRAFT), str(BUNDLED_TARGET))
     report = bench(pair, suite(quick=True), ["auto", 1, 3], args)
-    rows = [s for s in report.settings if s.category == "all"]
-    auto = next(s for s in rows if s.gamma == "auto")
-    generations = sum(len(run.repeats) for run in auto.speculative)
-    results["dear draft: auto / standard"] = auto.speedup
+    auto, generations = _auto_against_standard(report, results, "dear draft")
     print(
         f"4. draft dearer than its target: auto {auto.speculative_tps:.1f} tok/s vs standard "
         f"{auto.standard_tps:.1f} tok/s = {auto.speedup:.3f}x (bar 0.95); {generations} generations of "
@@ -148,9 +145,7 @@ def dear_draft_bar(args, results: dict) -> None:
         f"{auto.stats.plain_rounds / generations:.0f} plain steps each; each repeat "
         f"{', '.join(f'{x:.3f}' for x in auto.repeat_speedups)}x"
     )
-    for s in (s for s in rows if s.gamma != "auto"):
-        results[f"dear draft: γ {s.gamma} / standard"] = s.speedup
-        print(f"   fixed γ {s.gamma}: {s.speedup:.3f}x, α {s.stats.acceptance_rate:.2f}")
+    _fixed_gammas(report, results, "dear draft")
 
 
 def costly_round_bar(args, results: dict) -> None:
@@ -160,10 +155,7 @@ def costly_round_bar(args, results: dict) -> None:
     pair = mlxspec.load_pair(pair="smollm2", ngram=False)
     nn.quantize(pair.target.model, group_size=64, bits=4)  # the head's own weights stay float
     report = bench(pair, suite(quick=True), ["auto", 3], args)
-    rows = [s for s in report.settings if s.category == "all"]
-    auto = next(s for s in rows if s.gamma == "auto")
-    generations = sum(len(run.repeats) for run in auto.speculative)
-    results["costly round: auto / standard"] = auto.speedup
+    auto, generations = _auto_against_standard(report, results, "costly round")
     curve = " ".join(f"{v:.2f}" for v in report.costs.verify_curve[:5])
     print(
         f"5. a round that costs many plain steps (4-bit target, v(1..5) = {curve}): auto "
@@ -171,8 +163,19 @@ def costly_round_bar(args, results: dict) -> None:
         f"(bar 0.95); {auto.stats.model_rounds / generations:.1f} drafting rounds of {args.max_tokens} ids "
         f"each; each repeat {', '.join(f'{x:.3f}' for x in auto.repeat_speedups)}x"
     )
-    for s in (s for s in rows if s.gamma != "auto"):
-        results[f"costly round: γ {s.gamma} / standard"] = s.speedup
+    _fixed_gammas(report, results, "costly round")
+
+
+def _auto_against_standard(report, results: dict, name: str):
+    """The auto setting over all prompts, its speedup kept in `results`, and its generations."""
+    auto = next(s for s in report.settings if s.category == "all" and s.gamma == "auto")
+    results[f"{name}: auto / standard"] = auto.speedup
+    return auto, sum(len(run.repeats) for run in auto.speculative)
+
+
+def _fixed_gammas(report, results: dict, name: str) -> None:
+    for s in (s for s in report.settings if s.category == "all" and s.gamma != "auto"):
+        results[f"{name}: γ {s.gamma} / standard"] = s.speedup
         print(f"   fixed γ {s.gamma}: {s.speedup:.3f}x, α {s.stats.acceptance_rate:.2f}")
 
 
