@@ -216,6 +216,8 @@ def train_draft(
                 "block_size": block_size,
                 "draft_layers": layers,
                 "mask_id": mask_id,
+                # a switch: only turning it on names the EAGLE-3 option (--raw-residual is the default)
+                "norm_before_residual": norm_before_residual or None,
             },
             answer_minutes=answer_minutes,
             text_minutes=text_minutes,
@@ -225,7 +227,6 @@ def train_draft(
             lr=lr,
             warmup=warmup,
             raw=raw,
-            norm_before_residual=norm_before_residual,
             standardize=standardize,
         )
     bar, started = _Bar(), False
@@ -265,12 +266,23 @@ def _stop_on_sigterm() -> None:
 
 # the options of one kind only, and their defaults (None: none)
 KIND_OPTIONS = {
-    "eagle3": {"draft_vocab": 8192, "steps": 3, "single_step_share": 0.6, "batch_rows": 1024},
+    "eagle3": {
+        "draft_vocab": 8192,
+        "steps": 3,
+        "single_step_share": 0.6,
+        "batch_rows": 1024,
+        "norm_before_residual": False,
+    },  # fmt: skip
     # blocks of 8: each block position costs a row of the LM head (Gemma 3's reads 262k ids),
     # and on a CPU a chain rarely passes 6 accepted ids; one layer, as SpecForge's default
     "dflash": {"block_size": 8, "draft_layers": 1, "mask_id": None, "batch_rows": 256},
 }
 OPTION_NAMES = {"draft_layers": "--layers"}
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a setting's name."""
+    return OPTION_NAMES.get(name, "--" + name.replace("_", "-"))
 
 
 def _kind_options(kind: str, given: dict) -> dict:
@@ -281,9 +293,8 @@ def _kind_options(kind: str, given: dict) -> dict:
     own = KIND_OPTIONS[kind]
     for name, value in given.items():
         if value is not None and name not in own:
-            flag = OPTION_NAMES.get(name, "--" + name.replace("_", "-"))
             owner = next(k for k in KIND_OPTIONS if name in KIND_OPTIONS[k])
-            raise InvalidOption(f"{flag} is an option of --kind {owner}, not of --kind {kind}")
+            raise InvalidOption(f"{_flag(name)} is an option of --kind {owner}, not of --kind {kind}")
     # the other kind's fields keep their defaults: run.json records every setting
     others = {k: v for options in KIND_OPTIONS.values() for k, v in options.items()}
     return others | {name: given[name] if given.get(name) is not None else default for name, default in own.items()}
@@ -308,8 +319,6 @@ def _new_settings(
     from ..training.run import Settings, settings_problem
 
     options |= {"kind": kind} | _kind_options(kind, kind_options)
-    if kind != "eagle3" and options.get("norm_before_residual"):
-        raise InvalidOption(f"--norm-before-residual is an option of --kind eagle3, not of --kind {kind}")
     total = minutes if minutes is not None else 30.0
     settings = Settings(
         target=target,
@@ -325,6 +334,5 @@ def _new_settings(
     )
     if problem := settings_problem(settings):
         name, what = problem
-        flag = OPTION_NAMES.get(name, "--" + name.replace("_", "-"))
-        raise InvalidOption(f"{flag} must be {what}, got {getattr(settings, name)!r}")
+        raise InvalidOption(f"{_flag(name)} must be {what}, got {getattr(settings, name)!r}")
     return settings

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
@@ -203,8 +204,12 @@ class DFlashObjective(Objective):
         most (the whole vocabulary at each position: Gemma 3's 262,144 ids, one example)."""
         return max(1, min(8, 2**27 // (self.vocab_size * MAX_WINDOW)))
 
+    @cached_property
+    def _every_id(self) -> np.ndarray:
+        return np.arange(self.vocab_size)  # every id is the drafter's
+
     def labels(self, example: Example) -> Labels:
-        return label(example, np.arange(self.vocab_size))  # every id is the drafter's
+        return label(example, self._every_id)
 
     def batch(self, examples: list[Example], labels: list[Labels], *, key: tuple[int, ...]) -> dict:
         rng = np.random.default_rng(list(key))

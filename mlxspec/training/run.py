@@ -374,7 +374,6 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
             layers=settings.draft_layers, mask_id=mask_id, seed=settings.seed,
         )  # fmt: skip
         objective = DFlashObjective(block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size)
-        vocabulary = None
     else:
         vocabulary = kept.vocabulary
         if vocabulary is None:  # decided once: a resumed run reads it back
