@@ -134,6 +134,7 @@ def test_a_run_stopped_mid_training_resumes_to_the_drafter_of_one_never_stopped(
         (["--block-size", 8], "--block-size is an option of --kind dflash"),
         (["--kind", "dflash", "--block-size", 1], "--block-size must be a whole number from 2"),
         (["--kind", "dflash", "--layers", 0], "--layers must be a whole number from 1"),
+        (["--kind", "dflash", "--norm-before-residual"], "--norm-before-residual is an option of --kind eagle3"),
     ],
 )
 def test_a_bad_dflash_option_is_one_line(flags, complaint, target, tmp_path):
