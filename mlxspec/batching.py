@@ -16,9 +16,9 @@ from .decoding.caches import CacheOptions
 from .drafters.eagle3 import Eagle3Drafter, PackedHead
 from .drafters.model import ModelDrafter
 from .drafting import Controller, ControllerConfig
-from .generation import GenerationResult, Session, generate
+from .generation import GenerationResult, Session, generate, options_of
 from .models.pairs import Pair
-from .options import Options
+from .options import AUTO, Options
 
 
 def why_not(pair: Pair, cache_options: CacheOptions = CacheOptions()) -> str | None:
@@ -87,8 +87,9 @@ class Lanes:
             self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0, **quantized_draft)
 
     @contextmanager
-    def joined(self, session: Session):
-        """While inside, the session's cursors are lanes of the batch."""
+    def joined(self, session: Session, *, auto: bool = True):
+        """While inside, the session's cursors are lanes of the batch; `auto`: its generation
+        chooses its draft lengths (--gamma auto), which the batch's gate decides for."""
         cursors = [(session.target, self.target)]
         if self.draft is not None and isinstance(session.draft, (ModelDrafter, Eagle3Drafter)):  # MTP's too
             cursors.append((session.draft, self.draft))
@@ -97,11 +98,11 @@ class Lanes:
             for cursor, cache in cursors:
                 cursor.join(cache)
                 joined.append(cursor)
-            session.controller.batch.join()
+            session.controller.batch.join(auto=auto)
             try:
                 yield
             finally:
-                session.controller.batch.leave()
+                session.controller.batch.leave(auto=auto)
         finally:
             errors = []
             for cursor in joined:  # each leaves, whatever another's leaving raised
@@ -143,8 +144,9 @@ def generate_many(
             session = Session(pair, controller=controller, cache_options=cache_options)
             if lanes is None:
                 return generate(pair, prompts[i], each[i], session=session, **overrides)
-            with lanes.joined(session):
-                return generate(pair, prompts[i], each[i], session=session, **overrides)
+            options = options_of(each[i], overrides)
+            with lanes.joined(session, auto=options.gamma is AUTO):
+                return generate(pair, prompts[i], options, session=session)
 
         run.index = i
         return run

@@ -6,14 +6,25 @@ In a batch those timings describe the batch: a lane's drafts make every other la
 wait and its verify longer, which its own timings do not charge it. So while two or more
 generations share the forwards, the batch itself is measured: windows of its aggregate
 tokens per second (every lane's tokens over wall-clock time) with drafting on and with
-every lane decoding plainly, kept per batch size, and the better regime runs, the other
-tried again after a few windows, twice as many each time it loses again. A size not
-measured yet starts in the regime the measured sizes imply: drafting's gain only falls as
-the batch grows (every lane's drafts lengthen the one forward all lanes wait for), so plain
-decoding that won at a smaller size wins here too, and drafting that won at a larger one;
-else the nearest size's verdict, else drafting is measured first. Drafting on means each
-lane's controller chooses as alone; plain means every `--gamma auto` lane decodes plainly
-(a fixed gamma is the user's and is kept). vLLM sizes drafts by batch size for the same
+every lane decoding plainly, kept per batch size, and the better regime runs.
+
+The worse regime is tried again now and then, at a cost held to a share of the time: the
+more it lost, the longer the wait (a window of a regime that ran at half the rate costs a
+window more), and twice as long each time it loses again. A window of drafting ends early
+once a third of it runs well below plain decoding's rate: a try that is losing plainly says
+so soon. A size not measured yet starts in the regime the measured sizes imply:
+drafting's gain only falls as the batch grows (every lane's drafts lengthen the one forward
+all lanes wait for), so plain decoding that won at a smaller size wins here too, and
+drafting that won at a larger one; else plain decoding, the batch as it would run without
+drafts, is measured first, and drafting right after, against it. (Drafting first cost a
+burst of four smollm2 chat requests 8%: its windows ran at two thirds of plain decoding's
+rate, and the burst ends within a few windows.) Drafting must win by a margin, and its rate
+is never above its latest window's: a tie, or one lucky window, is the batch without drafts.
+
+Drafting on means each lane's controller chooses as alone; plain means every `--gamma auto`
+lane decodes plainly (a fixed gamma is the user's and is kept). A batch with no `--gamma
+auto` lane has nothing to decide and is not measured: its rates would credit the regime
+with what fixed lanes did whatever it said. vLLM sizes drafts by batch size for the same
 reason; here the size is measured, not assumed. One generation alone never sees the gate.
 """
 
@@ -24,8 +35,18 @@ from collections.abc import Callable
 
 DRAFT, PLAIN = "draft", "plain"
 WINDOW_TOKENS = 12  # per lane: a window is this many tokens of each generation, about
-TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse, at first
+TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse, at least
+# and of drafting: a try's cost is not all in its window (a head catches up on what plain
+# decoding emitted; the batch's pipeline restarts after it): four smollm2 lanes lost 0.2 s
+# a try of drafting, where its window's rate said half that
+TRY_DRAFT_EVERY = 10
 MOST_WINDOWS_BETWEEN_TRIES = 40
+TRY_SHARE = 0.05  # of the batch's time that tries of the worse regime may cost
+CUT_AFTER = 1 / 3  # a window of the losing regime may end once this share of it has run...
+CUT_BELOW = 0.8  # ...at below this share of the other regime's rate at the batch's size
+# drafting must measure this much faster to run: windows of a second or so swing by about
+# as much, and a tie is the batch without drafts (which never costs a head's catching up)
+DRAFT_MARGIN = 1.05
 SMOOTHING = 0.5  # weight of a new window in a regime's rate
 
 
@@ -35,6 +56,7 @@ class BatchGate:
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
         self.live = 0  # generations in the batch now
+        self.governed = 0  # those of them with --gamma auto: the ones the regime decides for
         self.regime = DRAFT
         self.rates: dict[tuple[int, str], float] = {}  # (batch size, regime) -> tokens/s
         self.windows = 0
@@ -48,6 +70,10 @@ class BatchGate:
     def active(self) -> bool:
         return self.live > 1
 
+    @property
+    def measuring(self) -> bool:
+        return self.active and self.governed > 0
+
     def drafting(self) -> bool:
         """Whether `--gamma auto` generations may draft now."""
         return not self.active or self.regime == DRAFT
@@ -58,41 +84,58 @@ class BatchGate:
         with nothing queued behind it) for nothing; one that runs on keeps a turn waiting."""
         return max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // max(self.live, 1)))
 
-    def join(self) -> None:
-        self._resize(self.live + 1)
+    def join(self, *, auto: bool = True) -> None:
+        """A generation joins; `auto`: it runs --gamma auto (the regime decides for it)."""
+        self._resize(self.live + 1, self.governed + auto)
 
-    def leave(self) -> None:
-        self._resize(max(self.live - 1, 0))
+    def leave(self, *, auto: bool = True) -> None:
+        self._resize(max(self.live - 1, 0), max(self.governed - auto, 0))
 
-    def _resize(self, live: int) -> None:
-        """A new batch size: a fresh window, in the regime expected to win at that size."""
-        self.live, self._trying = live, False
-        self.regime = self._best() or self.regime
+    def _resize(self, live: int, governed: int) -> None:
+        """A new batch: a fresh window, in the regime expected to win at its size."""
+        self.live, self.governed, self._trying = live, governed, False
+        self.regime = self._best() or PLAIN
         self._since_try = min(self._since_try, self.between_tries - 1)  # a window of it before a try
         self._begin()
 
     def count(self, tokens: int) -> None:
         """Tokens a lane emitted (a round's, or a plain step's)."""
-        if not self.active:
+        if not self.measuring:
             return
         now = self.clock()
         if self._start is None:  # the window opens at the first tokens after a change
             self._start = now
             return
         self._tokens += tokens
-        if self._tokens < WINDOW_TOKENS * self.live or now <= self._start:
+        if now <= self._start or (self._tokens < WINDOW_TOKENS * self.live and not self._losing(now)):
             return
         key = (self.live, self.regime)
         rate = self._tokens / (now - self._start)
-        self.rates[key] = rate if key not in self.rates else (1 - SMOOTHING) * self.rates[key] + SMOOTHING * rate
+        smoothed = rate if key not in self.rates else (1 - SMOOTHING) * self.rates[key] + SMOOTHING * rate
+        # drafting's rate is never above its latest window: a window of drafts swings with the
+        # text (a run of easy ids), and one lucky window kept four smollm2 lanes drafting
+        # for two windows more at two thirds of plain decoding's rate
+        self.rates[key] = min(smoothed, rate) if self.regime == DRAFT else smoothed
         self.windows += 1
         self.regime = self._next()
         self._begin()
 
+    def _losing(self, now: float) -> bool:
+        """The open window drafts and has run a third of its tokens well below plain
+        decoding's rate at this size. (Plain windows run whole: the first after drafting
+        pays for the pipeline's restart, and would be cut for it.)"""
+        other = self.rates.get((self.live, PLAIN))
+        return (
+            self.regime == DRAFT
+            and other is not None
+            and self._tokens >= CUT_AFTER * WINDOW_TOKENS * self.live
+            and self._tokens / (now - self._start) < CUT_BELOW * other
+        )
+
     def _next(self) -> str:
         best = self._best()
-        if best is None:  # nothing to go by: measure drafting, then plain decoding
-            return DRAFT if (self.live, DRAFT) not in self.rates else PLAIN
+        if best is None:  # nothing to go by: plain decoding measured, then drafting against it
+            return PLAIN if (self.live, PLAIN) not in self.rates else DRAFT
         other = PLAIN if best == DRAFT else DRAFT
         if self._trying:  # a try of the worse regime just ended: if it lost again, wait longer
             self._trying, self._since_try = False, 0
@@ -100,20 +143,31 @@ class BatchGate:
             self.between_tries = TRY_OTHER_EVERY if won else min(2 * self.between_tries, MOST_WINDOWS_BETWEEN_TRIES)
             return best
         self._since_try += 1
-        if self._since_try >= self.between_tries:
+        least = TRY_DRAFT_EVERY if other == DRAFT else TRY_OTHER_EVERY
+        if self._since_try >= max(self.between_tries, least, self._affordable_gap(best, other)):
             self._trying = True
             return other
         return best
 
+    def _affordable_gap(self, best: str, other: str) -> int:
+        """Windows of the better regime between tries that keep their cost within TRY_SHARE:
+        a window of the other takes best/other times as long, so a try costs that less one
+        window more (at most: a losing window ends early)."""
+        rate_best, rate_other = self.rates.get((self.live, best)), self.rates.get((self.live, other))
+        if rate_best is None or rate_other is None:  # the regimes implied here, not measured
+            return 0
+        loss = rate_best / rate_other - 1 if rate_other > 0 else MOST_WINDOWS_BETWEEN_TRIES * TRY_SHARE
+        return min(MOST_WINDOWS_BETWEEN_TRIES, -int(-loss // TRY_SHARE))
+
     def _best(self) -> str | None:
         """The regime expected faster at this size: as measured here; else as the sizes
         measured imply (drafting's gain falls as the batch grows: see the module's
-        docstring); else, where nothing is measured here, the nearest size's; else None."""
+        docstring); else None."""
         here = self.rates.get((self.live, DRAFT)), self.rates.get((self.live, PLAIN))
         if None not in here:
-            return DRAFT if here[0] >= here[1] else PLAIN
+            return DRAFT if here[0] >= DRAFT_MARGIN * here[1] else PLAIN
         won = {  # per size measured both ways: whether drafting was faster
-            size: self.rates[size, DRAFT] >= self.rates[size, PLAIN]
+            size: self.rates[size, DRAFT] >= DRAFT_MARGIN * self.rates[size, PLAIN]
             for size, regime in self.rates
             if regime == DRAFT and (size, PLAIN) in self.rates
         }
@@ -121,9 +175,6 @@ class BatchGate:
             return PLAIN
         if any(drafted for size, drafted in won.items() if size > self.live):
             return DRAFT
-        if won and here == (None, None):
-            nearest = min(won, key=lambda size: abs(size - self.live))
-            return DRAFT if won[nearest] else PLAIN
         return None
 
     def _begin(self) -> None:

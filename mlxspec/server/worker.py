@@ -42,7 +42,7 @@ from functools import partial
 from ..decoding.caches import CacheOptions
 from ..decoding.events import Done
 from ..errors import MlxspecError
-from ..options import Options
+from ..options import AUTO, Options
 
 # A template may render the end of the previous prompt differently once the reply follows it
 # (Qwen3's empty thinking block, a generation prompt): this many ids of it may differ.
@@ -339,7 +339,8 @@ class Worker:
         try:
             session = self.cache.session_for(job.ids, job.namespace, busy=set(self.current.values()))
             self.current[job] = session
-            with lanes.joined(session) if lanes is not None else nullcontext():
+            auto = job.options.gamma is AUTO
+            with lanes.joined(session, auto=auto) if lanes is not None else nullcontext():
                 try:
                     events = stream(self.pair, job.ids, job.options, session=session, namespace=job.namespace)
                     self._post_events(job, events)

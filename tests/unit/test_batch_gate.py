@@ -1,13 +1,22 @@
 """The batch gate (drafting/batch_gate.py) on a hand-driven clock: alone it never says plain;
-in a batch it measures windows of aggregate tokens/s per regime and runs the better one,
-trying the other every few windows; a change of batch size starts a fresh window."""
+in a batch it measures windows of aggregate tokens/s per regime (plain decoding first) and
+runs the better one, trying the other at a cost held to a share of the time, a losing try
+cut short; a change of batch size starts a fresh window."""
 
 from __future__ import annotations
 
 import pytest
 
 from mlxspec.drafting import Controller
-from mlxspec.drafting.batch_gate import DRAFT, PLAIN, TRY_OTHER_EVERY, WINDOW_TOKENS, BatchGate
+from mlxspec.drafting.batch_gate import (
+    DRAFT,
+    PLAIN,
+    TRY_DRAFT_EVERY,
+    TRY_OTHER_EVERY,
+    TRY_SHARE,
+    WINDOW_TOKENS,
+    BatchGate,
+)
 from mlxspec.drafting.controller import BATCH_STRETCH
 
 
@@ -19,13 +28,16 @@ class Clock:
         return self.now
 
 
-def window(gate: BatchGate, clock: Clock, *, seconds: float) -> None:
-    """One window's tokens (every lane's), spread over `seconds`."""
+def window(gate: BatchGate, clock: Clock, *, seconds: float) -> int:
+    """One window of the batch at a steady rate (a whole window's tokens, every lane's, in
+    `seconds`), until the gate closes it (early, if it is losing); the tokens it took."""
     gate.count(1)  # opens the window
-    steps = WINDOW_TOKENS * gate.live
-    for _ in range(steps):
+    steps, windows, taken = WINDOW_TOKENS * gate.live, gate.windows, 0
+    while gate.windows == windows and taken < 10 * steps:
         clock.now += seconds / steps
         gate.count(1)
+        taken += 1
+    return taken
 
 
 def test_one_generation_alone_is_never_gated():
@@ -43,19 +55,40 @@ def test_the_faster_regime_runs_and_the_other_is_tried_again():
     clock = Clock()
     gate = BatchGate(clock)
     gate.join(), gate.join()
-    assert gate.regime == DRAFT  # untried: drafting first
-    window(gate, clock, seconds=2.0)  # 24 tokens in 2 s with drafts
-    assert gate.regime == PLAIN and gate.rates[2, DRAFT] == pytest.approx(12.0)
-    window(gate, clock, seconds=1.0)  # 24 in 1 s without: plain is faster
-    assert gate.rates[2, PLAIN] == pytest.approx(24.0) and not gate.drafting()
+    assert gate.regime == PLAIN  # untried: plain decoding first, the batch as it runs without drafts
+    window(gate, clock, seconds=1.0)  # 24 tokens in 1 s
+    assert gate.regime == DRAFT and gate.rates[2, PLAIN] == pytest.approx(24.0)
+    window(gate, clock, seconds=1.25)  # with drafts: 19.2 tok/s, slower
+    assert gate.rates[2, DRAFT] == pytest.approx(19.2) and not gate.drafting()
     regimes = []
-    for _ in range(8 * TRY_OTHER_EVERY):
-        window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 2.0)
+    for _ in range(8 * TRY_DRAFT_EVERY):
+        window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 1.25)
         regimes.append(gate.regime)
     tries = [i for i, regime in enumerate(regimes) if regime == DRAFT]
-    # tried again, after TRY_OTHER_EVERY windows at first, then twice as long each time it loses
+    # tried again, after TRY_DRAFT_EVERY windows at first, then twice as long each time it loses
     gaps = [b - a for a, b in zip(tries, tries[1:])]
     assert len(tries) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0], regimes
+
+
+def test_a_try_that_loses_by_far_waits_longer_and_ends_early():
+    """Drafting at half plain decoding's rate: a window of it costs a window more, so tries
+    come at most every 1 / TRY_SHARE windows; and a try ends once a third of it has run."""
+    clock = Clock()
+    gate = BatchGate(clock)
+    gate.join(), gate.join()
+    window(gate, clock, seconds=1.0)  # plain: 24 tok/s
+    taken = window(gate, clock, seconds=2.0)  # drafting: 12 tok/s, cut short
+    assert taken <= 2 * WINDOW_TOKENS / 3 + 1 and gate.rates[2, DRAFT] == pytest.approx(12.0)
+    regimes, spent = [], {PLAIN: 0.0, DRAFT: 0.0}
+    for _ in range(120):
+        started = clock.now
+        window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 2.0)
+        regimes.append(gate.regime)
+        spent[regimes[-1]] += clock.now - started
+    tries = [i for i, regime in enumerate(regimes) if regime == DRAFT]
+    assert tries and tries[0] >= 0.9 / TRY_SHARE - 1, regimes  # the window that measured it counts
+    # the tries cost drafting's time beyond plain decoding's for the same tokens: within the share
+    assert spent[DRAFT] / 2 <= TRY_SHARE * (spent[PLAIN] + spent[DRAFT]), spent
 
 
 def measured(*, drafting: float, plain: float) -> tuple[BatchGate, Clock]:
@@ -63,8 +96,8 @@ def measured(*, drafting: float, plain: float) -> tuple[BatchGate, Clock]:
     clock = Clock()
     gate = BatchGate(clock)
     gate.join(), gate.join()
-    window(gate, clock, seconds=drafting)
     window(gate, clock, seconds=plain)
+    window(gate, clock, seconds=drafting)
     return gate, clock
 
 
@@ -94,7 +127,7 @@ def test_a_size_not_measured_yet_starts_in_the_regime_the_others_imply():
     gate.join(), gate.join()  # four: drafting's gain only falls as the batch grows
     assert gate.live == 4 and gate.regime == PLAIN
     regimes = []
-    for _ in range(TRY_OTHER_EVERY + 1):
+    for _ in range(TRY_DRAFT_EVERY + 1):
         window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 0.5)
         regimes.append(gate.regime)
     # plain windows first, then drafting tried here all the same, and here it wins
@@ -112,8 +145,8 @@ def test_drafting_that_won_in_a_larger_batch_starts_a_smaller_one():
     gate = BatchGate(clock)
     for _ in range(4):
         gate.join()
-    window(gate, clock, seconds=1.0)  # drafting measured first
-    window(gate, clock, seconds=2.0)  # then plain: slower
+    window(gate, clock, seconds=2.0)  # plain measured first
+    window(gate, clock, seconds=1.0)  # then drafting: faster
     assert gate.drafting()
     gate.leave()
     window(gate, clock, seconds=1.0)
@@ -132,8 +165,8 @@ def test_a_plain_stretch_in_a_batch_runs_to_the_end_of_the_gates_window():
     gate.clock = clock = Clock()
     for _ in range(4):
         gate.join()
-    window(gate, clock, seconds=2.0)  # drafting measured slow...
-    window(gate, clock, seconds=1.0)  # ...plain fast: plain runs
+    window(gate, clock, seconds=1.0)  # plain measured fast...
+    window(gate, clock, seconds=2.0)  # ...drafting slow: plain runs
     assert not gate.drafting() and controller.choose() == 0
     assert controller.plain_stretch() == WINDOW_TOKENS
     gate.count(1)  # the window opens
@@ -142,3 +175,22 @@ def test_a_plain_stretch_in_a_batch_runs_to_the_end_of_the_gates_window():
     assert controller.plain_stretch() == WINDOW_TOKENS - 5
     gate.regime = DRAFT  # a try of drafting: a lane's stretch is short again
     assert controller.plain_stretch() <= BATCH_STRETCH
+
+
+def test_a_batch_without_an_auto_lane_is_not_measured():
+    """Lanes at a fixed gamma decode as they were told whatever the regime says: windows of
+    theirs alone would credit the regime with their rate (γ 0 lanes would make drafting look
+    as fast as plain decoding), so the gate keeps no rate until an auto lane is among them."""
+    clock = Clock()
+    gate = BatchGate(clock)
+    gate.join(auto=False), gate.join(auto=False)
+    assert gate.active and not gate.measuring
+    for _ in range(3):
+        window(gate, clock, seconds=1.0)
+    assert gate.rates == {} and gate.windows == 0
+    gate.join()  # an auto lane: three at once, measured
+    window(gate, clock, seconds=2.0)
+    assert list(gate.rates) == [(3, PLAIN)]
+    gate.leave()  # back to the fixed lanes alone
+    window(gate, clock, seconds=1.0)
+    assert list(gate.rates) == [(3, PLAIN)] and gate.windows == 1
