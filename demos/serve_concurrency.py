@@ -201,13 +201,17 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
 
-    # every greedy answer against the same prompt's one at a time
+    # every greedy answer against the same prompt's one at a time: the same repeat's (each
+    # repeat's prompts carry their own tag, so their answers may differ from another's)
     mismatches = []
     for (config, n), runs in results.items():
         if ("one-at-a-time", n) in results:
-            reference = results["one-at-a-time", n][0]["texts"]
-            for r in runs:
-                mismatches += [f"{config}@{n}#{i}" for i, (a, b) in enumerate(zip(r["texts"], reference)) if a != b]
+            for repeat, (r, reference) in enumerate(zip(runs, results["one-at-a-time", n])):
+                mismatches += [
+                    f"{config}@{n}#{i}" + (f" (repeat {repeat + 1})" if repeat else "")
+                    for i, (a, b) in enumerate(zip(r["texts"], reference["texts"]))
+                    if a != b
+                ]
     table = {
         f"{config}@{n}": {
             "clients": n,

@@ -194,3 +194,30 @@ def test_a_batch_without_an_auto_lane_is_not_measured():
     gate.leave()  # back to the fixed lanes alone
     window(gate, clock, seconds=1.0)
     assert list(gate.rates) == [(3, PLAIN)] and gate.windows == 1
+
+
+def test_a_clear_verdict_at_the_nearest_size_holds_until_this_size_is_measured():
+    """Drafting lost plainly at four lanes (half the rate): a lane leaves, and three run
+    plain decoding without a window of drafts (one of those spread the lanes' ends apart);
+    at a size next to a close verdict, plain decoding is measured, then drafting."""
+    clock = Clock()
+    gate = BatchGate(clock)
+    for _ in range(4):
+        gate.join()
+    window(gate, clock, seconds=1.0)  # plain
+    window(gate, clock, seconds=2.0)  # drafting at half the rate: clear
+    gate.leave()
+    regimes = []
+    for _ in range(TRY_DRAFT_EVERY - 1):
+        window(gate, clock, seconds=1.0)
+        regimes.append(gate.regime)
+    assert gate.live == 3 and set(regimes) == {PLAIN}, regimes
+    close = BatchGate(clock)
+    for _ in range(4):
+        close.join()
+    window(close, clock, seconds=1.0)  # plain
+    window(close, clock, seconds=1.05)  # drafting 5% slower: close
+    close.leave()
+    assert close.regime == PLAIN
+    window(close, clock, seconds=1.0)  # three: plain measured first...
+    assert close.regime == DRAFT  # ...then drafting, against it
