@@ -15,9 +15,9 @@ once a third of it runs well below plain decoding's rate: a try that is losing p
 so soon. A size not measured yet starts in the regime the measured sizes imply:
 drafting's gain only falls as the batch grows (every lane's drafts lengthen the one forward
 all lanes wait for), so plain decoding that won at a smaller size wins here too, and
-drafting that won at a larger one; else the nearest size's verdict where it was clear (a
-lane that leaves or joins changes the size by one); else plain decoding, the batch as it
-would run without drafts, is measured first, and drafting right after, against it. (Drafting first cost a
+drafting that won at a larger one; and drafting that lost clearly one size up (a lane just
+left) loses here; else plain decoding, the batch as it would run without drafts, is
+measured first, and drafting right after, against it. (Drafting first cost a
 burst of four smollm2 chat requests 8%: its windows ran at two thirds of plain decoding's
 rate, and the burst ends within a few windows.) Drafting must win by a margin, and its rate
 is never above its latest window's: a tie, or one lucky window, is the batch without drafts.
@@ -48,9 +48,11 @@ CUT_BELOW = 0.8  # ...at below this share of the other regime's rate at the batc
 # drafting must measure this much faster to run: windows of a second or so swing by about
 # as much, and a tie is the batch without drafts (which never costs a head's catching up)
 DRAFT_MARGIN = 1.05
-# a verdict this clear at the nearest size measured is this size's too, until measured here:
-# a lane leaving four smollm2 lanes that plainly lost with drafts (0.73) measured drafting
-# again at three, and that window's drafts spread the lanes' ends apart by a second
+# drafting that lost by this much one size up loses here too, until measured here: a lane
+# leaving eight smollm2 lanes where drafting lost plainly (0.73) measured drafting again at
+# seven, and that window's drafts spread the lanes' ends apart by a second. (A clear win one
+# size down is no such sign: two lanes that drafted 15% faster led four into drafting that
+# ran at 0.8 of plain decoding's rate.)
 CLEAR = 1.15
 SMOOTHING = 0.5  # weight of a new window in a regime's rate
 
@@ -167,8 +169,8 @@ class BatchGate:
     def _best(self) -> str | None:
         """The regime expected faster at this size: as measured here; else as the sizes
         measured imply (drafting's gain falls as the batch grows: see the module's
-        docstring); else, where nothing is measured here, the nearest size's verdict if it
-        was clear (CLEAR); else None."""
+        docstring); else, where this size is not measured both ways, plain decoding if
+        drafting lost clearly one size up (CLEAR); else None."""
         here = self.rates.get((self.live, DRAFT)), self.rates.get((self.live, PLAIN))
         if None not in here:
             return DRAFT if here[0] >= DRAFT_MARGIN * here[1] else PLAIN
@@ -181,11 +183,9 @@ class BatchGate:
             return PLAIN
         if any(drafted for size, drafted in won.items() if size > self.live):
             return DRAFT
-        if won:  # this size is not measured both ways (above)
-            nearest = min(won, key=lambda size: (abs(size - self.live), size))
-            ratio = self.rates[nearest, DRAFT] / max(self.rates[nearest, PLAIN], 1e-9)
-            if ratio >= CLEAR or ratio <= 1 / CLEAR:
-                return DRAFT if ratio >= CLEAR else PLAIN
+        above = self.live + 1  # a lane just left a batch where drafting lost clearly
+        if above in won and self.rates[above, DRAFT] * CLEAR <= self.rates[above, PLAIN]:
+            return PLAIN
         return None
 
     def _begin(self) -> None:
