@@ -43,8 +43,8 @@ TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse, 
 TRY_DRAFT_EVERY = 10
 MOST_WINDOWS_BETWEEN_TRIES = 40
 TRY_SHARE = 0.05  # of the batch's time that tries of the worse regime may cost
-CUT_AFTER = 1 / 3  # a window of the losing regime may end once this share of it has run...
-CUT_BELOW = 0.8  # ...at below this share of the other regime's rate at the batch's size
+CUT_AFTER = 1 / 3  # a window of drafting may end once this share of it has run...
+CUT_BELOW = 0.8  # ...at below this share of plain decoding's rate at the batch's size
 # drafting must measure this much faster to run: windows of a second or so swing by about
 # as much, and a tie is the batch without drafts (which never costs a head's catching up)
 DRAFT_MARGIN = 1.05
