@@ -221,3 +221,17 @@ def test_a_clear_verdict_at_the_nearest_size_holds_until_this_size_is_measured()
     assert close.regime == PLAIN
     window(close, clock, seconds=1.0)  # three: plain measured first...
     assert close.regime == DRAFT  # ...then drafting, against it
+
+
+def test_drafting_must_win_by_a_margin_and_one_lucky_window_does_not_keep_it():
+    """A tie is the batch without drafts; and after a lucky window of drafts (a run of easy
+    ids), one window at below plain decoding's rate ends drafting: its rate is never above
+    its latest window's (smoothed alone, 27.8 tok/s would have kept it against 24)."""
+    gate, clock = measured(drafting=0.97, plain=1.0)  # drafting 3% faster: within the margin
+    assert not gate.drafting()
+    while gate.regime == PLAIN:  # until drafting is tried again
+        window(gate, clock, seconds=1.0)
+    window(gate, clock, seconds=0.5)  # a lucky window: 48 tok/s
+    assert gate.drafting()
+    window(gate, clock, seconds=1.25)  # then 19.2 tok/s: plain decoding again
+    assert gate.rates[2, DRAFT] == pytest.approx(19.2) and not gate.drafting()
