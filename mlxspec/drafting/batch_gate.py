@@ -5,12 +5,15 @@ Alone, a generation's controller weighs a round against a plain step from its ow
 In a batch those timings describe the batch: a lane's drafts make every other lane's step
 wait and its verify longer, which its own timings do not charge it. So while two or more
 generations share the forwards, the batch itself is measured: windows of its aggregate
-tokens per second (every lane's tokens over wall-clock time) with drafting on and with
+tokens per second (the tokens of every lane with a policy over wall-clock time; a γ 0
+lane decodes as standard decoding does and reports none, so in a mixed batch a window runs
+longer and does not see what drafting costs it) with drafting on and with
 every lane decoding plainly, kept per batch size, and the better regime runs.
 
 The worse regime is tried again now and then, at a cost held to a share of the time: the
-more it lost, the longer the wait (a window of a regime that ran at half the rate costs a
-window more), and twice as long each time it loses again. A window of drafting ends early
+wait is the longest of a least count of windows (ten before drafting), what keeps the tries
+within TRY_SHARE (a window of a regime that ran at half the rate costs a window more), and
+a count that doubles each time a try loses again; windows count across joins and leaves. A window of drafting ends early
 once a third of it runs well below plain decoding's rate: a try that is losing plainly says
 so soon. A size not measured yet starts in the regime the measured sizes imply:
 drafting's gain only falls as the batch grows (every lane's drafts lengthen the one forward
@@ -70,6 +73,7 @@ class BatchGate:
         self.between_tries = TRY_OTHER_EVERY  # windows before the worse regime is tried again
         self._since_try = 0
         self._trying = False
+        self._settling = True
         self._start: float | None = None
         self._tokens = 0
 
@@ -102,7 +106,9 @@ class BatchGate:
         """A new batch: a fresh window, in the regime expected to win at its size."""
         self.live, self.governed, self._trying = live, governed, False
         self.regime = self._best() or PLAIN
-        self._since_try = 0  # the other regime is tried after as many windows at this size as ever
+        # windows since the last try carry over: reset at every join or leave, a batch whose size
+        # changes every few windows would never try drafting again
+        self._settling = True  # its first window holds a joiner's prompt reading (see count)
         self._begin()
 
     def count(self, tokens: int) -> None:
@@ -116,13 +122,16 @@ class BatchGate:
         self._tokens += tokens
         if now <= self._start or (self._tokens < WINDOW_TOKENS * self.live and not self._losing(now)):
             return
+        settling, self._settling = self._settling, False
         key = (self.live, self.regime)
         rate = self._tokens / (now - self._start)
         smoothed = rate if key not in self.rates else (1 - SMOOTHING) * self.rates[key] + SMOOTHING * rate
         # drafting's rate is never above its latest window: a window of drafts swings with the
         # text (a run of easy ids), and one lucky window kept four smollm2 lanes drafting
         # for two windows more at two thirds of plain decoding's rate
-        self.rates[key] = min(smoothed, rate) if self.regime == DRAFT else smoothed
+        # (not the first window after a join or leave: a joiner's prompt, read in chunks while
+        # the others wait, stalls it whatever the regime)
+        self.rates[key] = min(smoothed, rate) if self.regime == DRAFT and not settling else smoothed
         self.windows += 1
         self.regime = self._next()
         self._begin()
@@ -130,10 +139,12 @@ class BatchGate:
     def _losing(self, now: float) -> bool:
         """The open window drafts and has run a third of its tokens well below plain
         decoding's rate at this size. (Plain windows run whole: the first after drafting
-        pays for the pipeline's restart, and would be cut for it.)"""
+        pays for the pipeline's restart, and would be cut for it; so does the first window
+        after a join or leave, which a joiner's prompt reading stalls.)"""
         other = self.rates.get((self.live, PLAIN))
         return (
             self.regime == DRAFT
+            and not self._settling
             and other is not None
             and self._tokens >= CUT_AFTER * WINDOW_TOKENS * self.live
             and self._tokens / (now - self._start) < CUT_BELOW * other
