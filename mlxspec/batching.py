@@ -142,9 +142,9 @@ def generate_many(
     def task(i: int) -> Callable[[], GenerationResult]:
         def run() -> GenerationResult:
             session = Session(pair, controller=controller, cache_options=cache_options)
-            if lanes is None:
-                return generate(pair, prompts[i], each[i], session=session, **overrides)
             options = options_of(each[i], overrides)
+            if lanes is None:
+                return generate(pair, prompts[i], options, session=session)
             with lanes.joined(session, auto=options.gamma is AUTO):
                 return generate(pair, prompts[i], options, session=session)
 

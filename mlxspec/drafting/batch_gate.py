@@ -7,23 +7,24 @@ wait and its verify longer, which its own timings do not charge it. So while two
 generations share the forwards, the batch itself is measured: windows of its aggregate
 tokens per second (the tokens of every lane with a policy over wall-clock time; a γ 0
 lane decodes as standard decoding does and reports none, so in a mixed batch a window runs
-longer and does not see what drafting costs it) with drafting on and with
-every lane decoding plainly, kept per batch size, and the better regime runs.
+longer and does not see what drafting costs it) with drafting on and with every lane
+decoding plainly, kept per batch size, and the better regime runs.
 
 The worse regime is tried again now and then, at a cost held to a share of the time: the
 wait is the longest of a least count of windows (ten before drafting), what keeps the tries
 within TRY_SHARE (a window of a regime that ran at half the rate costs a window more), and
-a count that doubles each time a try loses again; windows count across joins and leaves. A window of drafting ends early
-once a third of it runs well below plain decoding's rate: a try that is losing plainly says
-so soon. A size not measured yet starts in the regime the measured sizes imply:
-drafting's gain only falls as the batch grows (every lane's drafts lengthen the one forward
-all lanes wait for), so plain decoding that won at a smaller size wins here too, and
-drafting that won at a larger one; and drafting that lost clearly one size up (a lane just
-left) loses here; else plain decoding, the batch as it would run without drafts, is
-measured first, and drafting right after, against it. (Drafting first cost a
-burst of four smollm2 chat requests 8%: its windows ran at two thirds of plain decoding's
-rate, and the burst ends within a few windows.) Drafting must win by a margin, and its rate
-is never above its latest window's: a tie, or one lucky window, is the batch without drafts.
+a count that doubles each time a try loses again; windows count across joins and leaves.
+A window of drafting ends early once a third of it runs well below plain decoding's rate:
+a try that is losing plainly says so soon. A size not measured yet starts in the regime the
+measured sizes imply: drafting's gain only falls as the batch grows (every lane's drafts
+lengthen the one forward all lanes wait for), so plain decoding that won at a smaller size
+wins here too, and drafting that won at a larger one; and drafting that lost clearly one
+size up (a lane just left) loses here; else plain decoding, the batch as it would run
+without drafts, is measured first, and drafting right after, against it. (Drafting first
+cost a burst of four smollm2 chat requests 8%: its windows ran at two thirds of plain
+decoding's rate, and the burst ends within a few windows.) Drafting must win by a margin,
+and its rate is never above its latest window's: a tie, or one lucky window, is the batch
+without drafts.
 
 Drafting on means each lane's controller chooses as alone; plain means every `--gamma auto`
 lane decodes plainly (a fixed gamma is the user's and is kept). A batch with no `--gamma
