@@ -59,6 +59,9 @@ DRAFT_MARGIN = 1.05
 # ran at 0.8 of plain decoding's rate.)
 CLEAR = 1.15
 SMOOTHING = 0.5  # weight of a new window in a regime's rate
+# windows a lane's plain stretch may span: each stretch costs a pipeline bubble, and one that
+# runs on keeps a lane left alone (the others done) from drafting until it ends
+PLAIN_RUN = 4
 
 
 class BatchGate:
@@ -91,10 +94,21 @@ class BatchGate:
         return not self.active or self.regime == DRAFT
 
     def steps_left(self) -> int:
-        """Plain steps a lane may take before the gate may turn: the rest of its window, its
-        share of it. A stretch that ends before is a pipeline bubble (its last step is read
-        with nothing queued behind it) for nothing; one that runs on keeps a turn waiting."""
-        return max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // max(self.live, 1)))
+        """Plain steps a lane may take before the gate may turn: the rest of its window (its
+        share of it), and the whole windows after it that stay plain whatever they measure
+        (no try of drafting falls due), PLAIN_RUN windows at most. Each stretch ends in a
+        pipeline bubble (its last step is read with nothing queued behind it): stretches a
+        window long left four smollm2 lanes at --gamma auto, plain throughout, 5% behind the
+        same batch at γ 0, and stretches as long as the burst even. One that runs past a turn
+        keeps it waiting; past a join or leave, the new size's regime."""
+        rest = max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // max(self.live, 1)))
+        return rest + WINDOW_TOKENS * self._plain_windows_ahead()
+
+    def _plain_windows_ahead(self) -> int:
+        """Whole windows after the open one that will be plain as things stand."""
+        if self.regime != PLAIN or self._trying or not self.measuring or self._best() != PLAIN:
+            return 0  # a plain window that measures plain first, or tries it, is followed by drafting
+        return max(0, min(self._wait(PLAIN, DRAFT) - self._since_try - 1, PLAIN_RUN - 1))
 
     def join(self, *, auto: bool = True) -> None:
         """A generation joins; `auto`: it runs --gamma auto (the regime decides for it)."""
@@ -162,11 +176,15 @@ class BatchGate:
             self.between_tries = TRY_OTHER_EVERY if won else min(2 * self.between_tries, MOST_WINDOWS_BETWEEN_TRIES)
             return best
         self._since_try += 1
-        least = TRY_DRAFT_EVERY if other == DRAFT else TRY_OTHER_EVERY
-        if self._since_try >= max(self.between_tries, least, self._affordable_gap(best, other)):
+        if self._since_try >= self._wait(best, other):
             self._trying = True
             return other
         return best
+
+    def _wait(self, best: str, other: str) -> int:
+        """Windows of the better regime between tries of the other."""
+        least = TRY_DRAFT_EVERY if other == DRAFT else TRY_OTHER_EVERY
+        return max(self.between_tries, least, self._affordable_gap(best, other))
 
     def _affordable_gap(self, best: str, other: str) -> int:
         """Windows of the better regime between tries that keep their cost within TRY_SHARE:

@@ -11,6 +11,7 @@ from mlxspec.drafting import Controller
 from mlxspec.drafting.batch_gate import (
     DRAFT,
     PLAIN,
+    PLAIN_RUN,
     TRY_DRAFT_EVERY,
     TRY_OTHER_EVERY,
     TRY_SHARE,
@@ -158,26 +159,35 @@ def test_drafting_that_won_in_a_larger_batch_starts_a_smaller_one():
     assert gate.live == 2 and gate.regime == DRAFT and (2, PLAIN) not in gate.rates
 
 
-def test_a_plain_stretch_in_a_batch_runs_to_the_end_of_the_gates_window():
-    """While the gate says plain, each lane's stretch lasts until the gate may turn: a stretch
-    cut shorter ends in a step read with nothing queued behind it, a pipeline bubble that
-    made the plain regime of `--gamma auto` 7-8% slower than the same batch at γ 0 (four
-    lanes of the smollm2 preset, 3 runs in turn). Where the batch drafts, a lane's own
-    stretch stays short so that its controller decides again soon."""
+def test_a_plain_stretch_in_a_batch_runs_until_the_gate_may_turn():
+    """While the gate says plain, each lane's stretch lasts until the gate may turn (PLAIN_RUN
+    windows at most): a stretch cut shorter ends in a step read with nothing queued behind
+    it, a pipeline bubble. Stretches of a few steps made the plain regime of `--gamma auto`
+    7-8% slower than the same batch at γ 0 (four lanes of the smollm2 preset, 3 runs in
+    turn), stretches a window long 5%. A try of drafting falling due ends the stretch at its
+    window; where the batch drafts, a lane's own stretch stays short so that its controller
+    decides again soon."""
     controller = Controller()
     gate = controller.batch
     gate.clock = clock = Clock()
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=1.0)  # plain measured fast...
+    assert gate.drafting()  # ...and drafting is measured next
     window(gate, clock, seconds=2.0)  # ...drafting slow: plain runs
     assert not gate.drafting() and controller.choose() == 0
-    assert controller.plain_stretch() == WINDOW_TOKENS
+    assert controller.plain_stretch() == PLAIN_RUN * WINDOW_TOKENS
     gate.count(1)  # the window opens
     for _ in range(4 * 5):  # five steps of every lane
         gate.count(1)
-    assert controller.plain_stretch() == WINDOW_TOKENS - 5
-    gate.regime = DRAFT  # a try of drafting: a lane's stretch is short again
+    assert controller.plain_stretch() == PLAIN_RUN * WINDOW_TOKENS - 5
+    while gate._wait(PLAIN, DRAFT) - gate._since_try > 2:  # plain windows until a try is one off
+        window(gate, clock, seconds=1.0)
+    assert not gate.drafting() and controller.plain_stretch() == 2 * WINDOW_TOKENS
+    window(gate, clock, seconds=1.0)
+    assert not gate.drafting() and controller.plain_stretch() == WINDOW_TOKENS  # the try follows this window
+    window(gate, clock, seconds=1.0)
+    assert gate.drafting()  # a try of drafting: a lane's stretch is short again
     assert controller.plain_stretch() <= BATCH_STRETCH
 
 
