@@ -189,16 +189,13 @@ class NextnHead(nn.Module):
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_output", self.shared_head.head if "head" in self.shared_head else output)
 
-    def why_not_packed(self) -> str | None:
-        """A batch's lanes share one cache, whose offset is not a lane's length."""
-        return "a nextn head finds its first row by its cache's offset"
-
     def hidden(self, ids: mx.array, hidden: mx.array, cache, layout=None) -> mx.array:
         from mlx_lm.models.base import create_attention_mask
 
         embedded = self._embed(ids).astype(hidden.dtype)
-        if cache is None or cache.offset == 0:  # row 0 sits at position 0
-            embedded = mx.where((mx.arange(ids.shape[1]) == 0)[None, :, None], 0, embedded)
+        first = _at_position_zero(ids, cache, layout)
+        if first is not None:
+            embedded = mx.where(first[..., None], 0, embedded)
         x = self.eh_proj(mx.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1))
         mask = create_attention_mask(x, cache, return_array=True)  # MLA takes an array mask
         with _reading_tree(self, layout):
@@ -213,6 +210,17 @@ class NextnHead(nn.Module):
 
     def why_no_trees(self) -> str | None:
         return _why_no_trees(self)
+
+
+def _at_position_zero(ids: mx.array, cache, layout) -> mx.array | None:
+    """Which rows of `ids` (B, L) sit at position 0 (None: none do). In a packed batch the
+    cache's offset counts every lane's columns, so each row's position is the layout's."""
+    positions = getattr(layout, "fresh_positions", None)  # a packed batch's (decoding/packed.py)
+    if positions is not None:
+        return positions().reshape(ids.shape) == 0
+    if cache is None or cache.offset == 0:  # alone: the cache's first row sits at position 0
+        return (mx.arange(ids.shape[1]) == 0)[None, :]
+    return None
 
 
 @dataclass(frozen=True)

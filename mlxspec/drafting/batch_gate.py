@@ -80,6 +80,8 @@ class BatchGate:
         self._settling = True
         self._start: float | None = None
         self._tokens = 0
+        self._counted = 0  # tokens of every lane since the gate began
+        self._plain_until = 0  # ...up to which lanes' plain stretches were promised (steps_left)
 
     @property
     def active(self) -> bool:
@@ -99,10 +101,13 @@ class BatchGate:
         (no try of drafting falls due), PLAIN_RUN windows at most. Each stretch ends in a
         pipeline bubble (its last step is read with nothing queued behind it): stretches a
         window long left four smollm2 lanes at --gamma auto, plain throughout, 5% behind the
-        same batch at γ 0, and stretches as long as the burst even. One that runs past a turn
-        keeps it waiting; past a join or leave, the new size's regime."""
+        same batch at γ 0, and stretches as long as the burst even. A turn the promise did
+        not foresee (a slow plain window, a join or leave) waits for the stretches: no window
+        of drafting opens before they end, or it would measure their plain steps."""
         rest = max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // max(self.live, 1)))
-        return rest + WINDOW_TOKENS * self._plain_windows_ahead()
+        steps = rest + WINDOW_TOKENS * self._plain_windows_ahead()
+        self._plain_until = max(self._plain_until, self._counted + steps * self.live)
+        return steps
 
     def _plain_windows_ahead(self) -> int:
         """Whole windows after the open one that will be plain as things stand."""
@@ -119,6 +124,8 @@ class BatchGate:
 
     def _resize(self, live: int, governed: int) -> None:
         """A new batch: a fresh window, in the regime expected to win at its size."""
+        if 0 < live < self.live:  # the promised stretches of the lanes that stay
+            self._plain_until = self._counted + max(self._plain_until - self._counted, 0) * live // self.live
         self.live, self.governed, self._trying = live, governed, False
         self.regime = self._best() or PLAIN
         # windows since the last try carry over: reset at every join or leave, a batch whose size
@@ -131,6 +138,12 @@ class BatchGate:
         if not self.measuring:
             return
         now = self.clock()
+        self._counted += tokens
+        if self.regime == DRAFT and self._counted <= self._plain_until:
+            # lanes still run the plain stretches promised them (a join or leave, or a slow
+            # plain window, turned the gate early): a window of drafting opens after them
+            self._start = None
+            return
         if self._start is None:  # the window opens at the first tokens after a change
             self._start = now
             return

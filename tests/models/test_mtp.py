@@ -17,7 +17,9 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 import mlxspec
+from mlxspec.batching import generate_many
 from mlxspec.decoding import capture
+from mlxspec.decoding.batch import Batch
 from mlxspec.drafters import mtp_head
 from mlxspec.errors import IncompatibleHead, UnsupportedModel
 from tests.support import mtp_models
@@ -89,6 +91,26 @@ def test_greedy_with_the_mtp_head_equals_standard(models, family):
         rates[gamma] = result.stats.acceptance_rate
     # right often and wrong sometimes, or both rollback paths would not run
     assert all(r is not None and 0.05 < r < 1.0 for r in (rates[2], rates[4])), rates
+
+
+def test_a_nextn_head_drafts_for_every_lane_of_a_batch_in_one_forward(models):
+    """glm4_moe_lite's target shares its forwards across a batch, and so does its nextn head:
+    each lane's first row (whose embedding the layer zeroes) is found by the row's position in
+    the batch's layout, not by the shared cache's offset. Every lane drafts what it drafts
+    alone, so it accepts the same drafts at the same rounds."""
+    pair = models.pair("glm4_moe_lite")
+    prompts = [PROMPT, PROMPT[4:] + [40, 41, 42], list(range(30, 37))]
+    options = dict(max_tokens=MAX_TOKENS, gamma=2, tree=0, ngram=False, history=False)
+    batch = Batch()
+    together = generate_many(pair, prompts, batch=batch, **options)
+    alone = [mlxspec.generate(pair, p, **options) for p in prompts]
+    standard = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, gamma=0).tokens for p in prompts]
+    assert [r.tokens for r in together] == [r.tokens for r in alone] == standard
+    assert [(r.stats.drafted, r.stats.accepted) for r in together] == [
+        (r.stats.drafted, r.stats.accepted) for r in alone
+    ]
+    head = pair.draft.name
+    assert batch.rows_of[head] > 1.5 * batch.forwards_of[head] > 0, (batch.rows_of, batch.forwards_of)
 
 
 def _head_rows(pair, ids):

@@ -191,6 +191,49 @@ def test_a_plain_stretch_in_a_batch_runs_until_the_gate_may_turn():
     assert controller.plain_stretch() <= BATCH_STRETCH
 
 
+def steps(gate: BatchGate, clock: Clock, *, count: int, rate: float) -> None:
+    """`count` plain steps of every lane, the batch at `rate` tokens/s."""
+    for _ in range(count * gate.live):
+        clock.now += 1 / rate
+        gate.count(1)
+
+
+def test_drafting_is_not_measured_from_plain_steps_promised_before_a_turn():
+    """Lanes run the plain stretches the gate promised them whatever it turns to meanwhile:
+    a slow plain window that makes drafting look better, or a lane leaving for a size not
+    measured yet, turns it before they end. Drafting's window opens after them, so it
+    measures drafts, not their plain steps (which would sink drafting where it pays)."""
+    controller = Controller()
+    gate = controller.batch
+    gate.clock = clock = Clock()
+    for _ in range(4):
+        gate.join()
+    window(gate, clock, seconds=1.0)  # plain: 48 tokens/s
+    window(gate, clock, seconds=1.2)  # drafting: 40 tokens/s
+    drafting = gate.rates[4, DRAFT]
+    stretch = controller.plain_stretch()  # every lane's
+    assert stretch > WINDOW_TOKENS
+    steps(gate, clock, count=WINDOW_TOKENS + 1, rate=20.0)  # the machine slows: a window at 20
+    assert gate.regime == DRAFT  # plain's rate fell below drafting's
+    steps(gate, clock, count=stretch - WINDOW_TOKENS - 1, rate=20.0)  # the rest of the stretches
+    assert gate.rates[4, DRAFT] == drafting  # no window of drafting was made of plain steps
+    window(gate, clock, seconds=1.0)  # drafting now, at 48 tokens/s: measured
+    assert gate.rates[4, DRAFT] > drafting
+
+    gate.rates[4, PLAIN], gate.rates[4, DRAFT] = 48.0, 44.0  # plain wins at four, not clearly
+    gate.regime, gate._trying = PLAIN, False  # the lanes are promised a long stretch
+    stretch = controller.plain_stretch()
+    assert stretch > WINDOW_TOKENS
+    gate.leave()  # a size not measured: plain first, then drafting
+    assert gate.regime == PLAIN and (3, PLAIN) not in gate.rates
+    window(gate, clock, seconds=1.0)
+    assert gate.regime == DRAFT and (3, DRAFT) not in gate.rates
+    steps(gate, clock, count=stretch - WINDOW_TOKENS, rate=20.0)  # the three lanes' stretches run out
+    assert (3, DRAFT) not in gate.rates
+    window(gate, clock, seconds=1.0)
+    assert (3, DRAFT) in gate.rates
+
+
 def test_a_batch_without_an_auto_lane_is_not_measured():
     """Lanes at a fixed gamma decode as they were told whatever the regime says: windows of
     theirs alone would credit the regime with their rate (lanes at a fixed γ would make
