@@ -310,6 +310,8 @@ def _stream(
                     continue
                 event, reason = _with_text(event, text, eos, stops)
                 stats.add_round(event, tokens=sum(t not in eos for t in event.emitted))
+                if policy is None:  # a batch's gate weighs every lane's tokens (a policy counts its own)
+                    session.controller.batch.count(len(event.emitted))
                 answer += event.emitted
                 yield event
         except KeyboardInterrupt:

@@ -5,10 +5,9 @@ Alone, a generation's controller weighs a round against a plain step from its ow
 In a batch those timings describe the batch: a lane's drafts make every other lane's step
 wait and its verify longer, which its own timings do not charge it. So while two or more
 generations share the forwards, the batch itself is measured: windows of its aggregate
-tokens per second (the tokens of every lane with a policy over wall-clock time; a γ 0
-lane decodes as standard decoding does and reports none, so in a mixed batch a window runs
-longer and does not see what drafting costs it) with drafting on and with every lane
-decoding plainly, kept per batch size, and the better regime runs.
+tokens per second (every lane's tokens, a γ 0 lane's and a fixed gamma's too: drafting
+makes them wait as well) with drafting on and with every `--gamma auto` lane decoding
+plainly, kept per batch size, and the better regime runs.
 
 The worse regime is tried again now and then, at a cost held to a share of the time: the
 wait is the longest of a least count of windows (ten before drafting), what keeps the tries

@@ -320,6 +320,31 @@ def sample_rows_in_batches(pair, params, *, runs: int, seed: int, per_batch: int
     return counts
 
 
+def test_a_standard_decoding_lane_counts_in_the_batchs_gate(load_pair):
+    """The gate weighs the whole batch's tokens per second: a γ 0 lane's tokens count beside a
+    `--gamma auto` lane's (drafting makes it wait too), so its windows close on every lane's
+    tokens. Alone, the auto lane's 24 ids never fill a window of three lanes (36 ids)."""
+    pair = load_pair("llama")
+    controller = Session(pair).controller
+    batch = Batch()
+    lanes = Lanes(pair, batch)
+    results = {}
+
+    def lane(i: int, gamma):
+        def run():
+            session = Session(pair, controller=controller)
+            with lanes.joined(session, auto=gamma == "auto"):
+                results[i] = mlxspec.generate(pair, PROMPTS[i], session=session, max_tokens=MAX_TOKENS, gamma=gamma)
+
+        return run
+
+    tasks = [lane(0, "auto"), lane(1, 0), lane(2, 0)]
+    batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+    assert [results[i].tokens for i in range(3)] == alone(pair, PROMPTS[:3], gamma=0)
+    assert controller.batch.windows >= 1
+    assert {size for size, _ in controller.batch.rates} == {3}
+
+
 def _raising(task, finished) -> None:
     if finished.error is not None:
         raise finished.error
