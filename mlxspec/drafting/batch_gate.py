@@ -44,8 +44,11 @@ TRY_OTHER_EVERY = 5  # windows between tries of the regime that measured worse, 
 # decoding emitted; the batch's pipeline restarts after it): four smollm2 lanes lost 0.2 s
 # a try of drafting, where its window's rate said half that
 TRY_DRAFT_EVERY = 10
-MOST_WINDOWS_BETWEEN_TRIES = 40
-TRY_SHARE = 0.05  # of the batch's time that tries of the worse regime may cost
+MOST_WINDOWS_BETWEEN_TRIES = 50
+# of the batch's time that tries of the worse regime may cost: at 5%, eight smollm2 lanes
+# tried drafting every burst or two and ran 5-10% behind the same batch at γ 0 (a try's
+# drafts also spread the lanes apart, whose last then run in a smaller batch)
+TRY_SHARE = 0.02
 CUT_AFTER = 1 / 3  # a window of drafting may end once this share of it has run...
 CUT_BELOW = 0.8  # ...at below this share of plain decoding's rate at the batch's size
 # drafting must measure this much faster to run: windows of a second or so swing by about
@@ -91,8 +94,12 @@ class BatchGate:
         return self.active and self.governed > 0
 
     def drafting(self) -> bool:
-        """Whether `--gamma auto` generations may draft now."""
-        return not self.active or self.regime == DRAFT
+        """Whether `--gamma auto` generations may draft now: not before the plain stretches
+        promised them end (`steps_left`), so that they start drafting together."""
+        return not self.active or (self.regime == DRAFT and not self._promised())
+
+    def _promised(self) -> bool:
+        return self._counted < self._plain_until
 
     def steps_left(self) -> int:
         """Plain steps a lane may take before the gate may turn: the rest of its window (its
@@ -101,9 +108,13 @@ class BatchGate:
         pipeline bubble (its last step is read with nothing queued behind it): stretches a
         window long left four smollm2 lanes at --gamma auto, plain throughout, 5% behind the
         same batch at γ 0, and stretches as long as the burst even. A turn the promise did
-        not foresee (a slow plain window, a join or leave) waits for the stretches: no window
-        of drafting opens before they end, or it would measure their plain steps."""
-        rest = max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // max(self.live, 1)))
+        not foresee (a slow plain window, a join or leave) waits for the stretches: no lane
+        drafts and no window of drafting opens before they end (it would measure their plain
+        steps, and lanes drafting early would run unmeasured and apart)."""
+        live = max(self.live, 1)
+        if self.regime == DRAFT:  # turned before the stretches promised ended: until they do
+            return max(1, -(-(self._plain_until - self._counted) // live))
+        rest = max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // live))
         steps = rest + WINDOW_TOKENS * self._plain_windows_ahead()
         self._plain_until = max(self._plain_until, self._counted + steps * self.live)
         return steps
@@ -123,7 +134,9 @@ class BatchGate:
 
     def _resize(self, live: int, governed: int) -> None:
         """A new batch: a fresh window, in the regime expected to win at its size."""
-        if 0 < live < self.live:  # the promised stretches of the lanes that stay
+        if not governed:  # no lane the regime decides for: nothing promised, nothing counted
+            self._plain_until = self._counted
+        elif 0 < live < self.live:  # the promised stretches of the lanes that stay
             self._plain_until = self._counted + max(self._plain_until - self._counted, 0) * live // self.live
         self.live, self.governed, self._trying = live, governed, False
         self.regime = self._best() or PLAIN
@@ -138,7 +151,7 @@ class BatchGate:
             return
         now = self.clock()
         self._counted += tokens
-        if self.regime == DRAFT and self._counted <= self._plain_until:
+        if self.regime == DRAFT and self._promised():
             # lanes still run the plain stretches promised them (a join or leave, or a slow
             # plain window, turned the gate early): a window of drafting opens after them
             self._start = None

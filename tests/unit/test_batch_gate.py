@@ -214,9 +214,12 @@ def test_drafting_is_not_measured_from_plain_steps_promised_before_a_turn():
     stretch = controller.plain_stretch()  # every lane's
     assert stretch > WINDOW_TOKENS
     steps(gate, clock, count=WINDOW_TOKENS + 1, rate=20.0)  # the machine slows: a window at 20
-    assert gate.regime == DRAFT  # plain's rate fell below drafting's
-    steps(gate, clock, count=stretch - WINDOW_TOKENS - 1, rate=20.0)  # the rest of the stretches
+    assert gate.regime == DRAFT  # plain's rate fell below drafting's...
+    rest = stretch - WINDOW_TOKENS - 1
+    assert not gate.drafting() and controller.plain_stretch() == rest  # ...but the stretches run on
+    steps(gate, clock, count=rest, rate=20.0)
     assert gate.rates[4, DRAFT] == drafting  # no window of drafting was made of plain steps
+    assert gate.drafting()  # and every lane starts drafting together
     window(gate, clock, seconds=1.0)  # drafting now, at 48 tokens/s: measured
     assert gate.rates[4, DRAFT] > drafting
 
@@ -227,9 +230,9 @@ def test_drafting_is_not_measured_from_plain_steps_promised_before_a_turn():
     gate.leave()  # a size not measured: plain first, then drafting
     assert gate.regime == PLAIN and (3, PLAIN) not in gate.rates
     window(gate, clock, seconds=1.0)
-    assert gate.regime == DRAFT and (3, DRAFT) not in gate.rates
+    assert gate.regime == DRAFT and (3, DRAFT) not in gate.rates and not gate.drafting()
     steps(gate, clock, count=stretch - WINDOW_TOKENS, rate=20.0)  # the three lanes' stretches run out
-    assert (3, DRAFT) not in gate.rates
+    assert (3, DRAFT) not in gate.rates and gate.drafting()
     window(gate, clock, seconds=1.0)
     assert (3, DRAFT) in gate.rates
 
