@@ -82,8 +82,8 @@ class BatchGate:
         self._settling = True
         self._start: float | None = None
         self._tokens = 0
-        self._counted = 0  # tokens of every lane since the gate began
-        self._plain_until = 0  # ...up to which lanes' plain stretches were promised (steps_left)
+        self._plain = 0  # plain steps of --gamma auto lanes since the gate began
+        self._plain_until = 0  # ...up to which their stretches were promised (steps_left)
 
     @property
     def active(self) -> bool:
@@ -99,7 +99,13 @@ class BatchGate:
         return not self.active or (self.regime == DRAFT and not self._promised())
 
     def _promised(self) -> bool:
-        return self._counted < self._plain_until
+        """A promised stretch has a step left for every auto lane (lanes ask for theirs one
+        after another within a step, so the last step or so of one is not waited for)."""
+        return self._plain_until - self._plain >= max(self.governed, 1)
+
+    def plain_step(self) -> None:
+        """A `--gamma auto` lane took a plain step."""
+        self._plain += 1
 
     def steps_left(self) -> int:
         """Plain steps a lane may take before the gate may turn: the rest of its window (its
@@ -111,12 +117,15 @@ class BatchGate:
         not foresee (a slow plain window, a join or leave) waits for the stretches: no lane
         drafts and no window of drafting opens before they end (it would measure their plain
         steps, and lanes drafting early would run unmeasured and apart)."""
-        live = max(self.live, 1)
+        governed = max(self.governed, 1)
         if self.regime == DRAFT:  # turned before the stretches promised ended: until they do
-            return max(1, -(-(self._plain_until - self._counted) // live))
-        rest = max(1, -(-(WINDOW_TOKENS * self.live - self._tokens) // live))
-        steps = rest + WINDOW_TOKENS * self._plain_windows_ahead()
-        self._plain_until = max(self._plain_until, self._counted + steps * self.live)
+            return max(1, -(-(self._plain_until - self._plain) // governed))
+        # counts until the gate may turn: the open window's rest and whole windows after it,
+        # each a count more than its tokens (its first count opens it)
+        window = WINDOW_TOKENS * self.live + 1
+        need = window - 1 - self._tokens + (self._start is None) + window * self._plain_windows_ahead()
+        steps = max(1, -(-need // max(self.live, 1)))
+        self._plain_until = max(self._plain_until, self._plain + steps * governed)
         return steps
 
     def _plain_windows_ahead(self) -> int:
@@ -134,10 +143,10 @@ class BatchGate:
 
     def _resize(self, live: int, governed: int) -> None:
         """A new batch: a fresh window, in the regime expected to win at its size."""
-        if not governed:  # no lane the regime decides for: nothing promised, nothing counted
-            self._plain_until = self._counted
-        elif 0 < live < self.live:  # the promised stretches of the lanes that stay
-            self._plain_until = self._counted + max(self._plain_until - self._counted, 0) * live // self.live
+        # the promise, per auto lane the same steps left (a joiner decodes plainly until
+        # they end too); alone, a lane's stretch holds nobody back
+        left = max(self._plain_until - self._plain, 0)
+        self._plain_until = self._plain + (left * governed // max(self.governed, 1) if live > 1 else 0)
         self.live, self.governed, self._trying = live, governed, False
         self.regime = self._best() or PLAIN
         # windows since the last try carry over: reset at every join or leave, a batch whose size
@@ -150,7 +159,6 @@ class BatchGate:
         if not self.measuring:
             return
         now = self.clock()
-        self._counted += tokens
         if self.regime == DRAFT and self._promised():
             # lanes still run the plain stretches promised them (a join or leave, or a slow
             # plain window, turned the gate early): a window of drafting opens after them

@@ -32,10 +32,15 @@ class Clock:
 def window(gate: BatchGate, clock: Clock, *, seconds: float) -> int:
     """One window of the batch at a steady rate (a whole window's tokens, every lane's, in
     `seconds`), until the gate closes it (early, if it is losing); the tokens it took."""
+    plain = not gate.drafting()  # the lanes' steps are plain ones (what a promise counts)
+    if plain:
+        gate.plain_step()
     gate.count(1)  # opens the window
     steps, windows, taken = WINDOW_TOKENS * gate.live, gate.windows, 0
     while gate.windows == windows and taken < 10 * steps:
         clock.now += seconds / steps
+        if plain:
+            gate.plain_step()
         gate.count(1)
         taken += 1
     return taken
@@ -176,16 +181,21 @@ def test_a_plain_stretch_in_a_batch_runs_until_the_gate_may_turn():
     assert gate.drafting()  # ...and drafting is measured next
     window(gate, clock, seconds=2.0)  # ...drafting slow: plain runs
     assert not gate.drafting() and controller.choose() == 0
-    assert controller.plain_stretch() == PLAIN_RUN * WINDOW_TOKENS
-    gate.count(1)  # the window opens
+    counts = 4 * WINDOW_TOKENS + 1  # a window's counts: every lane's tokens, and the one opening it
+
+    def per_lane(total: int) -> int:
+        return -(-total // 4)
+
+    assert controller.plain_stretch() == per_lane(PLAIN_RUN * counts)
+    gate.plain_step(), gate.count(1)  # the window opens
     for _ in range(4 * 5):  # five steps of every lane
-        gate.count(1)
-    assert controller.plain_stretch() == PLAIN_RUN * WINDOW_TOKENS - 5
+        gate.plain_step(), gate.count(1)
+    assert controller.plain_stretch() == per_lane(counts - 1 - 4 * 5 + (PLAIN_RUN - 1) * counts)
     while gate._wait(PLAIN, DRAFT) - gate._since_try > 2:  # plain windows until a try is one off
         window(gate, clock, seconds=1.0)
-    assert not gate.drafting() and controller.plain_stretch() == 2 * WINDOW_TOKENS
+    assert not gate.drafting() and controller.plain_stretch() == per_lane(2 * counts)
     window(gate, clock, seconds=1.0)
-    assert not gate.drafting() and controller.plain_stretch() == WINDOW_TOKENS  # the try follows this window
+    assert not gate.drafting() and controller.plain_stretch() == per_lane(counts)  # the try follows
     window(gate, clock, seconds=1.0)
     assert gate.drafting()  # a try of drafting: a lane's stretch is short again
     assert controller.plain_stretch() <= BATCH_STRETCH
@@ -195,6 +205,7 @@ def steps(gate: BatchGate, clock: Clock, *, count: int, rate: float) -> None:
     """`count` plain steps of every lane, the batch at `rate` tokens/s."""
     for _ in range(count * gate.live):
         clock.now += 1 / rate
+        gate.plain_step()
         gate.count(1)
 
 
@@ -235,6 +246,36 @@ def test_drafting_is_not_measured_from_plain_steps_promised_before_a_turn():
     assert (3, DRAFT) not in gate.rates and gate.drafting()
     window(gate, clock, seconds=1.0)
     assert (3, DRAFT) in gate.rates
+
+
+def test_a_promise_counts_the_auto_lanes_plain_steps_not_every_lanes_tokens():
+    """A lane at a fixed gamma emits several tokens a round beside the auto lanes' plain steps,
+    and a lane joins mid-stretch: the promise still ends with the auto lanes' stretches (it
+    counts their plain steps, kept per lane across the join), so no drafting window is made
+    of their plain steps and they start drafting together, the joiner with them."""
+    controller = Controller()
+    gate = controller.batch
+    gate.clock = clock = Clock()
+    for _ in range(4):
+        gate.join()
+    gate.join(auto=False)
+    gate.rates[5, PLAIN], gate.rates[5, DRAFT] = 50.0, 44.0  # plain wins here
+    gate.rates[6, PLAIN], gate.rates[6, DRAFT] = 40.0, 44.0  # drafting wins one lane up
+    gate.regime = PLAIN
+    stretch = controller.plain_stretch()  # every auto lane's
+    assert stretch > 2 * WINDOW_TOKENS
+    for step in range(stretch):
+        if step == WINDOW_TOKENS:
+            gate.join()  # drafting wins at six: the gate turns at once...
+            assert gate.regime == DRAFT and not gate.drafting()  # ...but the stretches run on
+            assert controller.plain_stretch() == stretch - step  # and the joiner's as long
+        for _ in range(gate.governed):
+            clock.now += 1 / 40
+            gate.plain_step(), gate.count(1)
+        clock.now += 1 / 40
+        gate.count(3)  # the fixed lane's round
+    assert gate.rates[6, DRAFT] == 44.0  # nothing measured as drafting that was plain
+    assert gate.drafting()
 
 
 def test_a_batch_without_an_auto_lane_is_not_measured():
