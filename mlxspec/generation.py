@@ -296,6 +296,9 @@ def _stream(
         grammar=grammar,
     )
     reason, answer = None, []
+    gate = session.controller.batch
+    gate.reading(1)  # the prompt: in a batch, the others' windows stall while it is read
+    reading = True
     with wired_limit(pair.target.model, [generation_stream]):
         try:
             while reason is None:
@@ -305,19 +308,23 @@ def _stream(
                     reason = limit_reason if finished.value == "length" else finished.value
                     break
                 if isinstance(event, Prefill):
+                    gate.reading(-1)
+                    reading = False
                     stats.add_prefill(event)
                     yield event
                     continue
                 event, reason = _with_text(event, text, eos, stops)
                 stats.add_round(event, tokens=sum(t not in eos for t in event.emitted))
                 if policy is None:  # a batch's gate weighs every lane's tokens (a policy counts its own)
-                    session.controller.batch.count(len(event.emitted))
+                    gate.count(len(event.emitted))
                 answer += event.emitted
                 yield event
         except KeyboardInterrupt:
             reason = "interrupted"
         finally:
             tokens.close()
+            if reading:  # interrupted while reading its prompt
+                gate.reading(-1)
             if policy is not None and hasattr(policy.lookup, "end"):
                 policy.lookup.end()  # the prompt and what was answered join the history
     tail = "" if reason == "stop" else stops.feed(text.flush())[0] + stops.flush()

@@ -82,6 +82,7 @@ class BatchGate:
         self._settling = True
         self._start: float | None = None
         self._tokens = 0
+        self._readers = 0  # generations reading their prompts now
         self._plain = 0  # plain steps of --gamma auto lanes since the gate began
         self._plain_until = 0  # ...up to which their stretches were promised (steps_left)
 
@@ -134,6 +135,14 @@ class BatchGate:
             return 0  # a plain window that measures plain first, or tries it, is followed by drafting
         return max(0, min(self._wait(PLAIN, DRAFT) - self._since_try - 1, PLAIN_RUN - 1))
 
+    def reading(self, change: int) -> None:
+        """A generation starts (1) or ends (-1) reading its prompt. While any does, its
+        chunks stall the others' steps, whatever the regime: windows wait for the reading
+        to end, then start afresh. (A first window that held long code prompts measured
+        drafting at half its rate for four Gemma lanes, which then decoded plainly.)"""
+        self._readers = max(self._readers + change, 0)
+        self._begin()
+
     def join(self, *, auto: bool = True) -> None:
         """A generation joins; `auto`: it runs --gamma auto (the regime decides for it)."""
         self._resize(self.live + 1, self.governed + auto)
@@ -159,9 +168,10 @@ class BatchGate:
         if not self.measuring:
             return
         now = self.clock()
-        if self.regime == DRAFT and self._promised():
-            # lanes still run the plain stretches promised them (a join or leave, or a slow
-            # plain window, turned the gate early): a window of drafting opens after them
+        if self._readers or (self.regime == DRAFT and self._promised()):
+            # a prompt is being read (see `reading`), or lanes still run the plain stretches
+            # promised them (a join or leave, or a slow plain window, turned the gate early):
+            # a window opens after them
             self._start = None
             return
         if self._start is None:  # the window opens at the first tokens after a change

@@ -343,6 +343,7 @@ def test_a_standard_decoding_lane_counts_in_the_batchs_gate(load_pair):
     assert [results[i].tokens for i in range(3)] == alone(pair, PROMPTS[:3], gamma=0)
     assert controller.batch.windows >= 1
     assert {size for size, _ in controller.batch.rates} == {3}
+    assert controller.batch._readers == 0  # every prompt's reading ended
 
 
 def _raising(task, finished) -> None:

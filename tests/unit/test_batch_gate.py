@@ -278,6 +278,26 @@ def test_a_promise_counts_the_auto_lanes_plain_steps_not_every_lanes_tokens():
     assert gate.drafting()
 
 
+def test_no_window_measures_while_a_prompt_is_read():
+    """A joiner's prompt, read in chunks between the others' steps, stalls them whatever the
+    regime: a window that held it would charge drafting (or plain decoding) with it. Windows
+    wait for the reading to end and start afresh."""
+    clock = Clock()
+    gate = BatchGate(clock)
+    for _ in range(4):
+        gate.join()
+    window(gate, clock, seconds=1.0)  # plain: 48 tokens/s
+    assert gate.regime == DRAFT
+    gate.reading(1)
+    for _ in range(3 * WINDOW_TOKENS * 4):  # drafting beside the reading, stalled: 12 tokens/s
+        clock.now += 1 / 12
+        gate.count(1)
+    assert (4, DRAFT) not in gate.rates and gate.windows == 1
+    gate.reading(-1)
+    window(gate, clock, seconds=0.8)  # drafting, once the prompt is read: 60 tokens/s
+    assert gate.rates[4, DRAFT] == pytest.approx(60.0, rel=0.05)
+
+
 def test_a_batch_without_an_auto_lane_is_not_measured():
     """Lanes at a fixed gamma decode as they were told whatever the regime says: windows of
     theirs alone would credit the regime with their rate (lanes at a fixed γ would make
