@@ -296,11 +296,16 @@ def _stream(
         grammar=grammar,
     )
     reason, answer = None, []
+    # in a batch (attributes read, not calls: alone, a generation makes the calls it made
+    # before, where the session walk's counted Ctrl-C lands), the gate hears of the prompt's
+    # reading (the others' windows stall meanwhile) and of a γ 0 lane's tokens
     gate = session.controller.batch
-    gate.reading(1)  # the prompt: in a batch, the others' windows stall while it is read
-    reading = True
+    batched = gate.live > 1
+    reading = batched
     with wired_limit(pair.target.model, [generation_stream]):
         try:
+            if reading:
+                gate.reading(1)
             while reason is None:
                 try:
                     event = next(tokens)
@@ -308,14 +313,15 @@ def _stream(
                     reason = limit_reason if finished.value == "length" else finished.value
                     break
                 if isinstance(event, Prefill):
-                    gate.reading(-1)
-                    reading = False
+                    if reading:
+                        gate.reading(-1)
+                        reading = False
                     stats.add_prefill(event)
                     yield event
                     continue
                 event, reason = _with_text(event, text, eos, stops)
                 stats.add_round(event, tokens=sum(t not in eos for t in event.emitted))
-                if policy is None:  # a batch's gate weighs every lane's tokens (a policy counts its own)
+                if batched and policy is None:  # the gate weighs every lane's tokens (a policy counts its own)
                     gate.count(len(event.emitted))
                 answer += event.emitted
                 yield event

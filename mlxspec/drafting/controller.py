@@ -137,7 +137,8 @@ class Controller:
     def observe_plain(self, seconds: float) -> None:
         """One plain, pipelined decoding step."""
         self.times.observe_plain(seconds)
-        self.batch.plain_step()
+        if self.batch.live > 1:  # an attribute, not a call: alone, the calls made before
+            self.batch.plain_step()
         self.batch.count(1)
         self.budget.earn(1)
         self.budget.settle(self.times.plain_step)
