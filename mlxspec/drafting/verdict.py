@@ -27,6 +27,7 @@ UNMEASURED_BAND = 0.05
 MIN_PLAIN_STEPS = 16  # plain steps enough to time standard decoding inside a run
 # measured / predicted outside this range: the cost model probably does not describe the run
 PLAUSIBLE_VS_PREDICTED = (0.5, 1.5)
+SHOWN_PLACES = 2  # a speedup is shown as "1.31x"
 TAU_SLACK = 0.1  # a speedup above τ by more than this share is the timing's noise, not drafting's
 
 
@@ -49,6 +50,9 @@ def verdict(speedup: float | None, *, band: float | None, accepted: bool) -> str
     `accepted`: whether any draft was accepted."""
     if speedup is None:
         return None
+    # judged as every view shows it, to two places: a 1.0497 shown as "1.05x" is not called
+    # "little difference" beside a 5% band
+    speedup = round(speedup, SHOWN_PLACES)
     within = band is None or abs(speedup - 1) < band
     if not accepted and (within or speedup > 1):
         return PLAIN

@@ -25,12 +25,14 @@ def test_the_shipped_smollm2_head_is_exact_and_beats_an_untrained_one(tmp_path):
     assert pair.draft.kind == "eagle3"
     prompt = "Explain in two sentences what a hash table is."
     standard = mlxspec.generate(pair, prompt, max_tokens=48, gamma=0).tokens
+    acceptance = {}
     for gamma in GAMMAS:
         result = mlxspec.generate(pair, prompt, max_tokens=48, gamma=gamma)
         assert result.tokens == standard, gamma
+        acceptance[gamma] = result.stats.acceptance_rate
     sampled = mlxspec.generate(pair, prompt, max_tokens=48, gamma=3, temp=0.7, seed=1)
     assert sampled.stats.tokens > 0
-    trained = mlxspec.generate(pair, prompt, max_tokens=48, gamma=3).stats.acceptance_rate
+    trained = acceptance[3]
     untrained_dir = make_head(real_models.folder(real_models.SMOLLM2), tmp_path / "untrained", draft_vocab=0.17)
     untrained = mlxspec.load_pair(str(real_models.folder(real_models.SMOLLM2)), str(untrained_dir))
     chance = mlxspec.generate(untrained, prompt, max_tokens=48, gamma=3).stats.acceptance_rate
@@ -43,10 +45,12 @@ def test_the_shipped_gemma3_head_is_exact_and_beats_an_untrained_one(tmp_path):
     assert pair.draft.kind == "eagle3"
     prompt = "The history of the printing press begins"  # a base model: text to continue
     standard = mlxspec.generate(pair, prompt, max_tokens=40, gamma=0, raw=True).tokens
-    for gamma in (1, 4, "auto"):
+    acceptance = {}
+    for gamma in (1, 3, "auto"):
         result = mlxspec.generate(pair, prompt, max_tokens=40, gamma=gamma, raw=True)
         assert result.tokens == standard, gamma
-    trained = mlxspec.generate(pair, prompt, max_tokens=40, gamma=3, raw=True).stats.acceptance_rate
+        acceptance[gamma] = result.stats.acceptance_rate
+    trained = acceptance[3]
     untrained_dir = make_head(target_dir, tmp_path / "untrained", draft_vocab=0.03)
     untrained = mlxspec.load_pair(str(target_dir), str(untrained_dir))
     chance = mlxspec.generate(untrained, prompt, max_tokens=40, gamma=3, raw=True).stats.acceptance_rate
