@@ -98,11 +98,14 @@ class Lanes:
             for cursor, cache in cursors:
                 cursor.join(cache)
                 joined.append(cursor)
-            session.controller.batch.join(auto=auto)
+            controller = session.controller
+            controller.batch.join(auto=auto)
+            controller.fit_batch()
             try:
                 yield
             finally:
-                session.controller.batch.leave(auto=auto)
+                controller.batch.leave(auto=auto)
+                controller.fit_batch()
         finally:
             errors = []
             for cursor in joined:  # each leaves, whatever another's leaving raised

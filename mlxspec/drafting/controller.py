@@ -33,11 +33,13 @@ target is never drafted at all. Where rounds are cheap the budget seldom binds.
 
 Everything here is learnt across a session's generations (chat's turns); a pure function of
 its observations: no clocks, no MLX. In a batch of generations (`batch`: batch_gate.py, the
-one clock) the batch's own throughput also says whether to draft at all.
+one clock) the batch's own throughput also says whether to draft at all, and the costs are
+kept per batch size (a forward's rows change what its steps cost).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from ..decoding.plan import Outcome
@@ -123,11 +125,23 @@ class Controller:
         self.lookup_acceptance = AcceptanceModel(prior=self.config.prior_acceptance, decay=self.config.decay)
         self.probes = ProbeSchedule()
         self.budget = ProbeBudget(fraction=self.config.probe_budget)
+        # the cost model per batch size: a forward of eight rows is not one of one, and a lone
+        # request after a burst of eight was priced from the burst's steps until they decayed
+        self._times_by_size = {1: self.times}
         self.stop = StopLearner(self.times)
         self.tree_calibration = TreeCalibration()  # a tree drafter's confidence against its acceptance
         self.batch = BatchGate()  # the batch the generations it chooses for share, if any
         self.rounds = 0  # drafting rounds observed
         self.unheard = 0  # ids emitted since the draft model last proposed: it catches up on them
+
+    def fit_batch(self) -> None:
+        """The batch's size changed (a generation joined or left): its own cost model from now
+        on, first copied from the nearest size timed (the smaller on a tie), then timed at its own."""
+        size = max(self.batch.live, 1)
+        if size not in self._times_by_size:
+            nearest = min(self._times_by_size, key=lambda known: (abs(known - size), known))
+            self._times_by_size[size] = copy.deepcopy(self._times_by_size[nearest])
+        self.times = self.stop.times = self._times_by_size[size]
 
     # --- observations ---------------------------------------------------------------
     def observe_prefill(self) -> None:

@@ -742,3 +742,27 @@ def test_a_batch_that_decodes_faster_without_drafts_turns_off_lookup_beside_a_mo
     assert (
         Policy(gamma=AUTO, stop=0.0, controller=c, lookup=PromptLookup(prompt, min_match=3)).plan(remaining=50).proposal
     )
+
+
+def test_each_batch_size_keeps_its_own_costs():
+    """Issue 40: a server's one controller priced a lone request after a burst of eight from
+    the burst's steps (a forward of eight rows) until they decayed. Costs are kept per batch
+    size; a size first seen starts from the nearest size timed."""
+    controller = Controller(ControllerConfig())
+    for _ in range(5):
+        controller.observe_plain(0.010)
+    for _ in range(4):
+        controller.batch.join()
+    controller.fit_batch()
+    assert controller.times.plain_step == 0.010  # copied from the lone size, the nearest timed
+    for _ in range(15):
+        controller.observe_plain(0.030)
+    assert controller.times.plain_step == 0.030 and controller.stop.times is controller.times
+    controller.batch.leave()
+    controller.fit_batch()  # three: nearest timed is four
+    assert controller.times.plain_step == 0.030
+    for _ in range(2):
+        controller.batch.leave()
+    controller.fit_batch()
+    assert controller.batch.live == 1 and controller.times.plain_step == 0.010
+    assert controller.stop.times is controller.times
