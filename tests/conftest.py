@@ -85,24 +85,41 @@ def pytest_configure(config):
     _config = config
 
 
+_lock_files = None  # this process's machine and turnstile lock files, open for the run
+_holding_alone = False  # the machine held exclusively from one `alone` test into the next
+
+
+def _alone(item) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test holds a shared lock on the machine and an `alone` test an
     exclusive one, from its setup (a module's server starting, a model loading) to its
     teardown; a turnstile taken first keeps a waiting `alone` test from being starved by the
-    other process's stream of shared ones. Outside xdist, nothing."""
+    other process's stream of shared ones. Consecutive `alone` tests keep the exclusive lock
+    from one to the next: taken anew for each, every one waited for the other process's
+    current test to end while this one stood idle, and the two processes took turns, one test
+    each, through a file of them (test_server_limits.py's 31). Outside xdist, nothing."""
+    global _lock_files, _holding_alone
     if not _is_xdist_worker(item.config):
         return (yield)
-    shared = Path(tempfile.gettempdir()) / f"mlxspec-tests-{item.config.workerinput['testrunuid']}"
-    shared.mkdir(exist_ok=True)  # one folder for the run's processes
-    alone = item.get_closest_marker("alone") is not None
-    with open(shared / "machine.lock", "a") as machine, open(shared / "turnstile.lock", "a") as turnstile:
+    if _lock_files is None:
+        shared = Path(tempfile.gettempdir()) / f"mlxspec-tests-{item.config.workerinput['testrunuid']}"
+        shared.mkdir(exist_ok=True)  # one folder for the run's processes
+        _lock_files = open(shared / "machine.lock", "a"), open(shared / "turnstile.lock", "a")  # noqa: SIM115
+    machine, turnstile = _lock_files
+    alone = _alone(item)
+    if not _holding_alone:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            return (yield)
-        finally:
+    try:
+        return (yield)
+    finally:
+        _holding_alone = alone and _alone(nextitem)
+        if not _holding_alone:
             fcntl.flock(machine, fcntl.LOCK_UN)
 
 
