@@ -124,6 +124,14 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 @pytest.fixture(scope="session")
+def run_folder(tmp_path_factory, request) -> Path:
+    """A folder every test process of this run shares (pytest-xdist's workers' temporary
+    folders are siblings in one folder per run, cleaned as pytest cleans its own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if _is_xdist_worker(request.config) else base
+
+
+@pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")
 

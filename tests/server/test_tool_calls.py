@@ -7,10 +7,8 @@ parsers, speculatively (prompt lookup: the tools' names and arguments are in the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import openai
@@ -80,32 +78,24 @@ def server_ids(tokenizer, messages, tools=TOOLS) -> list[int]:
     return encode_messages(tokenizer, template_messages(body), tools=tools)
 
 
-def run_folder(tmp_path_factory) -> Path:
-    """A folder every test process of this run shares (pytest-xdist's workers' temporary
-    folders are siblings in one folder per run)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def taught(factory, tmp_path_factory, name, *, template, markers, lessons, end):
+def taught(factory, run_folder, name, *, template, markers, lessons, end):
     """A model taught `lessons` [(messages, tools, reply)], checked: greedy decoding answers
     each with its reply. Taught once a run (half a minute each): the server files that use it
     share the folder, a lock between test processes."""
     import mlx_lm
     from filelock import FileLock
 
-    folder = run_folder(tmp_path_factory) / "taught" / name
+    folder = run_folder / "taught" / name
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{folder}.lock"):
-        if not (folder / "taught.json").exists():
+        fresh = not (folder / "taught.json").exists()
+        if fresh:
             build_tool_model(factory.tokenizer_dir, folder, template=template, markers=markers, eos_ids=factory.eos)
-            _, tokenizer = mlx_lm.load(str(folder))
-            examples = [(server_ids(tokenizer, messages, tools), reply) for messages, tools, reply in lessons]
-            loss = teach(folder, examples, end=end)
-            (folder / "taught.json").write_text(json.dumps({"loss": loss}))
+        _, tokenizer = mlx_lm.load(str(folder))
+        examples = [(server_ids(tokenizer, messages, tools), reply) for messages, tools, reply in lessons]
+        if fresh:
+            (folder / "taught.json").write_text(json.dumps({"loss": teach(folder, examples, end=end)}))
     loss = json.loads((folder / "taught.json").read_text())["loss"]
-    _, tokenizer = mlx_lm.load(str(folder))
-    examples = [(server_ids(tokenizer, messages, tools), reply) for messages, tools, reply in lessons]
     pair = mlxspec.load_pair(str(folder))
     for ids, reply in examples:
         assert mlxspec.generate(pair, ids, gamma=0, max_tokens=MAX_TOKENS).text == reply, f"not learnt (loss {loss})"
@@ -113,11 +103,11 @@ def taught(factory, tmp_path_factory, name, *, template, markers, lessons, end):
 
 
 @pytest.fixture(scope="module")
-def qwen3(factory, tmp_path_factory):
+def qwen3(factory, run_folder):
     lessons = [(messages, TOOLS, reply) for messages, reply in QWEN3_LESSONS]
     return taught(
         factory,
-        tmp_path_factory,
+        run_folder,
         "qwen3-tools",
         template=QWEN3_TEMPLATE,
         markers=QWEN3_MARKERS,
@@ -127,12 +117,12 @@ def qwen3(factory, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mistral(factory, tmp_path_factory):
+def mistral(factory, run_folder):
     lessons = [(PARIS, TOOLS, MISTRAL_PARIS), ([{"role": "user", "content": OSLO}], None, MISTRAL_OSLO)]
     template, markers = MISTRAL_TEMPLATE, MISTRAL_MARKERS
     return taught(
         factory,
-        tmp_path_factory,
+        run_folder,
         "mistral-tools",
         template=template,
         markers=markers,
@@ -142,11 +132,11 @@ def mistral(factory, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def qwen3_coder(factory, tmp_path_factory):
+def qwen3_coder(factory, run_folder):
     lessons = [(PARIS, TOOLS, CODER_PARIS), (AFTER_CALL, TOOLS, ANSWER)]
     template, markers = QWEN3_CODER_TEMPLATE, QWEN3_CODER_MARKERS
     return taught(
-        factory, tmp_path_factory, "qwen3-coder-tools", template=template, markers=markers, lessons=lessons, end=IM_END
+        factory, run_folder, "qwen3-coder-tools", template=template, markers=markers, lessons=lessons, end=IM_END
     )
 
 
