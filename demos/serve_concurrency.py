@@ -65,13 +65,27 @@ EDIT_FORMS = {  # the request, and the code: SmolLM2-135M rewrites the code eith
     # the code first: Gemma 3 270M then copies it, renaming, as an editor's request reads
     "edit-below": "```python\n{code}```\n\nRewrite the code above line by line with `{old}` renamed to `{new}`. "
     "Keep every other line the same.",
+    # as raw text with one edit done before it (`--api completions`): SmolLM2-135M-Instruct, which
+    # answers the forms above with a one-line rewrite of its own, then copies the code
+    "edit-raw": "# Before:\n{example}\n# After renaming `top` to `peak`:\n{example_renamed}\n"
+    "# Before:\n{code}\n# After renaming `{old}` to `{new}`:\n",
 }
+EXAMPLE = (
+    "def biggest(items):\n    top = items[0]\n    for item in items:\n        if item > top:\n"
+    "            top = item\n    return top\n"
+)
 
 
 def prompts(kind: str, count: int) -> list[str]:
     if kind in EDIT_FORMS:
         return [
-            EDIT_FORMS[kind].format(old=old, new=new, code=CODE[i % len(CODE)])
+            EDIT_FORMS[kind].format(
+                old=old,
+                new=new,
+                code=CODE[i % len(CODE)],
+                example=EXAMPLE,
+                example_renamed=EXAMPLE.replace("top", "peak"),
+            )
             for i, (old, new) in ((i, RENAMES[i % len(RENAMES)]) for i in range(count))
         ]
     chat = [p.prompt for p in suites.suite()]  # chat, code and writing requests
