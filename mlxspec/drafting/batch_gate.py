@@ -4,9 +4,9 @@ throughput.
 Alone, a generation's controller weighs a round against a plain step from its own timings.
 In a batch those timings describe the batch: a lane's drafts make every other lane's step
 wait and its verify longer, which its own timings do not charge it. So while two or more
-generations share the forwards, the batch itself is measured: windows of its tokens per
-second (every lane's, a γ 0 lane's and a fixed gamma's too: drafting makes them wait as
-well; as its slowest lane sets them, below) with drafting on and with every `--gamma auto` lane decoding
+generations share the forwards, the batch itself is measured: windows of its aggregate
+tokens per second (every lane's tokens, a γ 0 lane's and a fixed gamma's too: drafting
+makes them wait as well) with drafting on and with every `--gamma auto` lane decoding
 plainly, kept per batch size, and the better regime runs.
 
 The worse regime is tried again now and then, at a cost held to a share of the time: the
@@ -25,17 +25,6 @@ decoding's rate, and the burst ends within a few windows.) Drafting must win by 
 and its rate is never above its latest window's: a tie, or one lucky window, is the batch
 without drafts.
 
-A window's rate is the batch's as its slowest lane sets it: the lanes' count times the
-least of their own rates (each lane's tokens over the time to its latest), and a window
-closes once every lane has emitted WINDOW_TOKENS. In plain decoding every lane emits a token
-a step, so that is the aggregate; with drafts it charges drafting with what it costs the
-lane it helps least. A burst ends with its last lane: four smollm2 "rename in this code"
-requests, where one lane's lookup drafted deep, ran a window of drafting at 65 tokens/s
-against 60 plainly by the aggregate while the others fell behind, and the burst ended 12%
-after the same batch at γ 0's. So drafting runs only where no lane is slower for it than in
-the batch without drafts (by the margin), which is what "each answer no later than without
-drafts" asks of a batch.
-
 Drafting on means each lane's controller chooses as alone; plain means every `--gamma auto`
 lane decodes plainly (a fixed gamma is the user's and is kept). A batch with no `--gamma
 auto` lane has nothing to decide and is not measured: its rates would credit the regime
@@ -46,9 +35,7 @@ reason; here the size is measured, not assumed. One generation alone never sees 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
-
-from greenlet import getcurrent
+from collections.abc import Callable
 
 DRAFT, PLAIN = "draft", "plain"
 WINDOW_TOKENS = 12  # per lane: a window is this many tokens of each generation, about
@@ -80,12 +67,10 @@ PLAIN_RUN = 4
 
 
 class BatchGate:
-    """See the module's docstring. `clock`: seconds, monotonic; `lane_of`: which generation
-    is counting (each runs in a greenlet of its own: decoding/batch.py)."""
+    """See the module's docstring. `clock`: seconds, monotonic."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, lane_of: Callable[[], Hashable] = getcurrent):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
-        self.lane_of = lane_of
         self.live = 0  # generations in the batch now
         self.governed = 0  # those of them with --gamma auto: the ones the regime decides for
         self.regime = DRAFT
@@ -97,7 +82,6 @@ class BatchGate:
         self._settling = True
         self._start: float | None = None
         self._tokens = 0
-        self._lanes: dict[Hashable, tuple[int, float]] = {}  # per lane in the window: tokens, at when
         self._readers = 0  # generations reading their prompts now
         self._plain = 0  # plain steps of --gamma auto lanes since the gate began
         self._plain_until = 0  # ...up to which their stretches were promised (steps_left)
@@ -194,13 +178,11 @@ class BatchGate:
             self._start = now
             return
         self._tokens += tokens
-        lane = self.lane_of()
-        self._lanes[lane] = (self._lanes.get(lane, (0, now))[0] + tokens, now)
-        if now <= self._start or not (self._whole() or self._losing()):
+        if now <= self._start or (self._tokens < WINDOW_TOKENS * self.live and not self._losing(now)):
             return
         settling, self._settling = self._settling, False
         key = (self.live, self.regime)
-        rate = self._rate()
+        rate = self._tokens / (now - self._start)
         smoothed = rate if key not in self.rates else (1 - SMOOTHING) * self.rates[key] + SMOOTHING * rate
         # drafting's rate is never above its latest window: a window of drafts swings with the
         # text (a run of easy ids), and one lucky window kept four smollm2 lanes drafting
@@ -212,30 +194,18 @@ class BatchGate:
         self.regime = self._next()
         self._begin()
 
-    def _whole(self) -> bool:
-        """Every lane has emitted a window's tokens. (Should a lane never count, the lanes
-        that do close the window at twice its tokens: the gate never stalls in a regime.)"""
-        every = len(self._lanes) >= self.live or self._tokens >= 2 * WINDOW_TOKENS * self.live
-        return every and min(tokens for tokens, _ in self._lanes.values()) >= WINDOW_TOKENS
-
-    def _rate(self) -> float:
-        """The window's tokens/s as its slowest lane sets it (the module's docstring)."""
-        slowest = min(tokens / max(when - self._start, 1e-9) for tokens, when in self._lanes.values())
-        return self.live * slowest
-
-    def _losing(self) -> bool:
-        """The open window drafts, every lane has counted in it, and it has run a third of its
-        tokens well below plain decoding's rate at this size. (Plain windows run whole: the
-        first after drafting pays for the pipeline's restart, and would be cut for it; so does
-        the first window after a join or leave, which a joiner's prompt reading stalls.)"""
+    def _losing(self, now: float) -> bool:
+        """The open window drafts and has run a third of its tokens well below plain
+        decoding's rate at this size. (Plain windows run whole: the first after drafting
+        pays for the pipeline's restart, and would be cut for it; so does the first window
+        after a join or leave, which a joiner's prompt reading stalls.)"""
         other = self.rates.get((self.live, PLAIN))
         return (
             self.regime == DRAFT
             and not self._settling
             and other is not None
-            and len(self._lanes) >= self.live
             and self._tokens >= CUT_AFTER * WINDOW_TOKENS * self.live
-            and self._rate() < CUT_BELOW * other
+            and self._tokens / (now - self._start) < CUT_BELOW * other
         )
 
     def _next(self) -> str:
@@ -292,4 +262,4 @@ class BatchGate:
         return None
 
     def _begin(self) -> None:
-        self._start, self._tokens, self._lanes = None, 0, {}
+        self._start, self._tokens = None, 0

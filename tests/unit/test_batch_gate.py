@@ -1,12 +1,9 @@
 """The batch gate (drafting/batch_gate.py) on a hand-driven clock: alone it never says plain;
-in a batch it measures windows of the batch's tokens/s per regime (as its slowest lane
-sets them) (plain decoding first) and
+in a batch it measures windows of aggregate tokens/s per regime (plain decoding first) and
 runs the better one, trying the other at a cost held to a share of the time, a losing try
 cut short; a change of batch size starts a fresh window."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 
@@ -32,17 +29,6 @@ class Clock:
         return self.now
 
 
-def taking_turns(gate: BatchGate, clock: Clock) -> BatchGate:
-    """The gate on `clock`, its lanes counting in turn (as a batch's do, a round each)."""
-    turns = itertools.count()
-    gate.clock, gate.lane_of = clock, lambda: next(turns) % max(gate.live, 1)
-    return gate
-
-
-def gate_on(clock: Clock) -> BatchGate:
-    return taking_turns(BatchGate(), clock)
-
-
 def window(gate: BatchGate, clock: Clock, *, seconds: float) -> int:
     """One window of the batch at a steady rate (a whole window's tokens, every lane's, in
     `seconds`), until the gate closes it (early, if it is losing); the tokens it took."""
@@ -62,7 +48,7 @@ def window(gate: BatchGate, clock: Clock, *, seconds: float) -> int:
 
 def test_one_generation_alone_is_never_gated():
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     gate.join()
     assert not gate.active and gate.drafting()
     for _ in range(50):
@@ -73,7 +59,7 @@ def test_one_generation_alone_is_never_gated():
 
 def test_the_faster_regime_runs_and_the_other_is_tried_again():
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     gate.join(), gate.join()
     assert gate.regime == PLAIN  # untried: plain decoding first, the batch as it runs without drafts
     window(gate, clock, seconds=1.0)  # 24 tokens in 1 s
@@ -94,7 +80,7 @@ def test_a_try_that_loses_by_far_waits_longer_and_ends_early():
     """Drafting at half plain decoding's rate: a window of it costs a window more, so tries
     come at most every 1 / TRY_SHARE windows; and a try ends once a third of it has run."""
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     gate.join(), gate.join()
     window(gate, clock, seconds=1.0)  # plain: 24 tok/s
     taken = window(gate, clock, seconds=2.0)  # drafting: 12 tok/s, cut short
@@ -114,7 +100,7 @@ def test_a_try_that_loses_by_far_waits_longer_and_ends_early():
 def measured(*, drafting: float, plain: float) -> tuple[BatchGate, Clock]:
     """A gate over two lanes that has measured a window of each regime (seconds for it)."""
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     gate.join(), gate.join()
     window(gate, clock, seconds=plain)
     window(gate, clock, seconds=drafting)
@@ -166,7 +152,7 @@ def test_a_size_not_measured_yet_starts_in_the_regime_the_others_imply():
 
 def test_drafting_that_won_in_a_larger_batch_starts_a_smaller_one():
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=2.0)  # plain measured first
@@ -188,8 +174,7 @@ def test_a_plain_stretch_in_a_batch_runs_until_the_gate_may_turn():
     decides again soon."""
     controller = Controller()
     gate = controller.batch
-    clock = Clock()
-    taking_turns(gate, clock)
+    gate.clock = clock = Clock()
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=1.0)  # plain measured fast...
@@ -231,8 +216,7 @@ def test_drafting_is_not_measured_from_plain_steps_promised_before_a_turn():
     measures drafts, not their plain steps (which would sink drafting where it pays)."""
     controller = Controller()
     gate = controller.batch
-    clock = Clock()
-    taking_turns(gate, clock)
+    gate.clock = clock = Clock()
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=1.0)  # plain: 48 tokens/s
@@ -271,8 +255,7 @@ def test_a_promise_counts_the_auto_lanes_plain_steps_not_every_lanes_tokens():
     of their plain steps and they start drafting together, the joiner with them."""
     controller = Controller()
     gate = controller.batch
-    clock = Clock()
-    taking_turns(gate, clock)
+    gate.clock = clock = Clock()
     for _ in range(4):
         gate.join()
     gate.join(auto=False)
@@ -300,7 +283,7 @@ def test_no_window_measures_while_a_prompt_is_read():
     regime: a window that held it would charge drafting (or plain decoding) with it. Windows
     wait for the reading to end and start afresh."""
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=1.0)  # plain: 48 tokens/s
@@ -321,7 +304,7 @@ def test_a_batch_without_an_auto_lane_is_not_measured():
     drafting look as fast or as slow as they are whatever it says), so the gate keeps no
     rate until an auto lane is among them."""
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     gate.join(auto=False), gate.join(auto=False)
     assert gate.active and not gate.measuring
     for _ in range(3):
@@ -340,7 +323,7 @@ def test_a_clear_verdict_at_the_nearest_size_holds_until_this_size_is_measured()
     plain decoding without a window of drafts (one of those spread the lanes' ends apart);
     at a size next to a close verdict, plain decoding is measured, then drafting."""
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=1.0)  # plain
@@ -351,7 +334,7 @@ def test_a_clear_verdict_at_the_nearest_size_holds_until_this_size_is_measured()
         window(gate, clock, seconds=1.0)
         regimes.append(gate.regime)
     assert gate.live == 3 and set(regimes) == {PLAIN}, regimes
-    close = gate_on(clock)
+    close = BatchGate(clock)
     for _ in range(4):
         close.join()
     window(close, clock, seconds=1.0)  # plain
@@ -383,7 +366,7 @@ def test_joins_and_leaves_neither_hold_drafting_off_nor_sink_it():
     drafting was never tried again), and a stalled first window is neither cut nor held to
     drafting's latest-window rule, so drafting runs most of the time."""
     clock = Clock()
-    gate = gate_on(clock)
+    gate = BatchGate(clock)
     for _ in range(4):
         gate.join()
     window(gate, clock, seconds=1.0)  # plain
@@ -396,27 +379,3 @@ def test_joins_and_leaves_neither_hold_drafting_off_nor_sink_it():
             window(gate, clock, seconds=seconds + (0.3 if i == 0 else 0.0))
             regimes.append(gate.regime)
     assert regimes[-100:].count(DRAFT) > 80, regimes[-100:]
-
-
-@pytest.mark.parametrize("tokens_of, wins", [((3, 1), False), ((3, 2), True)])
-def test_drafting_runs_only_where_it_slows_no_lane(tokens_of, wins):
-    """A window's rate is set by its slowest lane: drafting that lifts the batch's aggregate
-    while one lane, which its drafts do not help, falls behind plain decoding loses (a burst
-    ends with its last lane); drafting that every lane gains from wins."""
-    clock, lane = Clock(), [0]
-    gate = gate_on(clock)
-    gate.join(), gate.join()
-    window(gate, clock, seconds=1.0)  # plain: 24 tokens/s, 12 a lane
-    assert gate.regime == DRAFT
-    gate.lane_of = lambda: lane[0]
-    gate.count(1)  # opens the window
-    rounds = 0
-    while gate.windows == 1:  # rounds of 0.1 s: each lane emits its tokens
-        clock.now += 0.1
-        rounds += 1
-        for lane[0] in (0, 1):
-            gate.count(tokens_of[lane[0]])
-    slowest = min(tokens_of) / 0.1
-    assert gate.rates[2, DRAFT] == pytest.approx(2 * slowest)  # the aggregate was 40 and 50
-    assert rounds == -(-WINDOW_TOKENS // min(tokens_of))  # the window: every lane's tokens
-    assert gate.drafting() is wins, gate.rates
