@@ -300,8 +300,7 @@ def _stream(
     # before, where the session walk's counted Ctrl-C lands), the gate hears of the prompt's
     # reading (the others' windows stall meanwhile) and of a γ 0 lane's tokens
     gate = session.controller.batch
-    batched = gate.live > 1
-    reading = batched
+    reading = gate.live > 1
     with wired_limit(pair.target.model, [generation_stream]):
         try:
             if reading:
@@ -321,7 +320,9 @@ def _stream(
                     continue
                 event, reason = _with_text(event, text, eos, stops)
                 stats.add_round(event, tokens=sum(t not in eos for t in event.emitted))
-                if batched and policy is None:  # the gate weighs every lane's tokens (a policy counts its own)
+                # the gate weighs every lane's tokens (a policy counts its own), a γ 0 lane's too once
+                # others join it (a lane that started alone, as the first of a burst does)
+                if policy is None and gate.live > 1:
                     gate.count(len(event.emitted))
                 answer += event.emitted
                 yield event

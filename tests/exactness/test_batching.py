@@ -14,6 +14,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
+from greenlet import greenlet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -344,6 +345,37 @@ def test_a_standard_decoding_lane_counts_in_the_batchs_gate(load_pair):
     assert controller.batch.windows >= 1
     assert {size for size, _ in controller.batch.rates} == {3}
     assert controller.batch._readers == 0  # every prompt's reading ended
+
+
+def test_a_standard_decoding_lane_that_started_alone_counts_once_others_join(load_pair, monkeypatch):
+    """A γ 0 lane that started alone (the first request of a burst) counts its tokens in the
+    gate as soon as others share its forwards: drafting makes it wait as well."""
+    pair = load_pair("llama")
+    controller = Session(pair).controller
+    batch = Batch()
+    lanes = Lanes(pair, batch)
+    results, runners, heard = {}, {}, Counter()
+    count = controller.batch.count
+
+    def counting(tokens: int) -> None:  # the gate's own count, and whose tokens it heard
+        heard[greenlet.getcurrent()] += tokens
+        count(tokens)
+
+    monkeypatch.setattr(controller.batch, "count", counting)
+
+    def lane(i: int, gamma):
+        def run():
+            runners[i] = greenlet.getcurrent()
+            session = Session(pair, controller=controller)
+            with lanes.joined(session, auto=gamma == "auto"):
+                results[i] = mlxspec.generate(pair, PROMPTS[i], session=session, max_tokens=MAX_TOKENS, gamma=gamma)
+
+        return run
+
+    waves = [[lane(0, 0)], [], [], [lane(1, "auto"), lane(2, 0)]]  # the others a few forwards later
+    batch.run(lambda idle: waves.pop(0) if waves else [], done=_raising)
+    assert [results[i].tokens for i in range(3)] == alone(pair, PROMPTS[:3], gamma=0)
+    assert heard[runners[0]] > 0 and heard[runners[2]] > 0
 
 
 def _raising(task, finished) -> None:
