@@ -5,7 +5,7 @@ draft) on the same target folder, as the peer.
 
     LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') OPENBLAS_NUM_THREADS=1 \
         python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 \
-        [--prompts chat|edit|edit-below] [--api chat|completions] [--json]
+        [--prompts chat|edit|edit-below|edit-raw] [--api chat|completions] [--json]
 
 Each run sends `clients` chat requests at once (streamed, temperature 0, --max-tokens each,
 a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code
@@ -60,7 +60,7 @@ RENAMES = [("result", "acc"), ("best", "winner"), ("count", "n"), ("total", "run
            ("found", "squares_found"), ("inverse", "flipped"), ("number", "x")]  # fmt: skip
 
 
-EDIT_FORMS = {  # the request, and the code: SmolLM2-135M rewrites the code either way
+EDIT_FORMS = {  # the request, and the code: SmolLM2-135M answers the first two with a rewrite of its own
     "edit": "Rewrite this code with `{old}` renamed to `{new}`. Reply with the code only.\n\n```python\n{code}```",
     # the code first: Gemma 3 270M then copies it, renaming, as an editor's request reads
     "edit-below": "```python\n{code}```\n\nRewrite the code above line by line with `{old}` renamed to `{new}`. "
