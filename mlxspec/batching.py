@@ -21,11 +21,10 @@ from .models.pairs import Pair
 from .options import AUTO, Options
 
 
-def why_not(pair: Pair, cache_options: CacheOptions = CacheOptions()) -> str | None:
-    """None when the pair's target can share its forwards across generations; else why
-    not (its generations then run one after another)."""
-    if cache_options.max_kv_size is not None:
-        return "a --max-kv-size window is not batched"
+def why_not(pair: Pair) -> str | None:
+    """None when the pair's target can share its forwards across generations (with any cache
+    options: quantized keys and values, a --max-kv-size window); else why not (its
+    generations then run one after another)."""
     if pair.target.shard is not None:
         return "a target split across ranks is not batched"
     reason = packed.why_not(pair.target.model)
@@ -73,18 +72,22 @@ class Lanes:
         self.pair = pair
         self.batch = batch
         target = pair.target.model
-        quantized = dict(kv_bits=cache_options.kv_bits, kv_group_size=cache_options.kv_group_size)
+        options = dict(
+            kv_bits=cache_options.kv_bits,
+            kv_group_size=cache_options.kv_group_size,
+            max_kv_size=cache_options.max_kv_size,
+        )
         self.target = packed.PackedCache(
-            target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1, **quantized
+            target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1, **options
         )
         draft = pair.draft.model if pair.draft is not None else None
         if draft is not None and pair.kind is not None and pair.kind.reads_features:
             draft = PackedHead(draft)  # a head: the layout handed to its one attention layer
         self.draft = None
         if draft is not None and pair.kind is not None and packed.why_not(draft) is None:
-            # a head's own cache is never quantized (a draft model's is, as its lane alone)
-            quantized_draft = {} if pair.kind.reads_features else quantized
-            self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0, **quantized_draft)
+            # a head's own cache is never quantized nor windowed (a draft model's is, as its lane alone)
+            draft_options = {} if pair.kind.reads_features else options
+            self.draft = packed.PackedCache(draft, name=pair.draft.name, batch=batch, order=0, **draft_options)
 
     @contextmanager
     def joined(self, session: Session, *, auto: bool = True):
@@ -138,7 +141,7 @@ def generate_many(
         raise ValueError(f"{len(each)} options for {len(prompts)} prompts")
     results: list[GenerationResult | None] = [None] * len(prompts)
     batch = batch or Batch()
-    lanes = Lanes(pair, batch, cache_options=cache_options) if why_not(pair, cache_options) is None else None
+    lanes = Lanes(pair, batch, cache_options=cache_options) if why_not(pair) is None else None
     # one controller for all, as a server has: what it learns of the pair, and the batch's gate
     controller = Controller(ControllerConfig(start_gamma=pair.gamma_hint, draft_weight=pair.draft_weight))
 

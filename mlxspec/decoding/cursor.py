@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from . import tree_attention
-from .caches import CacheOptions, CacheRollbackError, Mark, ModelCache
+from .caches import CacheOptions, CacheRollbackError, KeptRotatingKVCache, Mark, ModelCache
 from .features import FeatureStore
 from .packed import Lane, PackedCache, columns_of, each_array
 from .tree import Tree
@@ -179,7 +179,7 @@ class Cursor:
         lane = packed.lane()
         states = _exported(self.cache, len(self.tokens))
         if states:
-            packed.adopt(lane, states)
+            packed.adopt(lane, states, length=len(self.tokens))
         else:
             self.invalidate(self.history)
         self.cache, self.checkpoints = lane, []
@@ -189,12 +189,13 @@ class Cursor:
         where they cannot be copied into it exactly)."""
         lane, history, states = self.cache, self.history, None
         try:
-            states = lane.packed.gather(lane) if lane.length else []
+            length = lane.length
+            states = lane.packed.gather(lane) if length else []
             mx.eval(states)
         finally:  # out of the lane whatever happens: a cache of its own, the row freed
             self.cache = self.cache_options.make(self.model, self.name)
             lane.packed.release(lane)
-            if states is None or not _imported(self.cache, states):
+            if states is None or not _imported(self.cache, states, length=length):
                 self.invalidate(history)
 
     def sync(self, ids: list[int]) -> int:
@@ -297,12 +298,17 @@ def path_rows(pending: int, path: list[int]) -> list[int]:
 
 def _exported(cache, length: int) -> list | None:
     """Per layer, the keys and values of a cache holding `length` ids in position order
-    (quantized ones as their triples), or None where some layer does not hold them so (a
-    window that wrapped, kept tokens)."""
+    (quantized ones as their triples): all of them, or under a --max-kv-size window
+    (KeptRotatingKVCache) its first ids and its newest, in time order; None where some layer
+    does not hold them so (a sliding window that wrapped)."""
     if isinstance(cache, Lane) or not length or not cache.holds(length):
         return None
     states = []
     for layer in cache.layers:
+        if type(layer) is KeptRotatingKVCache and layer.keys is not None:
+            # every row it holds, in time order (rollback keeps a wrapped one in it, caches._trim)
+            states.append((layer._temporal_order(layer.keys), layer._temporal_order(layer.values)))
+            continue
         plain = type(layer) in (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
         window = type(layer) is mlx_cache.RotatingKVCache and not layer.keep and layer.offset == layer._idx
         if not (plain or window) or layer.keys is None:
@@ -315,21 +321,26 @@ def _exported(cache, length: int) -> list | None:
     return states
 
 
-def _imported(cache: ModelCache, states: list) -> bool:
-    """Fill a fresh cache with per-layer keys and values (positions 0 on); False where some
-    layer cannot hold them so (kept tokens, a type not listed)."""
+def _imported(cache: ModelCache, states: list, *, length: int | None = None) -> bool:
+    """Fill a fresh cache with per-layer keys and values of `length` ids in position order:
+    all of them, or under a window its first `keep` and its newest; False where some layer
+    cannot hold them so (a type not listed, a window shorter than its buffer needs)."""
     if not states:
         return True
-    length = columns_of(states[0][0])
+    held = columns_of(states[0][0])
+    length = held if length is None else length
     for layer, (keys, values) in zip(cache.layers, states):
         if isinstance(keys, tuple) != (type(layer) is mlx_cache.QuantizedKVCache):
             return False  # quantized keys into a plain layer, or the other way round
-        if type(layer) in (mlx_cache.KVCache, mlx_cache.QuantizedKVCache):
+        if type(layer) in (mlx_cache.KVCache, mlx_cache.QuantizedKVCache) and held == length:
             layer.keys, layer.values, layer.offset = keys, values, length
-        elif type(layer) is mlx_cache.RotatingKVCache and not layer.keep:
-            # in time order, every row held: what a block update leaves (past the window too;
-            # the next update drops the oldest), so that it trims back as such a cache does
-            layer.keys, layer.values, layer.offset, layer._idx = keys, values, length, length
+        elif type(layer) in (mlx_cache.RotatingKVCache, KeptRotatingKVCache) and (
+            held == length or held >= layer.max_size
+        ):
+            # in time order: what a block update leaves (past the window too; the next update
+            # drops the oldest but the kept), so that it trims back as such a cache does; a
+            # window's worth at least where the oldest are gone (a shorter buffer would grow)
+            layer.keys, layer.values, layer.offset, layer._idx = keys, values, length, held
         else:
             return False
     cache.length = length

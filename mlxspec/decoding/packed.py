@@ -5,10 +5,13 @@ and columns shared by all rows: a forward writes every row's block at the same c
 waiting lane's block (a chain of ids, or a tree) fills its row, shorter ones padded; each
 query attends to its own row's live columns and to its ancestors in its block, at its own
 position (the mask and rotary positions of tree_attention.py, whose wrapped attention
-modules read them). A window layer (Gemma's sliding attention) sees what a single step at
-that position would see: the mask applies the window by position. So every lane reads
-exactly the context it would read alone, and a decode step reads the weights once for all
-lanes: the memory-bound shape that makes batching pay.
+modules read them). A window layer (Gemma's sliding attention, or every layer under
+`--max-kv-size`, whose first tokens stay in view) sees what a single step at that position
+would see: the mask applies the window by position. So every lane reads exactly the context
+it would read alone, and a decode step reads the weights once for all lanes: the
+memory-bound shape that makes batching pay. Where every layer has the same window (a
+`--max-kv-size` cache), a lane's columns that no query of it can see again are dropped too,
+so its memory stays bounded as a window's does alone.
 
 Rollback is per lane and moves no data: the columns a lane forgets (a rejected draft, a
 tree's other branches, the padding of a short block) become holes that no query sees, and
@@ -24,6 +27,7 @@ length and its own rollback, at the cost of attention over the padded columns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -39,19 +43,31 @@ CHUNK = 128  # prefill ids a lane reads per forward while others decode
 # a few rows); a GPU's decode step reads every weight whatever its rows, so more there
 FORWARD_IDS = 8
 COPIED_PER_ID = 16  # a row's columns copied (keys and values, every layer) that cost about an id read
+# Under a window on every layer, a lane's unseen columns are dropped this many at a time (so the
+# drop is a list cut now and then, not every step): its columns stay within the window and this
+DROP_EVERY = 32
+# positions below its length a lane may go back to with no mark taken (a plain step's queued id)
+UNMARKED_ROLLBACK = 8
 
 
-def windows_of(model) -> list[int | None]:
-    """Per layer: the sliding window it attends over, or None (all the context). Raises
-    UnsupportedCache where a layer's own cache is neither (recurrent state, kept tokens)."""
-    make = getattr(model, "make_cache", None)
-    layers = make() if make is not None else [mlx_cache.KVCache() for _ in model.layers]
+class Window(NamedTuple):
+    """What a layer attends over, as a single step at position p reads it alone: the newest
+    `size - keep` positions up to p, and the first `keep` (mlx-lm's RotatingKVCache)."""
+
+    size: int
+    keep: int = 0
+
+
+def windows_of(model, *, max_kv_size: int | None = None) -> list[Window | None]:
+    """Per layer: the window it attends over, or None (all the context), as mlx-lm builds the
+    model's cache (`max_kv_size` for models that do not build their own). Raises
+    UnsupportedCache where a layer's cache is neither (a recurrent state)."""
     windows = []
-    for layer in layers:
+    for layer in mlx_cache.make_prompt_cache(model, max_kv_size):
         if type(layer) is mlx_cache.KVCache:
             windows.append(None)
-        elif type(layer) is mlx_cache.RotatingKVCache and not layer.keep:
-            windows.append(layer.max_size)
+        elif type(layer) is mlx_cache.RotatingKVCache:
+            windows.append(Window(layer.max_size, layer.keep))
         else:
             raise UnsupportedCache(f"a {type(layer).__name__} cannot be shared by a batch")
     return windows
@@ -88,21 +104,35 @@ class PackedCache:
     """One model's cache shared by lanes, a row each; see the module's docstring."""
 
     def __init__(
-        self, model, *, name: str, batch=None, taps=None, order: int = 0, kv_bits=None, kv_group_size: int = 64
+        self,
+        model,
+        *,
+        name: str,
+        batch=None,
+        taps=None,
+        order: int = 0,
+        kv_bits=None,
+        kv_group_size: int = 64,
+        max_kv_size: int | None = None,
     ):
         """`batch` (batch.Batch): where lanes' reads wait for the others' (None: each read
         runs alone); `taps`: the model's hidden-state taps (capture.py), handed out per lane;
         `order`: among the caches of a batch, lower ones run their waiting reads first (a
         drafter's before its target's, so the target reads every lane's drafts at once);
         `kv_bits`, `kv_group_size`: full-attention layers hold their keys and values
-        quantized, as a lane's cache of its own would (caches.make_cache), windows as they are."""
+        quantized, as a lane's cache of its own would (caches.make_cache), windows as they are;
+        `max_kv_size`: every layer a window of that many ids, the first 4 kept (mlx-lm's
+        make_prompt_cache, for models that do not build their own cache)."""
         self.model = model
         self.name = name
         self.batch = batch
         self.taps = taps
         self.order = order
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
-        self.windows = windows_of(model)
+        self.windows = windows_of(model, max_kv_size=max_kv_size)
+        # one window over every layer: columns out of it can go (the module's docstring)
+        same = self.windows and all(window == self.windows[0] for window in self.windows)
+        self.bound: Window | None = self.windows[0] if same else None
         # the mask's axes before (rows, columns): one for the heads where attention is
         # mlx-lm's; gemma2 computes its own over (batch, kv heads, repeats, rows, columns)
         self._mask_axes = (slice(None), None, None) if capture.model_family(model) == "gemma2" else (slice(None), None)
@@ -137,7 +167,7 @@ class PackedCache:
         return lane
 
     def release(self, lane: Lane) -> None:
-        lane.trim_to(0)
+        lane.columns, lane.length, lane.dropped, lane._marked = [], 0, 0, None
         self.rows[lane.row] = None
         if not self.lanes:  # nothing to keep: start again empty
             self._empty()
@@ -264,7 +294,8 @@ class PackedCache:
         sees[:, context:] = block.sees
         if window is not None:
             positions = np.concatenate([self.positions[lane.row, columns], block.positions])
-            sees &= block.positions[:, None] - positions[None] < window
+            recent = block.positions[:, None] - positions[None] < window.size - window.keep
+            sees &= recent | (positions[None] < window.keep)
         return columns, sees
 
     def _aside(self, read: Read) -> tuple[mx.array, mx.array | None]:
@@ -314,11 +345,25 @@ class PackedCache:
         return logits, hidden
 
     # --- holes (a lane's forgotten columns: in no lane's `columns`, so no mask shows them) --
+    def _drop_unseen(self) -> None:
+        """Under one window over every layer (`bound`), each lane's columns that none of its
+        queries can see again become holes, DROP_EVERY or more at a time: past the first
+        `keep`, the positions older than the window of the lowest position it may query
+        from (`Lane.reach`)."""
+        size, keep = self.bound
+        for lane in self.lanes:
+            unseen = lane.reach() - size + 1 - lane.dropped  # positions keep + dropped on
+            if unseen >= DROP_EVERY:
+                del lane.columns[keep : keep + unseen]
+                lane.dropped += unseen
+
     def _compact_if_worth_it(self) -> None:
         """Gather every lane's columns to the front of its row and drop free rows, when holes
         outgrow the live columns (or a row is free)."""
+        if self.bound is not None:
+            self._drop_unseen()
         lanes = self.lanes
-        longest = max((lane.length for lane in lanes), default=0)
+        longest = max((len(lane.columns) for lane in lanes), default=0)
         free = len(self.rows) - len(lanes)
         if not lanes or (self.columns <= 2 * longest + COMPACT_SLACK and not free):
             return
@@ -331,7 +376,7 @@ class PackedCache:
         width = longest
         index = np.zeros((len(lanes), width), dtype=np.int64)
         for i, lane in enumerate(lanes):
-            index[i, : lane.length] = lane.columns
+            index[i, : len(lane.columns)] = lane.columns
         rows = np.array([lane.row for lane in lanes])
         # everything new is built and evaluated before any of it replaces the old: an
         # interrupt in between leaves the cache as it was
@@ -345,7 +390,7 @@ class PackedCache:
             for layer in self.layers:
                 buffers.append((each_array(compacted, layer.keys), each_array(compacted, layer.values)))
             mx.eval(buffers)
-        live = np.arange(width)[None] < np.array([lane.length for lane in lanes])[:, None]
+        live = np.arange(width)[None] < np.array([len(lane.columns) for lane in lanes])[:, None]
         positions = np.where(live, np.take_along_axis(self.positions[rows], index, axis=1), 0)
         self._commit(buffers, width=width, positions=positions, lanes=lanes)
 
@@ -355,11 +400,12 @@ class PackedCache:
             layer.keys, layer.values, layer.offset = keys, values, width
         self.positions, self.rows = positions, list(lanes)
         for i, lane in enumerate(lanes):
-            lane.row, lane.columns = i, list(range(lane.length))
+            lane.row, lane.columns = i, list(range(len(lane.columns)))
 
     # --- a sequence's cache in and out ---------------------------------------------------
     def gather(self, lane: Lane) -> list[tuple[mx.array, mx.array]]:
-        """Per layer, the lane's keys and values in position order (1, heads, length, dim)."""
+        """Per layer, the lane's keys and values in position order (1, heads, held, dim): its
+        positions 0 on, or once it dropped columns its first `keep` and its newest."""
         index = mx.array(np.array(lane.columns, dtype=np.int64))
         row = lane.row
 
@@ -368,14 +414,20 @@ class PackedCache:
 
         return [(each_array(taken, layer.keys), each_array(taken, layer.values)) for layer in self.layers]
 
-    def adopt(self, lane: Lane, states: list[tuple[mx.array, mx.array]]) -> None:
-        """Write a sequence's keys and values (per layer, (1, heads, length, dim), positions
-        0 on) into an empty lane's row, at the first columns."""
+    def adopt(self, lane: Lane, states: list[tuple[mx.array, mx.array]], *, length: int | None = None) -> None:
+        """Write a sequence's keys and values (per layer, (1, heads, held, dim), in position
+        order) into an empty lane's row, at the first columns: positions 0 on, or, for a
+        sequence of `length` ids under the cache's window (`bound`), its first `keep` and its
+        newest, as a wrapped window holds them."""
         if lane.length:
             raise CacheRollbackError("a lane adopts a sequence only while empty")
-        length, row, rows = columns_of(states[0][0]), lane.row, len(self.rows)
-        if self.columns < length:
-            self._grow_columns(length - self.columns)
+        held, row, rows = columns_of(states[0][0]), lane.row, len(self.rows)
+        length = held if length is None else length
+        keep = self.bound.keep if self.bound is not None else 0
+        if length != held and (self.bound is None or not keep <= held < length):
+            raise CacheRollbackError(f"{held} columns of {length} ids are not a window's")
+        if self.columns < held:
+            self._grow_columns(held - self.columns)
         for layer, (keys, values) in zip(self.layers, states):
             if layer.keys is None:  # the first: a buffer of every row, this one filled
                 layer.keys = each_array(lambda x: mx.zeros((rows, *x.shape[1:]), dtype=x.dtype), keys)
@@ -385,11 +437,14 @@ class PackedCache:
                 layer.values = each_array(lambda x: _with_columns(x, self.columns), layer.values)
             for buffer, state in ((layer.keys, keys), (layer.values, values)):
                 for into, part in zip(_parts(buffer), _parts(state)):
-                    into[row : row + 1, :, :length, :] = part
+                    into[row : row + 1, :, :held, :] = part
             layer.offset = self.columns
-        self.positions[row, :length] = np.arange(length)
-        lane.columns = list(range(length))
-        lane.length = length
+        dropped = length - held
+        positions = np.arange(held)
+        positions[keep:] += dropped  # past the first `keep`, the newest
+        self.positions[row, :held] = positions
+        lane.columns = list(range(held))
+        lane.length, lane.dropped = length, dropped
 
 
 def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
@@ -402,7 +457,7 @@ def _aside_of(reads: list[Read], *, rows: int) -> list[Read]:
     wide = sorted(reads, key=lambda read: -read.ids.shape[0])
     widths = [read.ids.shape[0] for read in wide] + [1]
     # an aside costs its ids, a forward more, and the copy of its lane's row
-    price = [width + FORWARD_IDS + read.lane.length // COPIED_PER_ID for width, read in zip(widths, wide)]
+    price = [width + FORWARD_IDS + len(read.lane.columns) // COPIED_PER_ID for width, read in zip(widths, wide)]
     cost = [rows * widths[k] + sum(price[:k]) for k in range(len(wide) + 1)]
     return wide[: min(range(len(wide) + 1), key=lambda k: cost[k])]
 
@@ -473,15 +528,19 @@ def _with_columns(buffer: mx.array, columns: int) -> mx.array:
 
 class Lane:
     """One sequence's share of a PackedCache, seen by its cursor as a caches.ModelCache whose
-    every part trims exactly (holes), so a mark needs no snapshot."""
+    every part trims exactly (holes), so a mark needs no snapshot. Under a window over every
+    layer it trims back as far as its dropped columns allow (`floor`), and no further than its
+    live mark: the cache drops columns only below what that mark may go back to (`reach`)."""
 
     needs_snapshots = False
 
     def __init__(self, packed: PackedCache, row: int):
         self.packed = packed
         self.row = row  # its row on the cache's batch axis
-        self.columns: list[int] = []  # in position order
-        self.length = 0
+        self.columns: list[int] = []  # its positions' columns, in position order, but the dropped
+        self.length = 0  # positions it holds, the dropped among them
+        self.dropped = 0  # positions keep, keep + 1, ...: out of every query's window (PackedCache.bound)
+        self._marked: tuple[int, int | None] | None = None  # the latest mark: its length and reads
 
     def read(
         self, ids: mx.array, layout: tree_attention.TreeLayout | None, *, beside: mx.array | None = None
@@ -512,31 +571,53 @@ class Lane:
         return [(layer.keys, layer.values) for layer in self.packed.layers if layer.keys is not None]
 
     def mark(self, *, reads: int | None = None) -> Mark:
+        """`reads`: the ids the round may read past it (None: any); until it has read more, the
+        lane may come back here, so no column a query from here sees is dropped."""
+        self._marked = (self.length, reads)
         return Mark(self.length)
 
+    def reach(self) -> int:
+        """The lowest position a query of this lane may still be at: its live mark's (a round
+        that has not read past what the mark allowed), else a few below its length."""
+        low = self.length - UNMARKED_ROLLBACK
+        if self._marked is not None:
+            length, reads = self._marked
+            if reads is None or self.length <= length + reads:
+                low = min(low, length)
+        return max(low, 0)
+
+    @property
+    def floor(self) -> int:
+        """The least length it can be trimmed to: one whose next query's window it still holds."""
+        return self.dropped + self.packed.bound.size - 1 if self.dropped else 0
+
     def holds(self, length: int) -> bool:
-        return self.length == length == len(self.columns)
+        return self.length == length == len(self.columns) + self.dropped
 
     def can_trim_to(self, length: int) -> bool:
-        return 0 <= length <= self.length
+        return self.floor <= length <= self.length
 
     def trim_to(self, length: int) -> bool:
+        """False, nothing changed, below `floor` (as a wrapped window's cache cannot go back)."""
         if not 0 <= length <= self.length:
             raise CacheRollbackError(f"cannot trim {self.length} tokens to {length}")
-        del self.columns[length:]
+        if length < self.floor:
+            return False
+        del self.columns[length - self.dropped :]
         self.length = length
         return True
 
     def rewind(self, length: int, mark: Mark) -> int:
         if length < mark.length:
             raise CacheRollbackError(f"cannot rewind to {length}, before the mark at {mark.length}")
-        self.trim_to(length)
+        self.restore(Mark(length))
         return 0
 
     def restore(self, mark: Mark) -> None:
         if mark.length > self.length:
             raise CacheRollbackError(f"the lane holds {self.length} tokens, fewer than the mark's {mark.length}")
-        self.trim_to(mark.length)
+        if not self.trim_to(mark.length):
+            raise CacheRollbackError(f"the lane dropped the columns a query at {mark.length} would see")
 
     def keep_block_rows(self, count: int, kept: list[int]) -> None:
         """Keep rows `kept` (increasing) of the newest `count`: the others become holes. The
@@ -545,7 +626,7 @@ class Lane:
             raise CacheRollbackError(f"rows {kept} are not increasing rows of a {count}-row block")
         block = self.columns[len(self.columns) - count :]
         self.columns[len(self.columns) - count :] = [block[i] for i in kept]
-        self.length = len(self.columns)
+        self.length = len(self.columns) + self.dropped
 
 
 @dataclass

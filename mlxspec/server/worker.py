@@ -11,7 +11,7 @@ greenlet with its own keys, policy and grammar, and only the forwards are shared
 between forwards (its prompt read in chunks, aside while others decode, so they are not
 padded to its length) and leaves when it ends; a session generating in the batch is never handed to
 another job. `max_batch` 1 is one at a time (FIFO), as are families whose caches cannot be
-batched (recurrent state, a `--max-kv-size` window: `batching.why_not`, said once at start).
+batched (recurrent state, a target across ranks: `batching.why_not`, said once at start).
 
 Each generation's events go to the asyncio side as they come (`Job`); between rounds the
 worker looks at the job's stop flag (a client that went away, the server shutting down) and
@@ -293,7 +293,7 @@ class Worker:
     def _size_batch(self) -> None:
         from ..batching import default_max_batch, why_not
 
-        self.batched_because = why_not(self.pair, self._cache_options or CacheOptions())
+        self.batched_because = why_not(self.pair)
         if self.batched_because is not None:
             if self.max_batch not in (None, 1):
                 self._log(f"generations run one at a time: {self.batched_because}")

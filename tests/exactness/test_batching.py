@@ -22,7 +22,7 @@ import mlxspec
 from mlxspec.batching import Lanes, generate_many, why_not
 from mlxspec.decoding import engine, packed
 from mlxspec.decoding.batch import Batch
-from mlxspec.decoding.caches import CacheOptions
+from mlxspec.decoding.caches import CacheOptions, CacheRollbackError, Mark
 from mlxspec.decoding.events import Round
 from mlxspec.decoding.packed import Lane, PackedCache
 from mlxspec.generation import Session
@@ -95,6 +95,85 @@ def test_quantized_kv_caches_batch_exactly(load_pair, mode):
     assert batch.rows > 1.5 * batch.forwards > 0, (batch.rows, batch.forwards)
 
 
+WINDOW = 12  # a --max-kv-size the tests' sequences pass several times over
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_max_kv_size_window_batches_exactly(load_pair, monkeypatch, mode):
+    """Under --max-kv-size every layer of both models reads the first 4 ids and the newest
+    ones, as alone: the ids are the same, two at a time over four prompts (lanes join and
+    leave mid-run); and a lane's columns stay within the window, the ids a round reads and
+    the drop's step (packed.DROP_EVERY), however long it runs. (Qwen3's: mlx-lm gives
+    max_kv_size to models that do not build their own cache, as llama now does.)"""
+    pair = load_pair("qwen3")
+    window = CacheOptions(max_kv_size=WINDOW)
+    options = MODES[mode]
+    drop, most = PackedCache._drop_unseen, [0, 0]  # the most columns a lane held, and positions
+
+    def measured(self):
+        drop(self)
+        for lane in self.lanes:
+            most[:] = max(most[0], len(lane.columns)), max(most[1], lane.length)
+
+    monkeypatch.setattr(PackedCache, "_drop_unseen", measured)
+    batch = Batch()
+    results = generate_many(pair, PROMPTS, max_tokens=96, batch=batch, cache_options=window, max_batch=2, **options)
+    by_itself = [
+        mlxspec.generate(pair, p, max_tokens=96, session=Session(pair, cache_options=window), **options).tokens
+        for p in PROMPTS
+    ]
+    assert [r.tokens for r in results] == by_itself
+    assert batch.rows > 1.5 * batch.forwards > 0, (batch.rows, batch.forwards)
+    reads = 1 + 8 + 3 * 2  # a round's most: its pending id, a tree of 8, a chain's catching up
+    assert most[0] <= WINDOW + packed.DROP_EVERY + packed.UNMARKED_ROLLBACK + reads < most[1], most
+
+
+def test_a_lane_goes_back_no_further_than_its_window_allows(load_pair):
+    """Once a lane dropped columns, a length whose next query would see them is refused:
+    trim_to says False and changes nothing, restore raises; a length above it trims, and
+    the lane holds what a window alone would."""
+    pair = load_pair("qwen3")
+    cache = PackedCache(pair.target.model, name="target", max_kv_size=WINDOW)
+    lane = cache.lane()
+    lane.read(mx.array(list(range(80)), dtype=mx.uint32), None)  # 80 ids: positions 0 to 79
+    cache._drop_unseen()
+    assert lane.dropped == 80 - packed.UNMARKED_ROLLBACK - WINDOW + 1 > 0 and lane.holds(80)
+    assert lane.floor == lane.dropped + WINDOW - 1 == 80 - packed.UNMARKED_ROLLBACK
+    assert not lane.trim_to(lane.floor - 1) and lane.holds(80)
+    with pytest.raises(CacheRollbackError):
+        lane.restore(Mark(lane.floor - 1))
+    assert lane.trim_to(lane.floor) and lane.holds(lane.floor)
+    # what it holds: the first 4 ids and the newest, as a window's cache alone holds them
+    assert list(cache.positions[lane.row, lane.columns]) == [0, 1, 2, 3, *range(4 + lane.dropped, lane.floor)]
+    assert packed.columns_of(cache.gather(lane)[0][0]) == WINDOW - 1
+
+
+def test_a_conversation_under_a_window_moves_into_a_batch_and_back_as_it_is(load_pair):
+    """A --max-kv-size conversation past its window (its caches hold the first ids and the
+    newest) continues in a batch beside another request, then alone: each turn reads only
+    its new ids, its caches moving into the batch's rows and back, and answers as a session
+    that never batched."""
+    pair = load_pair("qwen3")
+    window = CacheOptions(max_kv_size=WINDOW)
+    options = dict(max_tokens=40, gamma=3, tree=0, ngram=False, history=False)
+
+    def turns(batched: bool) -> list:
+        session, ids, out = Session(pair, cache_options=window), list(PROMPTS[0]), []
+        for turn in range(3):
+            if batched and turn == 1:
+                result = _beside_another(pair, session, ids, options, cache_options=window)
+            else:
+                result = mlxspec.generate(pair, ids, session=session, **options)
+            out.append((result.tokens, result.stats.prefill_tokens))
+            ids = ids + result.tokens + PROMPTS[2 + turn % 2]
+        return out
+
+    together = turns(batched=True)
+    assert together == turns(batched=False)
+    # read anew: the new prompt (and the answer's last id), never the conversation again
+    assert all(read <= len(PROMPTS[2 + turn]) + 1 for turn, (_, read) in enumerate(together[1:])), together
+
+
 def test_a_quantized_target_batches_exactly(load_pair):
     pair = load_pair("llama", bits=4)
     together, batch = batched(pair, PROMPTS, gamma=3, tree=8)
@@ -151,10 +230,10 @@ def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
     assert turns(batched=True) == turns(batched=False)
 
 
-def _beside_another(pair, session: Session, ids: list[int], options: dict):
+def _beside_another(pair, session: Session, ids: list[int], options: dict, *, cache_options=CacheOptions()):
     """`session`'s generation for `ids` in a batch beside a fresh request's."""
     batch = Batch()
-    lanes = Lanes(pair, batch)
+    lanes = Lanes(pair, batch, cache_options=cache_options)
     results = {}
 
     def mine():
@@ -162,7 +241,7 @@ def _beside_another(pair, session: Session, ids: list[int], options: dict):
             results["mine"] = mlxspec.generate(pair, ids, session=session, **options)
 
     def other():
-        fresh = Session(pair)
+        fresh = Session(pair, cache_options=cache_options)
         with lanes.joined(fresh):
             results["other"] = mlxspec.generate(pair, PROMPTS[1], session=fresh, **options)
 
@@ -218,13 +297,16 @@ def test_families_that_cannot_share_a_forward_run_one_after_another(load_pair, a
 @pytest.mark.parametrize(
     "options", [dict(gamma=3), dict(gamma=3, tree=8), dict(gamma=0)], ids=["chain", "tree", "plain"]
 )
-def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options):
+@pytest.mark.parametrize("cache", [CacheOptions(), CacheOptions(max_kv_size=WINDOW)], ids=["whole", "window"])
+def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options, cache):
     """A fixed gamma and tree: the drafts do not depend on timing, so each request's own keys
-    give it the ids it gets alone (never the batch's keys)."""
+    give it the ids it gets alone (never the batch's keys); under a --max-kv-size window too."""
     pair = load_pair("qwen3")
     seeded = [mlxspec.Options.build(temp=1.0, seed=100 + i, max_tokens=MAX_TOKENS, **options) for i in range(4)]
-    together = [r.tokens for r in generate_many(pair, PROMPTS, seeded)]
-    assert together == [mlxspec.generate(pair, p, o).tokens for p, o in zip(PROMPTS, seeded)]
+    together = [r.tokens for r in generate_many(pair, PROMPTS, seeded, cache_options=cache)]
+    assert together == [
+        mlxspec.generate(pair, p, o, session=Session(pair, cache_options=cache)).tokens for p, o in zip(PROMPTS, seeded)
+    ]
 
 
 @settings(
@@ -240,9 +322,12 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
     request's conversation in its session) through a batch smaller than them: they join as
     others leave, at whatever round that is. Each answer equals the one given alone, and a
     continued session's caches stay exact across the join and the leave."""
-    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32"]))
-    pair = load_pair(arch)
-    kv = CacheOptions(kv_bits=4, kv_group_size=32) if arch == "llama_kv32" else CacheOptions()  # quantized KV
+    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32", "qwen3_window"]))
+    pair = load_pair("qwen3" if arch == "qwen3_window" else arch)
+    kv = {  # quantized KV; a --max-kv-size window that wraps within a prompt, and drops columns
+        "llama_kv32": CacheOptions(kv_bits=4, kv_group_size=32),
+        "qwen3_window": CacheOptions(max_kv_size=WINDOW),
+    }.get(arch, CacheOptions())
     count = data.draw(st.integers(2, 6))
     sessions = [Session(pair, cache_options=kv) for _ in range(2)]
     jobs = []
