@@ -588,19 +588,29 @@ class Lane:
 
     @property
     def floor(self) -> int:
-        """The least length it can be trimmed to: one whose next query's window it still holds."""
+        """The least length above the kept ids it can be trimmed to: one whose next query's
+        window it still holds."""
         return self.dropped + self.packed.bound.size - 1 if self.dropped else 0
 
     def holds(self, length: int) -> bool:
         return self.length == length == len(self.columns) + self.dropped
 
     def can_trim_to(self, length: int) -> bool:
-        return self.floor <= length <= self.length
+        return 0 <= length <= self.length and (length >= self.floor or length <= self._kept())
+
+    def _kept(self) -> int:
+        """Ids from position 0 it holds whatever it dropped: the window's kept ones."""
+        return self.packed.bound.keep if self.dropped else self.length
 
     def trim_to(self, length: int) -> bool:
-        """False, nothing changed, below `floor` (as a wrapped window's cache cannot go back)."""
+        """False, nothing changed, where it dropped ids the next query would see (as a wrapped
+        window's cache cannot go back); back to its kept ids (an empty lane too) it always can."""
         if not 0 <= length <= self.length:
             raise CacheRollbackError(f"cannot trim {self.length} tokens to {length}")
+        if length <= self._kept():  # nothing dropped below it
+            del self.columns[length:]
+            self.length, self.dropped = length, 0
+            return True
         if length < self.floor:
             return False
         del self.columns[length - self.dropped :]

@@ -131,7 +131,7 @@ def test_a_max_kv_size_window_batches_exactly(load_pair, monkeypatch, mode):
 def test_a_lane_goes_back_no_further_than_its_window_allows(load_pair):
     """Once a lane dropped columns, a length whose next query would see them is refused:
     trim_to says False and changes nothing, restore raises; a length above it trims, and
-    the lane holds what a window alone would."""
+    the lane holds what a window alone would; back into the kept ids, or empty, it trims."""
     pair = load_pair("qwen3")
     cache = PackedCache(pair.target.model, name="target", max_kv_size=WINDOW)
     lane = cache.lane()
@@ -146,6 +146,8 @@ def test_a_lane_goes_back_no_further_than_its_window_allows(load_pair):
     # what it holds: the first 4 ids and the newest, as a window's cache alone holds them
     assert list(cache.positions[lane.row, lane.columns]) == [0, 1, 2, 3, *range(4 + lane.dropped, lane.floor)]
     assert packed.columns_of(cache.gather(lane)[0][0]) == WINDOW - 1
+    assert lane.trim_to(2) and lane.holds(2) and not lane.dropped  # back into the kept ids: all there
+    assert lane.trim_to(0) and lane.holds(0)  # emptied (a cursor's reset)
 
 
 def test_a_conversation_under_a_window_moves_into_a_batch_and_back_as_it_is(load_pair):
@@ -172,6 +174,24 @@ def test_a_conversation_under_a_window_moves_into_a_batch_and_back_as_it_is(load
     assert together == turns(batched=False)
     # read anew: the new prompt (and the answer's last id), never the conversation again
     assert all(read <= len(PROMPTS[2 + turn]) + 1 for turn, (_, read) in enumerate(together[1:])), together
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_a_conversation_past_its_window_that_changes_early_is_read_again_in_a_batch(load_pair, gamma):
+    """A session past its window moves into a batch for a prompt that shares only its first
+    ids with the conversation (a template that rewrites earlier turns): the lane cannot go back
+    into what it dropped, so it is emptied and reads the prompt whole, as alone. (An empty
+    lane that kept its columns once answered wrong, or failed the request beside it.)"""
+    pair = load_pair("qwen3")
+    window = CacheOptions(max_kv_size=WINDOW)
+    options = dict(max_tokens=40, gamma=gamma, tree=0, ngram=False, history=False)
+    session = Session(pair, cache_options=window)
+    mlxspec.generate(pair, PROMPTS[0], session=session, **options)
+    changed = PROMPTS[0][:3] + list(range(500, 510))
+    within = _beside_another(pair, session, changed, options, cache_options=window)
+    assert (
+        within.tokens == mlxspec.generate(pair, changed, session=Session(pair, cache_options=window), **options).tokens
+    )
 
 
 def test_a_quantized_target_batches_exactly(load_pair):
@@ -247,7 +267,8 @@ def _beside_another(pair, session: Session, ids: list[int], options: dict, *, ca
 
     tasks = [mine, other]
     batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))], done=_raising)
-    assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0  # the head's forwards shared
+    if options.get("gamma") != 0:  # the drafter's forwards shared
+        assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0
     return results["mine"]
 
 
