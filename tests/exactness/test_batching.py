@@ -8,6 +8,7 @@ keeps what it should forget."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 
@@ -357,7 +358,11 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
         mode = data.draw(st.sampled_from(list(MODES)))
         length = data.draw(st.integers(1, 20))
         session = data.draw(st.sampled_from([None, 0, 1]))
-        jobs.append((prompt, mlxspec.Options.build(max_tokens=length, **MODES[mode]), session))
+        # how much of the conversation the next prompt keeps: mostly all, or a template's rewrite
+        # of earlier turns (a window past them must then read it again)
+        kept = data.draw(st.sampled_from([1.0, 1.0, 0.5, 0.1]))
+        beside = data.draw(st.sampled_from([True, True, False]))  # or in the session's own caches, unbatched
+        jobs.append((prompt, mlxspec.Options.build(max_tokens=length, **MODES[mode]), session, kept, beside))
     limit = data.draw(st.integers(1, 4))
 
     answers = {}
@@ -366,14 +371,15 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
     queue, running, busy = list(range(count)), set(), set()
 
     def task(i):
-        prompt, options, which = jobs[i]
+        prompt, options, which, kept, beside = jobs[i]
 
         def run():
             session = sessions[which] if which is not None else Session(pair, cache_options=kv)
-            # a session continues: its last prompt and answer, then the new prompt
-            ids = session_history.get(which, []) + prompt
+            # a session continues: its last prompt and answer (or their first part), then the new prompt
+            history = session_history.get(which, [])
+            ids = history[: int(len(history) * kept)] + prompt
             try:
-                with lanes.joined(session):
+                with lanes.joined(session) if beside else contextlib.nullcontext():
                     result = mlxspec.generate(pair, ids, options, session=session)
             finally:
                 running.discard(i)
