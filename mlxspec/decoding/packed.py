@@ -167,7 +167,7 @@ class PackedCache:
         return lane
 
     def release(self, lane: Lane) -> None:
-        lane.columns, lane.length, lane.dropped, lane._marked = [], 0, 0, None
+        lane.trim_to(0)  # back into its kept ids: always, whatever it dropped
         self.rows[lane.row] = None
         if not self.lanes:  # nothing to keep: start again empty
             self._empty()
