@@ -58,13 +58,17 @@ class Example:
 class Pace:
     """How many positions a forward may read to take about STEP_SECONDS here, measured as the
     target reads: a fast machine reads in large batches, and a slow one (a CPU) still looks
-    at the clock, and hears Ctrl-C, every second or so."""
+    at the clock, and hears Ctrl-C, every second or so. `measured` False: always `positions`,
+    so the forwards' shapes, and with them the data's last bits, do not depend on the clock
+    (a run with a --tokens budget: the same shards whenever it is stopped and resumed; a
+    CPU's BLAS may round a row differently in a batch of another size)."""
 
-    def __init__(self, positions: int = 256, *, least: int = 32):
-        self.positions, self.least = positions, least
+    def __init__(self, positions: int = 256, *, least: int = 32, measured: bool = True):
+        self.positions, self.least, self.measured = positions, least, measured
 
     def observe(self, positions: int, seconds: float) -> None:
-        self.positions = max(self.least, int(positions / max(seconds, 1e-3) * STEP_SECONDS))
+        if self.measured:
+            self.positions = max(self.least, int(positions / max(seconds, 1e-3) * STEP_SECONDS))
 
 
 def prefill(
@@ -486,6 +490,7 @@ class DataPlan:
     conversations: list = field(default_factory=list)  # read teacher-forced after the --text files
     corpus_tokens: int = 0  # of the conversations' tokens, read at most
     max_disk: int | None = None  # bytes the shards may take; none is written past it
+    paced: bool = True  # forwards sized by the clock (Pace); False: the same shapes on every run
 
 
 TEXT_GROUP = 32  # text chunks read a shard
@@ -537,7 +542,7 @@ def build_data(
             bound = _size(plan.max_disk or 0)
             note(f"the data holds {_size(used)}, stopped at --max-disk {bound}: no more data is written")
         return record, made
-    pace = Pace()  # shared: the answers' prefill teaches the text's
+    pace = Pace(measured=plan.paced)  # shared: the answers' prefill teaches the text's
     if _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace):
         _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace, reading=reading)
     return record, made

@@ -473,6 +473,8 @@ def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
         conversations=conversations,
         corpus_tokens=settings.corpus_tokens,
         max_disk=settings.max_disk,
+        # with no --minutes the schedule does not depend on the clock, nor do the data's forwards
+        paced=settings.minutes is not None,
     )
 
 
