@@ -607,12 +607,10 @@ class Lane:
         window's cache cannot go back); back to its kept ids (an empty lane too) it always can."""
         if not 0 <= length <= self.length:
             raise CacheRollbackError(f"cannot trim {self.length} tokens to {length}")
-        if length <= self._kept():  # nothing dropped below it
-            del self.columns[length:]
-            self.length, self.dropped = length, 0
-            return True
-        if length < self.floor:
+        if not self.can_trim_to(length):
             return False
+        if length <= self._kept():  # nothing dropped below it
+            self.dropped = 0
         del self.columns[length - self.dropped :]
         self.length = length
         return True
