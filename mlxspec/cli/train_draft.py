@@ -245,6 +245,18 @@ def train_draft(
         if started:
             abandon(out)
         raise
+    except KeyboardInterrupt:
+        if started or resume:  # hours of data may be on disk: say that they are kept, and how to go on
+            again = shlex.join(
+                ["mlxspec", "train-draft", "--target", str(settings.target), "--out", str(out), "--resume"]
+            )
+            err.print(
+                f"stopped: {out} keeps the data made and the last checkpoint; {again} continues",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
+        raise
     alpha = " ".join(f"{a:.3f}" for a in facts["held_out"].get("alpha", []))
     written = "DFlash drafter" if settings.kind == "dflash" else "head"
     print(

@@ -537,7 +537,7 @@ def train(
                 last_checkpoint = time.perf_counter()
     except KeyboardInterrupt:
         done.save(checkpoint, bound=bound)
-        progress.note(f"interrupted at step {done.state.step}: checkpoint saved; --resume continues")
+        progress.note(f"interrupted at step {done.state.step}: checkpoint saved")
         raise
     done.save(checkpoint, bound=bound)
     return done.state

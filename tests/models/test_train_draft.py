@@ -178,7 +178,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resume_continues(target, tmp_path):
         running.kill()
     assert running.returncode == 130, rest
     said = [line for line in rest.splitlines() if line.startswith("interrupted at step")]
-    assert len(said) == 1 and "--resume continues" in said[0], rest
+    assert len(said) == 1 and said[0].endswith("checkpoint saved"), rest
+    # and how to go on, in a line a log keeps whole
+    again = f"mlxspec train-draft --target {target} --out {out} --resume continues"
+    assert f"stopped: {out} keeps the data made and the last checkpoint; {again}" in rest.splitlines(), rest
     assert not is_head_folder(out) and not (out / "config.json").exists()
     saved = json.loads((out / "checkpoint" / "state.json").read_text())
     assert saved["step"] > 0 and said[0].startswith(f"interrupted at step {saved['step']}:")

@@ -141,7 +141,7 @@ def test_time_cut_off_by_ctrl_c_is_not_charged(target, tmp_path):
     assert 24 - 6 < record["answer_seconds"] + trained <= 24, (record, trained)
 
 
-def _interrupt(args: list, *, after: float, within: float = 5) -> None:
+def _interrupt(args: list, *, after: float, within: float = 5) -> str:
     command = [sys.executable, "-m", "mlxspec", "train-draft", *map(str, args)]
     running = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
     try:
@@ -154,6 +154,7 @@ def _interrupt(args: list, *, after: float, within: float = 5) -> None:
     assert running.returncode == 130, rest
     assert time.perf_counter() - interrupted < within, rest
     assert "Traceback" not in rest and "internal error" not in rest
+    return rest
 
 
 @pytest.mark.alone  # timed against the wall clock: Ctrl-C heard within 3 s
@@ -167,7 +168,9 @@ def test_ctrl_c_is_heard_within_seconds_on_a_slow_target(factory, tmp_path):
     prompts.write_text("\n".join(json.dumps({"prompt": " ".join(words[i:] + words[:i])}) for i in range(32)) + "\n")
     flags = ["--prompts", prompts, "--minutes", 2, "--answer-minutes", 1, "--draft-vocab", 64]
     for after in (5, 9, 12):  # answers being read and written (it took 0.4 to 6.7 s here to stop)
-        _interrupt(["--target", slow, "--out", tmp_path / f"run-{after}", *flags], after=after, within=3)
+        out = tmp_path / f"run-{after}"
+        said = _interrupt(["--target", slow, "--out", out, *flags], after=after, within=3)
+        assert f"stopped: {out} keeps the data made" in said and "--resume continues" in said, said
 
 
 SLOW_TARGET = {
