@@ -1,8 +1,8 @@
 """Sessions walked through many random sequences of calls, on every cache family and with
-EAGLE-3 heads on a plain and a sliding-window target: the longer run of
-tests/exactness/test_sessions.py (needs the test extra: pip install -e ".[test]").
+drafters that read the target's features (EAGLE-3 heads, MTP heads, DFlash drafters): the
+longer run of tests/exactness/test_sessions.py (needs the test extra: pip install -e ".[test]").
 
-    python demos/session_fuzz.py [--examples 500] [--steps 8] [--family NAME ...] [--fixed]
+    python demos/session_fuzz.py [--examples 500] [--steps 8] [--family NAME ...] [--fixed] [--timed]
     python demos/session_fuzz.py --sabotage --family RotatingKVCache
 
 Each sequence starts a session and makes up to `--steps` calls: extend the history, cut it
@@ -14,6 +14,15 @@ prompt, every drafted round a fresh draft's proposals, and both cursors must be 
 
 `--examples` is per family; random seeds each run (`--fixed`: the CI test's). `--sabotage`
 restores checkpoints by length alone, as before issue 12: the walk should then fail.
+
+Nothing timed is walked by default: `--gamma auto` at fixed lengths and trees, and no learned
+early stop (it reads the draft's speed); `--timed` walks them timed. A walk can still draw
+differently when hypothesis runs the same choices again: a Ctrl-C at the n-th function call
+lands elsewhere once caches are warm, and timed choices change a call's rounds, and with
+them what the walk draws next. Hypothesis then raises FlakyStrategyDefinition and stops; where
+no call had failed, the family is walked again from fresh seeds until it has run
+`--examples` sequences (the restarts are counted). A failed call is printed as it failed,
+before hypothesis replays it.
 """
 
 from __future__ import annotations
@@ -23,17 +32,30 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, settings  # noqa: E402
+from hypothesis.errors import FlakyStrategyDefinition  # noqa: E402
 
 import mlxspec  # noqa: E402
 from mlxspec.decoding.cursor import Cursor  # noqa: E402
 from mlxspec.models import synthetic  # noqa: E402
 from tests.conftest import ModelFactory, stdlib_texts  # noqa: E402
-from tests.exactness.test_sessions import FAMILIES, HEAD_FAMILIES, WALKS, by_length_alone, load_family, walk  # noqa: E402
+from tests.exactness.test_sessions import (  # noqa: E402
+    FAMILIES,
+    HEAD_FAMILIES,
+    MODES,
+    WALKS,
+    by_length_alone,
+    load_family,
+    untimed,
+    walk,
+)
+
+MAX_RESTARTS = 50  # fresh walks for a family whose walks keep drawing differently on a replay
 
 
 def main(argv=None) -> int:
@@ -45,6 +67,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--fixed", action="store_true", help="the CI test's seeds instead of random ones")
     parser.add_argument("--sabotage", action="store_true", help="restore checkpoints by length alone")
+    parser.add_argument("--timed", action="store_true", help="walk auto and the early stop with their timed choices")
     parser.add_argument("--models", type=Path, help="build the tiny models here (default: a temporary folder)")
     args = parser.parse_args(argv)
 
@@ -71,13 +94,29 @@ def main(argv=None) -> int:
         totals, failures = Counter(), []
         for name in args.family or [*FAMILIES, *HEAD_FAMILIES]:
             family = load_family(load_pair, name, factory=factory)
-            t0 = time.perf_counter()
+            modes = dict(MODES) if args.timed else untimed(MODES)
+            t0, restarts = time.perf_counter(), 0
             try:
-                walk(family, walks)
-                verdict = "ok"
+                with swapped(MODES, modes):
+                    while True:
+                        try:
+                            left = args.examples - family.tally["sequences"]
+                            walk(family, settings(walks, max_examples=max(left, 1)))
+                            break
+                        except FlakyStrategyDefinition:
+                            if family.first_failure is not None or args.fixed or restarts == MAX_RESTARTS:
+                                raise
+                            restarts += 1
+                            if family.tally["sequences"] >= args.examples:
+                                break
+                verdict = "ok" if not restarts else f"ok ({restarts} restarts)"
+            except FlakyStrategyDefinition as e:
+                verdict = "inconclusive" if family.first_failure is None else "FAILED"
+                if family.first_failure is not None:
+                    failures.append((name, e, family.first_failure))
             except Exception as e:  # noqa: BLE001 - a failure is the report
                 verdict = f"FAILED ({type(e).__name__})"
-                failures.append((name, e))
+                failures.append((name, e, family.first_failure))
             tally = family.tally
             totals.update(tally)
             others = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()) if k not in ("sequences", "calls"))
@@ -87,9 +126,22 @@ def main(argv=None) -> int:
                 flush=True,
             )
         print(f"{'all':24} {len(failures)} failed        {totals['sequences']:5} sequences {totals['calls']:6} calls")
-        for name, error in failures:  # hypothesis adds the failing steps as notes
+        for name, error, first in failures:  # hypothesis adds the failing steps as notes
             print(f"\n--- {name} ---\n{error}\n" + "\n".join(getattr(error, "__notes__", [])))
+            if first:
+                print(f"\nthe first call that failed, before hypothesis replayed it:\n{first}")
         return 1 if failures else 0
+
+
+@contextmanager
+def swapped(table: dict, contents: dict):
+    """`table` holding `contents` for a while (the walk reads MODES as it draws)."""
+    before = dict(table)
+    table.clear(), table.update(contents)
+    try:
+        yield
+    finally:
+        table.clear(), table.update(before)
 
 
 if __name__ == "__main__":
