@@ -36,6 +36,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..errors import IncompatibleHead, ModelLoadError
 from .eagle3_head import (
@@ -193,6 +194,20 @@ class Attention(HeadAttention):
         keys = self.rope(self._heads(self.k_proj(context), self.kv_heads, self.k_norm), offset=cache.offset)
         cache.update_and_fetch(keys, self._heads(self.v_proj(context), self.kv_heads))
 
+    def packed(self, x: mx.array, keys_from: mx.array, cache, layout) -> mx.array:
+        """A packed batch's rows (decoding/packed.py): queries from x (B, L, hidden), keys and
+        values from `keys_from` (a context row's normed context, a block row's x), each row
+        at its own position, all written to `cache`; each query sees what `layout` shows it."""
+        from ..decoding.tree_attention import rotate_at
+
+        b, length, _ = x.shape
+        queries = rotate_at(self.rope, self._heads(self.q_proj(x), self.heads, self.q_norm), layout)
+        keys = rotate_at(self.rope, self._heads(self.k_proj(keys_from), self.kv_heads, self.k_norm), layout)
+        mask = layout.mask_for(cache)
+        keys, values = cache.update_and_fetch(keys, self._heads(self.v_proj(keys_from), self.kv_heads))
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+
     def __call__(self, x: mx.array, cache) -> mx.array:
         """x (B, L, hidden): the block, right after the context `cache` holds; its own keys
         and values are not cached."""
@@ -226,6 +241,13 @@ class DecoderLayer(nn.Module):
         h = x + self.self_attn(self.input_layernorm(x), cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def packed(self, x: mx.array, context: mx.array, is_context: mx.array, cache, layout) -> mx.array:
+        """Attention.packed's rows: a context row's keys and values from `context` (as
+        `remember` makes them), a block row's from its own normed input."""
+        normed = self.input_layernorm(x)
+        h = x + self.self_attn.packed(normed, mx.where(is_context, context, normed), cache, layout)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
 
 class DFlashDraft(nn.Module):
     """The drafter's layers; the embedding and LM head are the target's (`bind`)."""
@@ -255,10 +277,6 @@ class DFlashDraft(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
-    def why_not_packed(self) -> str:
-        """Why a batch does not pack it (drafters/eagle3.py: PackedHead): each lane drafts alone."""
-        return "a DFlash drafter drafts each generation on its own (its block is not packed yet)"
-
     def read_context(self, features: mx.array, cache: list) -> None:
         """The target's features (B, S, feature width) at the S positions after those
         `cache` holds, which it then holds too: one row per layer."""
@@ -271,6 +289,32 @@ class DFlashDraft(nn.Module):
         h = self._embed(block) * self.config.input_embedding_scale
         for layer, layer_cache in zip(self.layers, cache):
             h = layer(h, layer_cache)
+        return self._logits(h)
+
+    def packed(self, ids: mx.array, features: mx.array, cache: list, layout) -> mx.array:
+        """A packed batch's rows (decoding/packed.py): ids (B, L) beside the target's features
+        (B, L, feature width); the first `layout.context[b]` rows of row b are context rows
+        (their features read, as `read_context` reads them), the rest its block (its ids read,
+        as a call reads them). Every row's keys and values go to `cache`; a block row sees
+        what `layout` shows it. -> logits (B, L', vocab) of each row's block rows, from its
+        first (L' the longest block: a shorter one's are the first of them)."""
+        b, length = ids.shape
+        if layout.context is None:  # blocks alone
+            counts, given = np.zeros(b, dtype=np.int64), length
+        else:
+            counts = np.asarray(layout.context)
+            given = int(max((np.asarray(layout.sizes) - counts).max(), 0))
+        is_context = mx.array(np.arange(length)[None] < counts[:, None])[..., None]
+        context = self.hidden_norm(self.fc(features))
+        h = self._embed(ids) * self.config.input_embedding_scale
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer.packed(h, context, is_context, layer_cache, layout)
+        # the norm and the target's LM head (the dearest part, its vocabulary wide) read each
+        # row's block rows alone
+        at = np.minimum(counts[:, None] + np.arange(given)[None], length - 1)
+        return self._logits(mx.take_along_axis(h, mx.array(at)[..., None], axis=1))
+
+    def _logits(self, h: mx.array) -> mx.array:
         logits = self._lm_head(self.norm(h)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return logits if cap is None else mx.tanh(logits / cap) * cap

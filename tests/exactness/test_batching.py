@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from greenlet import greenlet
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import mlxspec
@@ -273,6 +273,74 @@ def _beside_another(pair, session: Session, ids: list[int], options: dict, *, ca
     return results["mine"]
 
 
+@pytest.fixture(scope="module")
+def drafters(factory):
+    from tests.models.test_dflash import Drafters
+
+    return Drafters(factory)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_a_dflash_drafters_blocks_are_one_forward_for_every_lane_and_the_blocks_alone(drafters, arch):
+    """Every waiting lane's new context rows and block are one forward of the drafter (the
+    block's columns forgotten after it, as alone they are never cached): each lane drafts the
+    blocks it drafts alone, so every request accepts the same drafts at the same rounds, and
+    answers as alone. Chains and DDTrees; gemma3_text's window wraps."""
+    from tests.models.test_dflash import PROMPT
+
+    pair = drafters.pair(arch)
+    first = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    # two on the path the drafter was fitted to (it accepts there), two elsewhere
+    prompts = [PROMPT, PROMPT + first[:3], PROMPT[:7], [5, 6, *PROMPT]]
+    for options in (dict(gamma=5, tree=0), dict(gamma=5, tree=8)):
+        options |= dict(ngram=False, history=False)
+        batch = Batch()
+        together = generate_many(pair, prompts, max_tokens=MAX_TOKENS, batch=batch, **options)
+        by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in prompts]
+        assert [r.tokens for r in together] == [r.tokens for r in by_itself], options
+        assert [(r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in together] == [
+            (r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in by_itself
+        ], options
+        assert 0 < sum(r.stats.accepted for r in together) < sum(r.stats.drafted for r in together)
+        name = pair.draft.name
+        assert batch.rows_of[name] > 1.5 * batch.forwards_of[name] > 0, (batch.rows_of, batch.forwards_of)
+
+
+def test_a_conversation_whose_dflash_drafter_holds_rows_continues_in_a_batch(drafters):
+    """A session whose drafter holds the conversation's context rows joins a batch for a turn
+    and leaves it: its rows move into the batch's drafter cache and back, every turn drafts
+    and answers as alone, and the rows it holds after are those a fresh drafter reads from
+    the target's features of the same ids (no block, no rejected draft's row)."""
+    from mlxspec.decoding import capture
+    from tests.models.test_dflash import PROMPT
+
+    pair = drafters.pair("qwen3")
+    options = dict(max_tokens=MAX_TOKENS, gamma=5, tree=0, ngram=False, history=False)
+
+    def turns(batched: bool) -> tuple[list, Session]:
+        session, ids, out = Session(pair), list(PROMPT), []
+        for turn in range(3):
+            if batched and turn == 1:
+                result = _beside_another(pair, session, ids, options)
+            else:
+                result = mlxspec.generate(pair, ids, session=session, **options)
+            out.append((result.tokens, result.stats.drafted, result.stats.accepted))
+            ids = ids + result.tokens + PROMPTS[2 + turn % 2]
+        return out, session
+
+    together, session = turns(batched=True)
+    assert together == turns(batched=False)[0]
+    assert any(0 < accepted < drafted for _, drafted, accepted in together), together
+    drafter = session.draft
+    assert drafter.rows and drafter.ids == session.target.history[: drafter.rows]
+    pair.target.model(mx.array([drafter.ids]))
+    fresh = pair.draft.model.make_cache()
+    pair.draft.model.read_context(capture.taps_of(pair.target.model).take(), fresh)
+    for held, read in zip(drafter.cache, fresh):
+        for a, b in zip(held.keys_and_values(), read.keys_and_values()):
+            assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4).item()
+
+
 def test_heads_that_cannot_share_a_forward_draft_per_lane(heads):
     """A head whose rotary embedding takes one offset ("dynamic" NTK scaling) reads neither
     trees nor a packed batch: said, not raised from inside a forward."""
@@ -331,6 +399,26 @@ def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options, cach
     ]
 
 
+@pytest.mark.parametrize("options", [dict(gamma=5), dict(gamma=5, tree=8)], ids=["chain", "ddtree"])
+def test_seeded_sampling_with_a_dflash_drafter_in_a_batch_gives_the_ids_alone(drafters, options):
+    """The blocks drafted in a batch are the blocks drafted alone, so at a fixed gamma and tree
+    each request's own keys give it the ids it gets alone, chains and DDTrees."""
+    from tests.models.test_dflash import PROMPT
+
+    pair = drafters.pair("llama")
+    prompts = [PROMPT, PROMPT[:7], [5, 6, *PROMPT], PROMPTS[1]]
+    seeded = [
+        mlxspec.Options.build(temp=0.7, seed=200 + i, max_tokens=MAX_TOKENS, ngram=False, history=False, **options)
+        for i in range(4)
+    ]
+    batch = Batch()
+    together = generate_many(pair, prompts, seeded, batch=batch)
+    by_itself = [mlxspec.generate(pair, p, o) for p, o in zip(prompts, seeded)]
+    assert [r.tokens for r in together] == [r.tokens for r in by_itself]
+    assert sum(r.stats.accepted for r in together) > 0
+    assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0
+
+
 @settings(
     max_examples=WALKS,
     derandomize="MLXSPEC_BATCH_WALKS" not in os.environ,
@@ -339,13 +427,19 @@ def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options, cach
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
-def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, data):
+def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, drafters, data):
     """A random stream of requests (prompts, lengths, modes, some continuing an earlier
     request's conversation in its session) through a batch smaller than them: they join as
     others leave, at whatever round that is. Each answer equals the one given alone, and a
     continued session's caches stay exact across the join and the leave."""
-    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32", "qwen3_window"]))
-    pair = load_pair("qwen3" if arch == "qwen3_window" else arch)
+    arch = data.draw(
+        st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32", "qwen3_window", "gemma3_text_dflash"])
+    )
+    event(f"family: {arch}")
+    if arch == "gemma3_text_dflash":  # a DFlash drafter beside a target whose window wraps
+        pair = drafters.pair("gemma3_text")
+    else:
+        pair = load_pair("qwen3" if arch == "qwen3_window" else arch)
     kv = {  # quantized KV; a --max-kv-size window that wraps within a prompt, and drops columns
         "llama_kv32": CacheOptions(kv_bits=4, kv_group_size=32),
         "qwen3_window": CacheOptions(max_kv_size=WINDOW),
