@@ -211,23 +211,24 @@ def heads(factory) -> Heads:
 def test_a_heads_drafts_are_one_forward_for_every_lane_and_the_drafts_alone(heads, arch):
     pair = heads.pair(arch)
     # no prompt lookup: its proposals from the text and from history are not the head's
-    for options in (
-        dict(gamma=3, tree=0, ngram=False, history=False),
-        dict(gamma=3, tree=8, ngram=False, history=False),
-    ):
-        batch = Batch()
-        together = generate_many(pair, PROMPTS, max_tokens=MAX_TOKENS, batch=batch, **options)
-        by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in PROMPTS]
-        assert [r.tokens for r in together] == [r.tokens for r in by_itself], options
-        # the head proposed in the batch what it proposes alone (its rows read the same
-        # context), so every request accepted the same drafts at the same rounds
-        assert [(r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in together] == [
-            (r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in by_itself
-        ], options
-        assert 0 < sum(r.stats.accepted for r in together) < sum(r.stats.drafted for r in together)
-        # the head's own forwards served several lanes each, as the target's did
-        head = pair.draft.name
-        assert batch.rows_of[head] > 1.5 * batch.forwards_of[head] > 0, (batch.rows_of, batch.forwards_of)
+    for options in (dict(gamma=3, tree=0), dict(gamma=3, tree=8)):
+        _drafts_as_alone(pair, PROMPTS, options | dict(ngram=False, history=False))
+
+
+def _drafts_as_alone(pair, prompts, options: dict) -> None:
+    """In a batch each request answers as alone, and its drafter proposes what it proposes
+    alone (its rows read the same context), so every request accepts the same drafts at the
+    same rounds; the drafter's own forwards serve several lanes each, as the target's do."""
+    batch = Batch()
+    together = generate_many(pair, prompts, max_tokens=MAX_TOKENS, batch=batch, **options)
+    by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in prompts]
+    assert [r.tokens for r in together] == [r.tokens for r in by_itself], options
+    assert [(r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in together] == [
+        (r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in by_itself
+    ], options
+    assert 0 < sum(r.stats.accepted for r in together) < sum(r.stats.drafted for r in together)
+    name = pair.draft.name
+    assert batch.rows_of[name] > 1.5 * batch.forwards_of[name] > 0, (batch.rows_of, batch.forwards_of)
 
 
 def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
@@ -236,19 +237,21 @@ def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
     into the batch's head cache and back, so every turn drafts and answers as alone."""
     pair = heads.pair("llama")
     options = dict(max_tokens=MAX_TOKENS, gamma=3, tree=0, ngram=False, history=False)
+    assert _turns(pair, options, batched=True)[0] == _turns(pair, options, batched=False)[0]
 
-    def turns(batched: bool) -> list:
-        session, ids, out = Session(pair), list(PROMPTS[0]), []
-        for turn in range(3):
-            if batched and turn == 1:
-                result = _beside_another(pair, session, ids, options)
-            else:
-                result = mlxspec.generate(pair, ids, session=session, **options)
-            out.append((result.tokens, result.stats.drafted, result.stats.accepted))
-            ids = ids + result.tokens + PROMPTS[2 + turn % 2]
-        return out
 
-    assert turns(batched=True) == turns(batched=False)
+def _turns(pair, options: dict, *, batched: bool) -> tuple[list, Session]:
+    """Three turns of one conversation, the second in a batch beside a fresh request or not:
+    each turn's ids, drafted and accepted, and the session."""
+    session, ids, out = Session(pair), list(PROMPTS[0]), []
+    for turn in range(3):
+        if batched and turn == 1:
+            result = _beside_another(pair, session, ids, options)
+        else:
+            result = mlxspec.generate(pair, ids, session=session, **options)
+        out.append((result.tokens, result.stats.drafted, result.stats.accepted))
+        ids = ids + result.tokens + PROMPTS[2 + turn % 2]
+    return out, session
 
 
 def _beside_another(pair, session: Session, ids: list[int], options: dict, *, cache_options=CacheOptions()):
@@ -293,17 +296,7 @@ def test_a_dflash_drafters_blocks_are_one_forward_for_every_lane_and_the_blocks_
     # two on the path the drafter was fitted to (it accepts there), two elsewhere
     prompts = [PROMPT, PROMPT + first[:3], PROMPT[:7], [5, 6, *PROMPT]]
     for options in (dict(gamma=5, tree=0), dict(gamma=5, tree=8)):
-        options |= dict(ngram=False, history=False)
-        batch = Batch()
-        together = generate_many(pair, prompts, max_tokens=MAX_TOKENS, batch=batch, **options)
-        by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in prompts]
-        assert [r.tokens for r in together] == [r.tokens for r in by_itself], options
-        assert [(r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in together] == [
-            (r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in by_itself
-        ], options
-        assert 0 < sum(r.stats.accepted for r in together) < sum(r.stats.drafted for r in together)
-        name = pair.draft.name
-        assert batch.rows_of[name] > 1.5 * batch.forwards_of[name] > 0, (batch.rows_of, batch.forwards_of)
+        _drafts_as_alone(pair, prompts, options | dict(ngram=False, history=False))
 
 
 def test_a_conversation_whose_dflash_drafter_holds_rows_continues_in_a_batch(drafters):
@@ -312,24 +305,11 @@ def test_a_conversation_whose_dflash_drafter_holds_rows_continues_in_a_batch(dra
     and answers as alone, and the rows it holds after are those a fresh drafter reads from
     the target's features of the same ids (no block, no rejected draft's row)."""
     from mlxspec.decoding import capture
-    from tests.models.test_dflash import PROMPT
 
     pair = drafters.pair("qwen3")
     options = dict(max_tokens=MAX_TOKENS, gamma=5, tree=0, ngram=False, history=False)
-
-    def turns(batched: bool) -> tuple[list, Session]:
-        session, ids, out = Session(pair), list(PROMPT), []
-        for turn in range(3):
-            if batched and turn == 1:
-                result = _beside_another(pair, session, ids, options)
-            else:
-                result = mlxspec.generate(pair, ids, session=session, **options)
-            out.append((result.tokens, result.stats.drafted, result.stats.accepted))
-            ids = ids + result.tokens + PROMPTS[2 + turn % 2]
-        return out, session
-
-    together, session = turns(batched=True)
-    assert together == turns(batched=False)[0]
+    together, session = _turns(pair, options, batched=True)
+    assert together == _turns(pair, options, batched=False)[0]
     assert any(0 < accepted < drafted for _, drafted, accepted in together), together
     drafter = session.draft
     assert drafter.rows and drafter.ids == session.target.history[: drafter.rows]
