@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ..decoding import tree_attention
 from ..decoding.carry import Carry
-from ..decoding.cursor import TOKEN, Cursor
+from ..decoding.cursor import PREFILL_STEP, TOKEN, Cursor
 from ..decoding.drafter import Drafts
 from ..decoding.packed import Lane, PackedCache
 from ..decoding.plan import Plan
@@ -76,18 +77,17 @@ class DFlashDrafter(FeatureRows):
 
     def leave(self) -> None:
         """Out of its lane, into a cache of its own holding the same rows (none, should
-        copying them out fail: it then reads the target's features again)."""
-        lane, own, ids = self.cache, self.draft.make_cache(), self.ids
+        copying them out fail or be interrupted: it then reads the target's features again)."""
+        lane, ids, own = self.cache, self.ids, None
         try:
+            copied = self.draft.make_cache()
             if lane.length:
-                for layer_cache, (keys, values) in zip(own, lane.packed.gather(lane)):
+                for layer_cache, (keys, values) in zip(copied, lane.packed.gather(lane)):
                     layer_cache.update_and_fetch(keys, values)
-                mx.eval([layer_cache.state for layer_cache in own])
-        except BaseException:
-            own, ids = self.draft.make_cache(), []
-            raise
+                mx.eval([layer_cache.state for layer_cache in copied])
+            own = copied
         finally:  # out of the lane whatever happens, the row freed
-            self.cache, self.ids = own, ids
+            self.cache, self.ids = (own, ids) if own is not None else (self.draft.make_cache(), [])
             lane.packed.release(lane)
 
     def why_no_trees(self) -> str | None:
@@ -158,8 +158,9 @@ class DFlashDrafter(FeatureRows):
             if end > begin:
                 self.draft.read_context(self.target.features.read(begin, end)[None], self.cache)
             return
-        # in a batch, in chunks as the target reads a prompt (eagle3.py's reason)
-        step = self.cache.chunk or max(end - begin, 1)
+        # in a batch, in chunks as the target reads a prompt: short while other lanes wait
+        # (eagle3.py's reason), else the target's own steps (a read's mask grows as its square)
+        step = self.cache.chunk or PREFILL_STEP
         for first in range(begin, end, step):
             last = min(first + step, end)
             layout = BlockRead(start=first, context=last - first, block=0, causal=self.draft.config.is_causal)
@@ -214,7 +215,9 @@ class PackedDFlash:
         return self.draft.make_cache()
 
     def why_not(self) -> str | None:
-        return None
+        """None where its rotary embedding places each row at its own position (a batch's
+        lanes are at theirs); else why not (its lanes then draft alone)."""
+        return tree_attention.why_not_rope(self.draft.layers[0].self_attn.rope)
 
     def __call__(self, ids: mx.array, *, cache: list, beside: mx.array, layout) -> tuple[mx.array, None]:
         return self.draft.packed(ids, beside, cache, layout), None

@@ -74,20 +74,20 @@ class Eagle3Drafter(FeatureRows):
 
     def leave(self) -> None:
         """Out of its lane, into a cache of its own holding the same rows (none, should
-        copying them out fail: the head then reads the target's features again)."""
+        copying them out fail or be interrupted: the head then reads the target's features
+        again)."""
         from mlx_lm.models.cache import KVCache
 
-        lane, own, ids = self.cache, KVCache(), self.ids
+        lane, ids, own = self.cache, self.ids, None
         try:
+            copied = KVCache()
             if lane.length:
                 (keys, values), *_ = lane.packed.gather(lane)
-                own.update_and_fetch(keys, values)
-                mx.eval(own.state)
-        except BaseException:
-            own, ids = KVCache(), []
-            raise
+                copied.update_and_fetch(keys, values)
+                mx.eval(copied.state)
+            own = copied
         finally:  # out of the lane whatever happens, the row freed
-            self.cache, self.ids = own, ids
+            self.cache, self.ids = (own, ids) if own is not None else (KVCache(), [])
             lane.packed.release(lane)
 
     def _forward(self, tokens: mx.array, hidden: mx.array, *, chained: bool = False, layout=None):

@@ -321,6 +321,96 @@ def test_a_conversation_whose_dflash_drafter_holds_rows_continues_in_a_batch(dra
             assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4).item()
 
 
+def test_a_dflash_drafter_whose_rope_cannot_place_rows_drafts_per_lane(drafters, tmp_path):
+    """A DFlash drafter whose rotary embedding takes one offset ("dynamic" NTK scaling) drafts
+    alone, and in a batch each lane drafts on its own: said, not raised inside a forward."""
+    import json
+    import shutil
+
+    from mlxspec.drafters.dflash import PackedDFlash
+
+    out = tmp_path / "dynamic-rope"
+    shutil.copytree(drafters.drafter("llama"), out)
+    config = json.loads((out / "config.json").read_text())
+    config["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+    (out / "config.json").write_text(json.dumps(config))
+    pair = mlxspec.load_pair(str(drafters.target("llama")), str(out))
+    assert "DynamicNTKScalingRoPE" in packed.why_not(PackedDFlash(pair.draft.model))
+    options = dict(gamma=4, tree=0, ngram=False, history=False)
+    batch = Batch()
+    together = generate_many(pair, PROMPTS[:2], max_tokens=MAX_TOKENS, batch=batch, **options)
+    assert [r.tokens for r in together] == [
+        mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options).tokens for p in PROMPTS[:2]
+    ]
+    assert batch.forwards_of[pair.draft.name] == 0 and sum(r.stats.drafted for r in together) > 0
+
+
+def test_a_ctrl_c_as_a_dflash_drafter_leaves_its_lane_leaves_the_session_usable(drafters, monkeypatch):
+    """A Ctrl-C landing as the drafter copies its rows out of the batch (its first call there):
+    the session's drafter is out of the lane all the same, answers as alone, and joins the
+    next batch (it kept the finished batch's lane, and the next join raised)."""
+    from mlxspec.drafters.dflash_model import DFlashDraft
+
+    pair = drafters.pair("llama")
+    options = mlxspec.Options.build(max_tokens=12, gamma=4, tree=0, ngram=False, history=False)
+    session = Session(pair)
+    made, armed = DFlashDraft.make_cache, [False]
+
+    def make_cache(self):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        return made(self)
+
+    monkeypatch.setattr(DFlashDraft, "make_cache", make_cache)
+
+    def run_in_a_batch(then_arm: bool) -> None:
+        lanes = Lanes(pair, Batch())
+
+        def task():
+            with lanes.joined(session):
+                mlxspec.generate(pair, PROMPTS[0], options, session=session)
+                armed[0] = then_arm  # the next cache made: leave's
+
+        tasks = [task]
+        lanes.batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_in_a_batch(then_arm=True)
+    assert not isinstance(session.draft.cache, Lane)
+    prompt = PROMPTS[0] + [7]
+    assert (
+        mlxspec.generate(pair, prompt, options, session=session).tokens
+        == mlxspec.generate(pair, prompt, options).tokens
+    )
+    run_in_a_batch(then_arm=False)
+    assert not isinstance(session.draft.cache, Lane)
+
+
+def test_the_default_batch_reads_every_drafters_own_shape(heads, drafters, factory, load_pair):
+    """--max-batch's default counts the bytes a token's keys and values take in each model
+    from the model's own shape: an EAGLE-3 head (one layer, which its config does not count),
+    a DFlash drafter, a draft model over a subset of the target's ids (a wrapper); none is
+    taken for an unknown model (256 KiB a token, which made every preset's default 2 here)."""
+    from mlxspec.batching import kv_bytes_per_token
+    from mlxspec.models.subset_draft import write_subset
+
+    def expected(config, layers: int) -> int:
+        return 2 * layers * config.num_key_value_heads * config.head_dim * 4  # float32 keys and values
+
+    head = heads.pair("llama").draft.model
+    assert kv_bytes_per_token(head) == expected(head.config, 1)
+    dflash = drafters.pair("llama").draft.model
+    assert kv_bytes_per_token(dflash) == expected(dflash.config, dflash.config.num_hidden_layers)
+    target, draft = factory.pair("llama")
+    out = factory.model("llama-subset-batch", arch="llama", vocab_size=101, seed=4)
+    write_subset(out, list(range(100)), load_pair("llama").target.width)
+    subset = mlxspec.load_pair(str(target), str(out)).draft.model
+    inner = mlxspec.load_pair(str(target), str(draft)).draft.model
+    assert type(subset).__name__ == "SubsetVocabModel"
+    assert kv_bytes_per_token(subset) == kv_bytes_per_token(inner) < 256 << 10
+
+
 def test_heads_that_cannot_share_a_forward_draft_per_lane(heads):
     """A head whose rotary embedding takes one offset ("dynamic" NTK scaling) reads neither
     trees nor a packed batch: said, not raised from inside a forward."""
