@@ -53,17 +53,29 @@ def kv_bytes_per_token(model) -> int:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    args = getattr(model, "args", None)
+    args = _shape_of(model)
     try:
         heads = args.num_attention_heads
         kv_heads = getattr(args, "num_key_value_heads", None) or heads
         head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
-        layers = args.num_hidden_layers
+        layers = getattr(args, "num_hidden_layers", None) or 1  # an EAGLE-3 head's config names no count: one
     except (AttributeError, TypeError, ZeroDivisionError):
         return 256 << 10
     # keys and values are kept in the activations' type: the first floating weight's
     floats = (v.dtype.size for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
     return 2 * layers * kv_heads * head_dim * next(floats, 2)
+
+
+def _shape_of(model):
+    """The config that says a model's attention shape: an mlx-lm model's `args`, a drafter's
+    `config` (an EAGLE-3 head, a DFlash drafter), or the wrapped model's (a draft model over
+    a subset of the target's ids); None where none does."""
+    for each in (model, getattr(model, "model", None)):
+        for name in ("args", "config"):
+            found = getattr(each, name, None)
+            if found is not None and hasattr(found, "num_attention_heads"):
+                return found
+    return None
 
 
 class Lanes:
