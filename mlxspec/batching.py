@@ -13,8 +13,6 @@ from contextlib import contextmanager
 from .decoding import capture, packed
 from .decoding.batch import Batch, Finished
 from .decoding.caches import CacheOptions
-from .drafters.dflash import DFlashDrafter, PackedDFlash
-from .drafters.dflash_model import DFlashDraft
 from .drafters.eagle3 import Eagle3Drafter, PackedHead
 from .drafters.model import ModelDrafter
 from .drafting import Controller, ControllerConfig
@@ -80,7 +78,7 @@ def _shape_of(model):
 
 class Lanes:
     """The pair's packed caches for one batch: the target's, and the drafter's where it has a
-    model that packs (a draft model, an EAGLE-3 or MTP head, a DFlash drafter)."""
+    model that packs (a draft model, an EAGLE-3 or MTP head)."""
 
     def __init__(self, pair: Pair, batch: Batch, *, cache_options: CacheOptions = CacheOptions()):
         self.pair = pair
@@ -95,9 +93,7 @@ class Lanes:
             target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1, **options
         )
         draft = pair.draft.model if pair.draft is not None else None
-        if isinstance(draft, DFlashDraft):
-            draft = PackedDFlash(draft)  # its layers handed the layout: a block and context rows a lane
-        elif draft is not None and pair.kind is not None and pair.kind.reads_features:
+        if draft is not None and pair.kind is not None and pair.kind.reads_features:
             draft = PackedHead(draft)  # a head: the layout handed to its one attention layer
         self.draft = None
         if draft is not None and pair.kind is not None and packed.why_not(draft) is None:
@@ -110,9 +106,7 @@ class Lanes:
         """While inside, the session's cursors are lanes of the batch; `auto`: its generation
         chooses its draft lengths (--gamma auto), which the batch's gate decides for."""
         cursors = [(session.target, self.target)]
-        if self.draft is not None and isinstance(
-            session.draft, (ModelDrafter, Eagle3Drafter, DFlashDrafter)
-        ):  # MTP's too
+        if self.draft is not None and isinstance(session.draft, (ModelDrafter, Eagle3Drafter)):  # MTP's too
             cursors.append((session.draft, self.draft))
         joined = []
         try:

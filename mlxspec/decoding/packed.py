@@ -92,16 +92,12 @@ def why_not(model) -> str | None:
 class Read:
     """A lane's block for the next forward: `ids` (n,), laid out as `layout` says (None: a chain
     after the lane's columns); `beside` (n, width): what a draft head reads beside each id
-    (its hidden state), None for a model that reads ids alone. `context`: the block's first
-    rows that are `beside` alone, no id (a DFlash drafter's rows of the target's features:
-    keys and values, read by no one), for which the forward gives no logits: it returns the
-    logits of the rows after them only."""
+    (its hidden state), None for a model that reads ids alone."""
 
     lane: Lane
     ids: mx.array
     layout: tree_attention.TreeLayout | None
     beside: mx.array | None = None
-    context: int = 0
 
 
 class PackedCache:
@@ -228,16 +224,10 @@ class PackedCache:
             beside = mx.stack(
                 [_padded(blocks[row][0].beside, width) if row in blocks else blank for row in range(rows)]
             )
-        context = sizes = None
-        if any(read.context for read, _ in blocks.values()):
-            context = np.array([blocks[row][0].context if row in blocks else 0 for row in range(rows)])
-            sizes = np.array([len(blocks[row][1].positions) if row in blocks else 0 for row in range(rows)])
         layout = _PackedLayout(
             positions=positions.reshape(-1),
             masks={w: mx.array(self._mask(blocks, width, w)[self._mask_axes]) for w in set(self.windows)},
             windows={id(layer): window for layer, window in zip(self.layers, self.windows)},
-            context=context,
-            sizes=sizes,
         )
         try:
             logits, hidden = self._run(mx.stack(ids), self.layers, layout, beside=beside)
@@ -251,8 +241,7 @@ class PackedCache:
             row = read.lane.row
             n = len(blocks[row][1].positions)
             self._extend(read.lane, before, positions[row, :n])
-            given = n - read.context  # the rows after a read's context rows have logits
-            results.append((logits[row, :given], None if hidden is None else hidden[row, :given]))
+            results.append((logits[row, :n], None if hidden is None else hidden[row, :n]))
         return results
 
     def _run(
@@ -330,8 +319,6 @@ class PackedCache:
             positions=block.positions,
             masks={w: mx.array(self._sees(lane, block, w)[1]) for w in set(self.windows)},
             windows={id(copy): window for copy, window in zip(aside, self.windows)},
-            context=np.array([read.context]) if read.context else None,
-            sizes=np.array([n]) if read.context else None,
         )
         beside = None if read.beside is None else read.beside[None]
         logits, hidden = self._run(read.ids.astype(mx.uint32)[None], aside, layout, beside=beside)
@@ -556,18 +543,12 @@ class Lane:
         self._marked: tuple[int, int | None] | None = None  # the latest mark: its length and reads
 
     def read(
-        self,
-        ids: mx.array,
-        layout: tree_attention.TreeLayout | None,
-        *,
-        beside: mx.array | None = None,
-        context: int = 0,
+        self, ids: mx.array, layout: tree_attention.TreeLayout | None, *, beside: mx.array | None = None
     ) -> tuple[mx.array, mx.array | None]:
-        """Read `ids` (laid out as `layout` says, None: a chain; a head's beside `beside`; the
-        first `context` of them context rows, Read's) with the batch's other lanes; returns
-        (logits, tapped hidden states or None; a head's output), the lane then longer by
-        len(ids)."""
-        read = Read(self, ids, layout, beside, context)
+        """Read `ids` (laid out as `layout` says, None: a chain; a head's beside `beside`) with
+        the batch's other lanes; returns (logits, tapped hidden states or None; a head's
+        output), the lane then longer by len(ids)."""
+        read = Read(self, ids, layout, beside)
         if self.packed.batch is None:
             return self.packed.forward([read])[0]
         return self.packed.batch.read(read)
@@ -678,23 +659,12 @@ def _block(read: Read) -> _Block:
 
 class _PackedLayout:
     """What tree_attention's wrapped modules read during a packed forward: each layer's mask
-    (by its window) and every row's position; where a read has context rows (Read.context),
-    per row how many of its first ids are (`context`) and how many ids it reads (`sizes`,
-    padding not counted), else both None."""
+    (by its window) and every row's position."""
 
-    def __init__(
-        self,
-        *,
-        positions: np.ndarray,
-        masks: dict,
-        windows: dict,
-        context: np.ndarray | None = None,
-        sizes: np.ndarray | None = None,
-    ):
+    def __init__(self, *, positions: np.ndarray, masks: dict, windows: dict):
         self._positions = mx.array(positions.astype(np.int32))
         self._masks = masks
         self._windows = windows
-        self.context, self.sizes = context, sizes
 
     def fresh_positions(self) -> mx.array:
         return self._positions

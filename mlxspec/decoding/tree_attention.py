@@ -159,14 +159,9 @@ def rotate_at(rope, x: mx.array, layout: TreeLayout) -> mx.array:
     """`rope(x, offset)` with each of the block's rows at its own position: x (batch, heads,
     rows, dim) goes through as (batch * rows, heads, 1, dim), where an offset array is one per
     row (`layout.fresh_positions()`, batch-major: a packed batch's lanes, packed.py)."""
-    return rotate_to(rope, x, layout.fresh_positions())
-
-
-def rotate_to(rope, x: mx.array, positions: mx.array) -> mx.array:
-    """rotate_at's rotation, each row at `positions` (batch * rows,), batch-major."""
     batch, heads, rows, dim = x.shape
     flat = x.transpose(0, 2, 1, 3).reshape(batch * rows, heads, 1, dim)
-    rotated = rope(flat, positions)
+    rotated = rope(flat, layout.fresh_positions())
     return rotated.reshape(batch, rows, heads, dim).transpose(0, 2, 1, 3)
 
 

@@ -36,9 +36,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
-from ..decoding.tree_attention import rotate_to
 from ..errors import IncompatibleHead, ModelLoadError
 from .eagle3_head import (
     MAX_POSITIONS,
@@ -195,22 +193,6 @@ class Attention(HeadAttention):
         keys = self.rope(self._heads(self.k_proj(context), self.kv_heads, self.k_norm), offset=cache.offset)
         cache.update_and_fetch(keys, self._heads(self.v_proj(context), self.kv_heads))
 
-    def packed(self, x: mx.array, context: mx.array, rows: BlockRows, cache) -> mx.array:
-        """A packed batch's reads (decoding/packed.py): every id's keys and values, a context
-        row's from `context` (as `remember` makes them), a block row's from x (B, L', hidden:
-        the normed block rows), all written to `cache`; queries for the block rows alone, each
-        seeing what the batch's layout shows it."""
-        b, given, _ = x.shape
-        keys_from = mx.where(rows.is_context, context, mx.take_along_axis(x, rows.back[..., None], axis=1))
-        keys = rotate_to(self.rope, self._heads(self.k_proj(keys_from), self.kv_heads, self.k_norm), rows.positions)
-        values = self._heads(self.v_proj(keys_from), self.kv_heads)
-        keys, values = cache.update_and_fetch(keys, values)
-        if not given:  # context rows alone: their keys and values are all a read makes
-            return x
-        queries = rotate_to(self.rope, self._heads(self.q_proj(x), self.heads, self.q_norm), rows.query_positions)
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=rows.mask(cache))
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, given, -1))
-
     def __call__(self, x: mx.array, cache) -> mx.array:
         """x (B, L, hidden): the block, right after the context `cache` holds; its own keys
         and values are not cached."""
@@ -244,41 +226,6 @@ class DecoderLayer(nn.Module):
         h = x + self.self_attn(self.input_layernorm(x), cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def packed(self, x: mx.array, context: mx.array, rows: BlockRows, cache) -> mx.array:
-        """Attention.packed's reads: x (B, L', hidden) the block rows alone, which go on."""
-        h = x + self.self_attn.packed(self.input_layernorm(x), context, rows, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class BlockRows:
-    """Where a packed forward's block rows are among the ids it reads (B, L): each row's
-    first `counts[b]` ids are context rows, the block rows after them (`given` in all, the
-    longest block: a shorter one's rest are its padding's)."""
-
-    def __init__(self, layout, b: int, length: int):
-        if layout.context is None:  # blocks alone
-            counts, given = np.zeros(b, dtype=np.int64), length
-        else:
-            counts = np.asarray(layout.context)
-            given = int(max((np.asarray(layout.sizes) - counts).max(), 0))
-        self.given = given
-        at = np.minimum(counts[:, None] + np.arange(given)[None], length - 1)  # (B, L') each block row's id
-        self.at = mx.array(at)
-        # (B, L): each id's block row (a context row's is read by no one)
-        self.back = mx.array(np.clip(np.arange(length)[None] - counts[:, None], 0, max(given - 1, 0)))
-        self.is_context = mx.array(np.arange(length)[None] < counts[:, None])[..., None]
-        self.positions = layout.fresh_positions()  # (B * L,)
-        self.query_positions = mx.take_along_axis(self.positions.reshape(b, length), self.at, axis=1).reshape(-1)
-        self._layout, self._masks = layout, {}
-
-    def mask(self, cache) -> mx.array:
-        """The layout's mask for `cache`, its rows the block rows'."""
-        whole = self._layout.mask_for(cache)  # (B, 1, L, columns); one read aside: (L, columns)
-        whole = whole if whole.ndim == 4 else whole[None, None]
-        if id(whole) not in self._masks:
-            self._masks[id(whole)] = mx.take_along_axis(whole, self.at[:, None, :, None], axis=2)
-        return self._masks[id(whole)]
-
 
 class DFlashDraft(nn.Module):
     """The drafter's layers; the embedding and LM head are the target's (`bind`)."""
@@ -308,6 +255,10 @@ class DFlashDraft(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
+    def why_not_packed(self) -> str:
+        """Why a batch does not pack it (drafters/eagle3.py: PackedHead): each lane drafts alone."""
+        return "a DFlash drafter drafts each generation on its own (its block is not packed yet)"
+
     def read_context(self, features: mx.array, cache: list) -> None:
         """The target's features (B, S, feature width) at the S positions after those
         `cache` holds, which it then holds too: one row per layer."""
@@ -320,24 +271,6 @@ class DFlashDraft(nn.Module):
         h = self._embed(block) * self.config.input_embedding_scale
         for layer, layer_cache in zip(self.layers, cache):
             h = layer(h, layer_cache)
-        return self._logits(h)
-
-    def packed(self, ids: mx.array, features: mx.array, cache: list, layout) -> mx.array:
-        """A packed batch's rows (decoding/packed.py): ids (B, L) beside the target's features
-        (B, L, feature width); the first `layout.context[b]` ids of row b are context rows
-        (their features read, as `read_context` reads them: keys and values alone), the rest
-        its block (its ids read, as a call reads them). Every id's keys and values go to
-        `cache`; a block row sees what `layout` shows it. -> logits (B, L', vocab) of each
-        row's block rows, from its first (L' the longest block: a shorter one's are the first
-        of them)."""
-        rows = BlockRows(layout, *ids.shape)
-        context = self.hidden_norm(self.fc(features))
-        h = self._embed(mx.take_along_axis(ids, rows.at, axis=1)) * self.config.input_embedding_scale
-        for layer, layer_cache in zip(self.layers, cache):
-            h = layer.packed(h, context, rows, layer_cache)
-        return self._logits(h)
-
-    def _logits(self, h: mx.array) -> mx.array:
         logits = self._lm_head(self.norm(h)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return logits if cap is None else mx.tanh(logits / cap) * cap

@@ -286,110 +286,6 @@ def drafters(factory):
     return Drafters(factory)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
-def test_a_dflash_drafters_blocks_are_one_forward_for_every_lane_and_the_blocks_alone(drafters, arch):
-    """Every waiting lane's new context rows and block are one forward of the drafter (the
-    block's columns forgotten after it, as alone they are never cached): each lane drafts the
-    blocks it drafts alone, so every request accepts the same drafts at the same rounds, and
-    answers as alone. Chains and DDTrees; gemma3_text's window wraps."""
-    from tests.models.test_dflash import PROMPT
-
-    pair = drafters.pair(arch)
-    first = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
-    # two on the path the drafter was fitted to (it accepts there), two elsewhere
-    prompts = [PROMPT, PROMPT + first[:3], PROMPT[:7], [5, 6, *PROMPT]]
-    for options in (dict(gamma=5, tree=0), dict(gamma=5, tree=8)):
-        _drafts_as_alone(pair, prompts, options | dict(ngram=False, history=False))
-
-
-def test_a_conversation_whose_dflash_drafter_holds_rows_continues_in_a_batch(drafters):
-    """A session whose drafter holds the conversation's context rows joins a batch for a turn
-    and leaves it: its rows move into the batch's drafter cache and back, every turn drafts
-    and answers as alone, and the rows it holds after are those a fresh drafter reads from
-    the target's features of the same ids (no block, no rejected draft's row)."""
-    from mlxspec.decoding import capture
-
-    pair = drafters.pair("qwen3")
-    options = dict(max_tokens=MAX_TOKENS, gamma=5, tree=0, ngram=False, history=False)
-    together, session = _turns(pair, options, batched=True)
-    assert together == _turns(pair, options, batched=False)[0]
-    assert any(0 < accepted < drafted for _, drafted, accepted in together), together
-    drafter = session.draft
-    assert drafter.rows and drafter.ids == session.target.history[: drafter.rows]
-    pair.target.model(mx.array([drafter.ids]))
-    fresh = pair.draft.model.make_cache()
-    pair.draft.model.read_context(capture.taps_of(pair.target.model).take(), fresh)
-    for held, read in zip(drafter.cache, fresh):
-        for a, b in zip(held.keys_and_values(), read.keys_and_values()):
-            assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4).item()
-
-
-def test_a_dflash_drafter_whose_rope_cannot_place_rows_drafts_per_lane(drafters, tmp_path):
-    """A DFlash drafter whose rotary embedding takes one offset ("dynamic" NTK scaling) drafts
-    alone, and in a batch each lane drafts on its own: said, not raised inside a forward."""
-    import json
-    import shutil
-
-    from mlxspec.drafters.dflash import PackedDFlash
-
-    out = tmp_path / "dynamic-rope"
-    shutil.copytree(drafters.drafter("llama"), out)
-    config = json.loads((out / "config.json").read_text())
-    config["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
-    (out / "config.json").write_text(json.dumps(config))
-    pair = mlxspec.load_pair(str(drafters.target("llama")), str(out))
-    assert "DynamicNTKScalingRoPE" in packed.why_not(PackedDFlash(pair.draft.model))
-    options = dict(gamma=4, tree=0, ngram=False, history=False)
-    batch = Batch()
-    together = generate_many(pair, PROMPTS[:2], max_tokens=MAX_TOKENS, batch=batch, **options)
-    assert [r.tokens for r in together] == [
-        mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options).tokens for p in PROMPTS[:2]
-    ]
-    assert batch.forwards_of[pair.draft.name] == 0 and sum(r.stats.drafted for r in together) > 0
-
-
-def test_a_ctrl_c_as_a_dflash_drafter_leaves_its_lane_leaves_the_session_usable(drafters, monkeypatch):
-    """A Ctrl-C landing as the drafter copies its rows out of the batch (its first call there):
-    the session's drafter is out of the lane all the same, answers as alone, and joins the
-    next batch (it kept the finished batch's lane, and the next join raised)."""
-    from mlxspec.drafters.dflash_model import DFlashDraft
-
-    pair = drafters.pair("llama")
-    options = mlxspec.Options.build(max_tokens=12, gamma=4, tree=0, ngram=False, history=False)
-    session = Session(pair)
-    made, armed = DFlashDraft.make_cache, [False]
-
-    def make_cache(self):
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-        return made(self)
-
-    monkeypatch.setattr(DFlashDraft, "make_cache", make_cache)
-
-    def run_in_a_batch(then_arm: bool) -> None:
-        lanes = Lanes(pair, Batch())
-
-        def task():
-            with lanes.joined(session):
-                mlxspec.generate(pair, PROMPTS[0], options, session=session)
-                armed[0] = then_arm  # the next cache made: leave's
-
-        tasks = [task]
-        lanes.batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))], done=_raising)
-
-    with pytest.raises(KeyboardInterrupt):
-        run_in_a_batch(then_arm=True)
-    assert not isinstance(session.draft.cache, Lane)
-    prompt = PROMPTS[0] + [7]
-    assert (
-        mlxspec.generate(pair, prompt, options, session=session).tokens
-        == mlxspec.generate(pair, prompt, options).tokens
-    )
-    run_in_a_batch(then_arm=False)
-    assert not isinstance(session.draft.cache, Lane)
-
-
 def test_the_default_batch_reads_every_drafters_own_shape(heads, drafters, factory, load_pair):
     """--max-batch's default counts the bytes a token's keys and values take in each model
     from the model's own shape: an EAGLE-3 head (one layer, which its config does not count),
@@ -472,26 +368,6 @@ def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options, cach
     ]
 
 
-@pytest.mark.parametrize("options", [dict(gamma=5), dict(gamma=5, tree=8)], ids=["chain", "ddtree"])
-def test_seeded_sampling_with_a_dflash_drafter_in_a_batch_gives_the_ids_alone(drafters, options):
-    """The blocks drafted in a batch are the blocks drafted alone, so at a fixed gamma and tree
-    each request's own keys give it the ids it gets alone, chains and DDTrees."""
-    from tests.models.test_dflash import PROMPT
-
-    pair = drafters.pair("llama")
-    prompts = [PROMPT, PROMPT[:7], [5, 6, *PROMPT], PROMPTS[1]]
-    seeded = [
-        mlxspec.Options.build(temp=0.7, seed=200 + i, max_tokens=MAX_TOKENS, ngram=False, history=False, **options)
-        for i in range(4)
-    ]
-    batch = Batch()
-    together = generate_many(pair, prompts, seeded, batch=batch)
-    by_itself = [mlxspec.generate(pair, p, o) for p, o in zip(prompts, seeded)]
-    assert [r.tokens for r in together] == [r.tokens for r in by_itself]
-    assert sum(r.stats.accepted for r in together) > 0
-    assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0
-
-
 @settings(
     max_examples=WALKS,
     derandomize="MLXSPEC_BATCH_WALKS" not in os.environ,
@@ -500,19 +376,14 @@ def test_seeded_sampling_with_a_dflash_drafter_in_a_batch_gives_the_ids_alone(dr
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
-def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, drafters, data):
+def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, data):
     """A random stream of requests (prompts, lengths, modes, some continuing an earlier
     request's conversation in its session) through a batch smaller than them: they join as
     others leave, at whatever round that is. Each answer equals the one given alone, and a
     continued session's caches stay exact across the join and the leave."""
-    arch = data.draw(
-        st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32", "qwen3_window", "gemma3_text_dflash"])
-    )
+    arch = data.draw(st.sampled_from(["llama", "gemma3_text", "llama_sliding", "llama_kv32", "qwen3_window"]))
     event(f"family: {arch}")
-    if arch == "gemma3_text_dflash":  # a DFlash drafter beside a target whose window wraps
-        pair = drafters.pair("gemma3_text")
-    else:
-        pair = load_pair("qwen3" if arch == "qwen3_window" else arch)
+    pair = load_pair("qwen3" if arch == "qwen3_window" else arch)
     kv = {  # quantized KV; a --max-kv-size window that wraps within a prompt, and drops columns
         "llama_kv32": CacheOptions(kv_bits=4, kv_group_size=32),
         "qwen3_window": CacheOptions(max_kv_size=WINDOW),

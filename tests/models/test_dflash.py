@@ -159,6 +159,20 @@ def test_greedy_under_a_grammar_with_a_dflash_drafter_equals_standard(drafters):
         assert result.tokens == standard, (gamma, tree)
 
 
+def test_a_batch_of_prompts_with_a_dflash_drafter_is_each_prompts_own_output(drafters):
+    """Batched generations share the target's forwards; the drafter drafts each lane alone
+    (its block is not packed yet), and every result is what the prompt gives alone."""
+    from mlxspec.batching import generate_many
+
+    pair = drafters.pair("llama")
+    first = mlxspec.generate(pair, PROMPT, max_tokens=20, gamma=0).tokens
+    prompts = [PROMPT, PROMPT + first[:3]]  # both on the path the drafter was fitted to
+    alone = [mlxspec.generate(pair, p, max_tokens=20, gamma=0).tokens for p in prompts]
+    results = generate_many(pair, prompts, max_tokens=20, gamma=5)
+    assert [r.tokens for r in results] == alone
+    assert all(r.stats.accepted > 0 for r in results), [r.stats for r in results]
+
+
 def test_the_cost_model_times_one_block_forward_as_the_drafters_step(drafters):
     """bench's cost model: a DFlash drafter's step is its block forward (its whole chain)."""
     from mlxspec.measure import costs
