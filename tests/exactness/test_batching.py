@@ -218,9 +218,7 @@ def test_a_heads_drafts_are_one_forward_for_every_lane_and_the_drafts_alone(head
 def _drafts_as_alone(pair, prompts, options: dict) -> None:
     """In a batch each request answers as alone, and its drafter proposes what it proposes
     alone (its rows read the same context), so every request accepts the same drafts at the
-    same rounds; the drafter's own forwards serve several lanes each, as the target's do.
-    With no learned early stop: it reads the drafter's speed, which a batch changes."""
-    options = options | dict(draft_min_p=0.0)
+    same rounds; the drafter's own forwards serve several lanes each, as the target's do."""
     batch = Batch()
     together = generate_many(pair, prompts, max_tokens=MAX_TOKENS, batch=batch, **options)
     by_itself = [mlxspec.generate(pair, p, max_tokens=MAX_TOKENS, **options) for p in prompts]
@@ -244,8 +242,7 @@ def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
 
 def _turns(pair, options: dict, *, batched: bool) -> tuple[list, Session]:
     """Three turns of one conversation, the second in a batch beside a fresh request or not:
-    each turn's ids, drafted and accepted, and the session (no learned early stop, as above)."""
-    options = options | dict(draft_min_p=0.0)
+    each turn's ids, drafted and accepted, and the session."""
     session, ids, out = Session(pair), list(PROMPTS[0]), []
     for turn in range(3):
         if batched and turn == 1:
