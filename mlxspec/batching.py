@@ -56,7 +56,7 @@ def kv_bytes_per_token(model) -> int:
         heads = args.num_attention_heads
         kv_heads = getattr(args, "num_key_value_heads", None) or heads
         head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
-        layers = getattr(args, "num_hidden_layers", None) or 1  # an EAGLE-3 head's config names no count: one
+        layers = args.num_hidden_layers
     except (AttributeError, TypeError, ZeroDivisionError):
         return 256 << 10
     # keys and values are kept in the activations' type: the first floating weight's

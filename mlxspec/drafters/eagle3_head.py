@@ -58,6 +58,10 @@ class HeadConfig:
     def feature_width(self) -> int:
         return self.target_hidden_size * len(self.aux_layer_ids or (0, 0, 0))  # three by default
 
+    @property
+    def num_hidden_layers(self) -> int:
+        return 1  # EAGLE-3's one decoder layer (read_config refuses any other count)
+
 
 # fields only a draft head's config has: a folder with them and no head architecture named is
 # a head that does not say what it is, not a model without a tokenizer
