@@ -161,15 +161,9 @@ def test_a_conversation_under_a_window_moves_into_a_batch_and_back_as_it_is(load
     options = dict(max_tokens=40, gamma=3, tree=0, ngram=False, history=False)
 
     def turns(batched: bool) -> list:
-        session, ids, out = Session(pair, cache_options=window), list(PROMPTS[0]), []
-        for turn in range(3):
-            if batched and turn == 1:
-                result = _beside_another(pair, session, ids, options, cache_options=window)
-            else:
-                result = mlxspec.generate(pair, ids, session=session, **options)
-            out.append((result.tokens, result.stats.prefill_tokens))
-            ids = ids + result.tokens + PROMPTS[2 + turn % 2]
-        return out
+        return [
+            (r.tokens, r.stats.prefill_tokens) for r in _turns(pair, options, batched=batched, cache_options=window)
+        ]
 
     together = turns(batched=True)
     assert together == turns(batched=False)
@@ -237,21 +231,25 @@ def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
     into the batch's head cache and back, so every turn drafts and answers as alone."""
     pair = heads.pair("llama")
     options = dict(max_tokens=MAX_TOKENS, gamma=3, tree=0, ngram=False, history=False)
-    assert _turns(pair, options, batched=True)[0] == _turns(pair, options, batched=False)[0]
+
+    def turns(batched: bool) -> list:
+        return [(r.tokens, r.stats.drafted, r.stats.accepted) for r in _turns(pair, options, batched=batched)]
+
+    assert turns(batched=True) == turns(batched=False)
 
 
-def _turns(pair, options: dict, *, batched: bool) -> tuple[list, Session]:
+def _turns(pair, options: dict, *, batched: bool, cache_options=CacheOptions()) -> list:
     """Three turns of one conversation, the second in a batch beside a fresh request or not:
-    each turn's ids, drafted and accepted, and the session."""
-    session, ids, out = Session(pair), list(PROMPTS[0]), []
+    each turn's result."""
+    session, ids, results = Session(pair, cache_options=cache_options), list(PROMPTS[0]), []
     for turn in range(3):
         if batched and turn == 1:
-            result = _beside_another(pair, session, ids, options)
+            result = _beside_another(pair, session, ids, options, cache_options=cache_options)
         else:
             result = mlxspec.generate(pair, ids, session=session, **options)
-        out.append((result.tokens, result.stats.drafted, result.stats.accepted))
+        results.append(result)
         ids = ids + result.tokens + PROMPTS[2 + turn % 2]
-    return out, session
+    return results
 
 
 def _beside_another(pair, session: Session, ids: list[int], options: dict, *, cache_options=CacheOptions()):
