@@ -32,8 +32,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
             modes = dict(MODES) if args.timed else untimed(MODES)
             t0, restarts = time.perf_counter(), 0
             try:
-                with swapped(MODES, modes):
+                with patch.dict(MODES, modes, clear=True):  # the walk reads MODES as it draws
                     while True:
                         try:
                             left = args.examples - family.tally["sequences"]
@@ -131,17 +131,6 @@ def main(argv=None) -> int:
             if first:
                 print(f"\nthe first call that failed, before hypothesis replayed it:\n{first}")
         return 1 if failures else 0
-
-
-@contextmanager
-def swapped(table: dict, contents: dict):
-    """`table` holding `contents` for a while (the walk reads MODES as it draws)."""
-    before = dict(table)
-    table.clear(), table.update(contents)
-    try:
-        yield
-    finally:
-        table.clear(), table.update(before)
 
 
 if __name__ == "__main__":
