@@ -196,7 +196,11 @@ def train_draft(
 
     if resume:
         check_folder(out, resume=True)
-        settings = read_settings(out)
+        settings = _replanned(
+            out,
+            read_settings(out),
+            {"minutes": minutes, "tokens": tokens, "answer_minutes": answer_minutes, "text_minutes": text_minutes},
+        )
     else:
         settings = _new_settings(
             target=target,
@@ -263,6 +267,28 @@ def train_draft(
         f"{written} written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
         f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
     )
+
+
+def _replanned(out: Path, settings, plan: dict):
+    """A resumed run's settings with the time plan given on this command line (--minutes,
+    --tokens, --answer-minutes, --text-minutes) in place of the saved one: a run that is
+    taking longer than its owner has can be cut short or given more, its data kept. Each
+    value counts the whole run, earlier sessions included; the new plan is saved."""
+    from dataclasses import replace
+
+    from ..training.run import save_settings, settings_problem
+
+    given = {name: value for name, value in plan.items() if value is not None}
+    if not given:
+        return settings
+    new = replace(settings, **given)
+    if problem := settings_problem(new):
+        name, what = problem
+        raise InvalidOption(f"{_flag(name)} must be {what}, got {getattr(new, name)!r}")
+    save_settings(new, out)
+    changes = ", ".join(f"{_flag(name)} {getattr(settings, name)} → {value}" for name, value in given.items())
+    err.print(f"the run's plan changed: {changes}", style="dim", soft_wrap=True, markup=False, highlight=False)
+    return new
 
 
 def _stop_on_sigterm() -> None:

@@ -189,6 +189,12 @@ def start(settings: Settings, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TrainingError(f"cannot create {out}: {e.strerror or e}") from None
+    save_settings(settings, out)
+
+
+def save_settings(settings: Settings, out: Path) -> None:
+    """The run's settings, whole: written when it starts, and again when a resumed run is
+    given a new time plan."""
     _write_json(out / RUN_FILE, asdict(settings))
 
 

@@ -148,3 +148,30 @@ def test_a_run_killed_and_interrupted_resumes_to_the_head_of_one_never_stopped(t
     assert shown.stdout.startswith("4 prompts: held out of --corpus"), shown.stdout
     rows = [line.split() for line in shown.stdout.splitlines() if line.strip()[:1] in ("1", "2")]
     assert [r[0] for r in rows] == ["1", "2"] and all(int(r[-1]) > 0 for r in rows), shown.stdout
+
+
+def test_a_resumed_run_takes_a_new_time_plan_and_keeps_it(target, tmp_path):
+    """A run whose answers take longer than its owner has is cut short on --resume: the
+    phase it is in ends, the data made is kept, and the plan is saved for later sessions."""
+    corpus = _corpus(tmp_path / "corpus.json", 60)
+    out = tmp_path / "run"
+    _stop(["--target", target, "--out", out, "--corpus", corpus, *OPTIONS], after="answers:", how=signal.SIGKILL)
+    answered = json.loads((out / "data" / "progress.json").read_text())["prompts_done"]
+    assert answered > 0
+
+    refused = _train("--target", target, "--out", out, "--resume", "--text-minutes", "-1")
+    assert refused.returncode == 2 and "--text-minutes must be a number of minutes >= 0" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert json.loads((out / "run.json").read_text())["text_minutes"] == 5  # a refused plan is not saved
+
+    said = _stop(
+        ["--target", target, "--out", out, "--resume", "--answer-minutes", 0], after="text:", how=signal.SIGKILL
+    )
+    assert "the run's plan changed: --answer-minutes 5.0 → 0.0" in said, said
+    assert "answers:" not in said  # straight to reading the conversations
+    record = json.loads((out / "data" / "progress.json").read_text())
+    assert record["prompts_done"] == answered and record["text_done"] > 0
+    assert json.loads((out / "run.json").read_text())["answer_minutes"] == 0
+    # the next session keeps the new plan without being told again
+    said = _stop(["--target", target, "--out", out, "--resume"], after="held-out α", how=signal.SIGINT)
+    assert "answers:" not in said and "plan changed" not in said
