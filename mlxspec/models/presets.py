@@ -31,6 +31,7 @@ class Preset:
     target_fallback: str | None = None
     gamma: int = 4
     ngram: bool = False  # prompt-lookup proposals beside the draft by default (--no-ngram: off)
+    dflash: str | None = None  # a DFlash block drafter for the target, in place of the draft: --draft dflash
     raw: bool = False  # a base model: prompts are used as text, without the chat template
     tools: bool = False  # its chat template has a tool-call format mlx-lm reads (`serve` takes `tools`)
     memory_gb: float | None = None
@@ -86,6 +87,11 @@ def read_file(path: Path) -> dict[str, Preset]:
         fallback = table.get("target_fallback")
         if fallback is not None and not isinstance(fallback, str):
             raise PresetError(f"{path}: preset [{name}]: target_fallback must be a string (pypi:NAME or a .gguf file)")
+        dflash = table.get("dflash")
+        if dflash is not None and not isinstance(dflash, str):
+            raise PresetError(
+                f"{path}: preset [{name}]: dflash must be a string (a DFlash drafter's repo id or folder)"
+            )
         ngram = table.get("ngram", False)
         if not isinstance(ngram, bool):
             raise PresetError(f"{path}: preset [{name}]: ngram must be true or false")
@@ -103,6 +109,7 @@ def read_file(path: Path) -> dict[str, Preset]:
             target_fallback=fallback,
             gamma=gamma,
             ngram=ngram,
+            dflash=dflash,
             raw=raw,
             tools=tools,
             memory_gb=float(memory) if memory is not None else None,
@@ -126,4 +133,10 @@ def find_preset(name: str) -> Preset:
     if name not in presets:
         raise UnknownPreset(f"no preset named {name!r}; known: {', '.join(sorted(presets))} (see `mlxspec models`)")
     preset = presets[name]
-    return Preset(**{**preset.__dict__, "target": resolve_name(preset.target), "draft": resolve_name(preset.draft)})
+    names = {"target": resolve_name(preset.target), "draft": resolve_name(preset.draft)}
+    return Preset(**{**preset.__dict__, **names, "dflash": preset.dflash and resolve_name(preset.dflash)})
+
+
+def with_dflash() -> list[str]:
+    """The presets that name a DFlash drafter (--pair NAME --draft dflash)."""
+    return sorted(name for name, preset in load_presets().items() if preset.dflash)

@@ -30,6 +30,7 @@ def inventory() -> list[dict]:
             "target": preset.target,
             "target_fallback": preset.target_fallback,
             "draft": preset.draft,
+            "dflash": preset.dflash,  # a DFlash block drafter: --pair NAME --draft dflash
             "gamma": preset.gamma,
             "memory_gb": preset.memory_gb,
             "fits": None if preset.memory_gb is None else preset.memory_gb * 1e9 <= memory,
@@ -106,7 +107,13 @@ def _named(row: dict, role: str, name: str) -> Text:
 def _draft_cell(row: dict) -> Text:
     if row.get("mtp_head"):
         return Text.assemble(_have(row["draft_downloaded"]), " ", _draft(row))
-    return _named(row, "draft", row["draft"])
+    cell = _named(row, "draft", row["draft"])
+    return Text.assemble(cell, "\n", _dflash(row)) if row.get("dflash") else cell
+
+
+def _dflash(row: dict) -> Text:
+    """A preset's DFlash drafter, which `--draft dflash` loads in place of its draft."""
+    return Text.assemble(("or --draft dflash: ", "dim"), _short(row["dflash"]))
 
 
 def models_table(rows: list[dict]) -> Table:
@@ -167,5 +174,7 @@ def models_list(rows: list[dict]) -> Group:
             if role == "draft" and row.get("mtp_head"):
                 mark, shown = _have(row["draft_downloaded"]), Text(_draft(row))
             lines.append(Text.assemble("  ", mark, f" {label:<6} ", shown))
+        if row.get("dflash"):
+            lines.append(Text.assemble("    ", f"{'':<6} ", _dflash(row)))
     lines.append(Text(CAPTION, style="dim"))
     return Group(*lines)

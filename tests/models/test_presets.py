@@ -209,6 +209,48 @@ def test_a_preset_can_add_prompt_lookup_beside_its_draft(tmp_path, monkeypatch, 
         assert code == 0 and json.loads(out)["prompt_lookup"] is on
 
 
+def test_a_presets_dflash_drafter_is_drafted_with_by_draft_dflash(tmp_path, monkeypatch, capsys, factory):
+    """`--pair NAME --draft dflash` loads the DFlash drafter the preset names in place of its
+    draft, lookup beside it as the preset says; a preset without one, or no preset, is one
+    line naming the presets that have one; `mlxspec models` shows it."""
+    import mlxspec
+    from tests.support.dflash import make_dflash
+
+    target, draft = factory.pair("llama")
+    drafter = make_dflash(target, tmp_path / "dflash")
+    mine = tmp_path / "models.toml"
+    mine.write_text(
+        f'[blocks]\ntarget = "{target}"\ndraft = "{draft}"\ndflash = "{drafter}"\nngram = true\n'
+        f'[plain]\ntarget = "{target}"\ndraft = "{draft}"\n'
+    )
+    monkeypatch.setenv("MLXSPEC_MODELS", str(mine))
+    assert presets.with_dflash() == ["blocks"]
+    pair = mlxspec.load_pair(pair="blocks", draft="dflash")
+    assert pair.draft.kind == "dflash" and pair.ngram  # the preset's lookup stays beside its own drafter
+    assert mlxspec.load_pair(pair="blocks").draft.kind == "model"
+    plain = mlxspec.generate(mlxspec.load_pair(pair="blocks", no_draft=True), "def f(", max_tokens=12, gamma=0)
+    code, out, err = run(capsys, "generate", "def f(", "--pair", "blocks", "--draft", "dflash", "-m", "12", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["text"] == plain.text  # greedy: the target's own text
+    assert shown["draft"] == str(drafter) and shown["stats"]["model_rounds"] > 0  # the drafter drafted
+    for args, said in (
+        (["--pair", "plain"], "--draft dflash: the preset plain has no DFlash drafter (presets with one: blocks)"),
+        (["--target", str(target)], "--draft dflash is a preset's DFlash drafter: add --pair NAME"),
+    ):
+        code, _, err = run(capsys, "generate", "hi", *args, "--draft", "dflash")
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    mine.write_text(f'[bad]\ntarget = "{target}"\ndraft = "{draft}"\ndflash = 3\n')
+    with pytest.raises(PresetError, match="dflash must be a string"):
+        presets.load_presets()
+    mine.write_text(f'[blocks]\ntarget = "{target}"\ndraft = "{draft}"\ndflash = "{drafter}"\n')
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0 and {r["name"]: r["dflash"] for r in json.loads(out)}["blocks"] == str(drafter)
+    assert all(r["dflash"] is None for r in json.loads(out) if r["name"] != "blocks")
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "or --draft dflash:" in out
+
+
 def test_a_raw_preset_continues_text_instead_of_templating_it(factory, tmp_path, monkeypatch):
     """A base model's preset (raw = true): its prompts are text to continue, though its
     tokenizer has a chat template; the same models named directly still template them."""
