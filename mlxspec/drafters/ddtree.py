@@ -33,10 +33,11 @@ from ..decoding.sampling import sample, warp
 from .tree_growth import Candidate, Growth, top_children
 
 
-def block_tree(logits: mx.array, *, budget: int, carry: Carry) -> Drafts | None:
-    """The tree of at most `budget` nodes from `logits`
-    (depth, vocab): row d - 1 the drafter's logits for the id at depth d. None: nothing to
-    propose."""
+def block_tree(logits: mx.array, *, budget: int, carry: Carry, to_target=None, to_row=lambda row: row) -> Drafts | None:
+    """The tree of at most `budget` nodes from `logits` (depth, its vocab): row d - 1 the
+    drafter's logits for the id at depth d. A drafter over part of the target's ids maps
+    them (`to_target`, on the host) and its rows (`to_row`) to the target's, as
+    tree_growth.grow_tree does. None: nothing to propose."""
     params = carry.params
     depth = logits.shape[0]
     choices, logps = top_children(logits, params, budget)
@@ -45,7 +46,7 @@ def block_tree(logits: mx.array, *, budget: int, carry: Carry) -> Drafts | None:
         rows = warp(logits.astype(mx.float32), params)
         drawn = sample(rows, carry.key)
         mx.eval(choices, logps, rows, drawn)
-        _add_spine(growth, rows, drawn.tolist()[:budget])
+        _add_spine(growth, rows, drawn.tolist()[:budget], to_target)
     else:
         mx.eval(choices, logps)
     choices, logps = choices.tolist(), logps.tolist()
@@ -58,12 +59,13 @@ def block_tree(logits: mx.array, *, budget: int, carry: Carry) -> Drafts | None:
         logp = logps[d - 1][rank]
         if not math.isfinite(logp):
             continue  # past what the warped row allows: no id, no sibling after it
-        token = choices[d - 1][rank]
+        choice = choices[d - 1][rank]
+        token = choice if to_target is None else int(to_target[choice])
         node = node_of.get((parent, token))
         if node is None:  # a new node (else the spine's, already there)
             base = 0.0 if parent < 0 else growth.candidates[parent].score
             node = len(growth.candidates)
-            growth.candidates.append(Candidate(parent, token, token, d, base + logp, rank))
+            growth.candidates.append(Candidate(parent, token, choice, d, base + logp, rank))
             node_of[parent, token] = node
             added += 1
         score = growth.candidates[node].score
@@ -85,21 +87,22 @@ def block_tree(logits: mx.array, *, budget: int, carry: Carry) -> Drafts | None:
         fed=(-1,) * len(kept),  # the drafter reads no node: the block was its only forward
         ranked=tuple(n + 1 for n in ranked),
         spine=tuple(n + 1 for n in growth.spine),
-        rows=mx.stack(growth.spine_rows) if growth.spine else None,
+        rows=mx.stack([to_row(row) for row in growth.spine_rows]) if growth.spine else None,
         levels=1,
     )
 
 
-def _add_spine(growth: Growth, rows: mx.array, drawn: list[int]) -> None:
+def _add_spine(growth: Growth, rows: mx.array, drawn: list[int], to_target) -> None:
     """The chain drawn from each depth's row, one node a depth, each the child of the last."""
     parent, score = -1, 0.0
-    for d, token in enumerate(drawn, start=1):
+    for d, choice in enumerate(drawn, start=1):
         q = rows[d - 1]
-        p = q[token].item()
+        p = q[choice].item()
+        token = choice if to_target is None else int(to_target[choice])
         if not p > 0:
             break  # a row that allows nothing here: the spine ends
         score += math.log(p)
         growth.spine.append(len(growth.candidates))
         growth.spine_rows.append(q)
-        growth.candidates.append(Candidate(parent, token, token, d, score, 0, drawn=True, first=True))
+        growth.candidates.append(Candidate(parent, token, choice, d, score, 0, drawn=True, first=True))
         parent = len(growth.candidates) - 1

@@ -15,7 +15,9 @@ others, so the distribution it was drawn from given the drafts before it is that
 is the q the standard rule divides by (exact, as the reference's `_rejection_sample` takes
 it). The whole block is always run (the published drafters attend both ways within it, so a
 shorter block would change every position's distribution). Trees: DDTree over the same rows
-(ddtree.py), through the tree path every drafter's trees take.
+(ddtree.py), through the tree path every drafter's trees take. A drafter over a draft
+vocabulary (dflash_model.py) proposes its ids' target ids, its rows placed at them as an
+EAGLE-3 head's are (feature_rows.py).
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class DFlashDrafter(FeatureRows):
         if end == 0 or len(history) <= end or count < 1:  # nothing read to draft beside
             return stack_drafts([], [], [], params=carry.params, stopped=False, read_confidences=plan.read_confidences)
         logits = self._block(history, end)
+        to_target = self.draft_to_target
         if plan.tree and carry.grammar is None:
-            return block_tree(logits[:count], budget=plan.tree, carry=carry)
+            host = None if to_target is None else self._to_target_ids()
+            return block_tree(logits[:count], budget=plan.tree, carry=carry, to_target=host, to_row=self._target_row)
 
         def step(i: int) -> mx.array:
             return logits[i]
@@ -79,11 +83,18 @@ class DFlashDrafter(FeatureRows):
             carry=carry,
             stop_below=plan.stop_below,
             read_confidences=plan.read_confidences,
+            to_target=to_target,
+            target_ids=self._to_target_ids() if carry.grammar is not None else slice(None),
+            target_row=self._target_row,
         )
+
+    @property
+    def draft_to_target(self) -> mx.array | None:
+        return self.draft.draft_to_target
 
     def _block(self, history: list[int], end: int) -> mx.array:
         """The rows the target read since (positions rows .. end - 1), then the block after
-        them -> the logits of its mask positions, (block_size - 1, width)."""
+        them -> the logits of its mask positions, (block_size - 1, its vocabulary)."""
         self._read_rows(self.rows, end)
         self.ids = history[:end]
         config = self.draft.config

@@ -15,6 +15,13 @@ z-lab/dflash `dflash/model_mlx.py` (DFlashAttention, DFlashDraftModel) and its t
                 h = h + mlp(post_attention_layernorm(h))           no input_layernorm; q/k normed per head
     logits = target_lm_head(norm(h)) * output_multiplier          (softcapped when the config says)
 
+A drafter may score over part of the target's ids instead (an mlxspec extension, written by
+`train-draft --kind dflash`; z-lab's drafters have none): `draft_vocab_size` in the config,
+its own `lm_head.weight` over those ids and the EAGLE-3 layout's `d2t` (target id minus
+draft id) beside it. Gemma 3's LM head reads 262,144 ids, more weight than the rest of the
+model: the whole row for each block position made a drafter's forward cost half a target
+step on a CPU, where 8,192 ids cost a thirty-second of that.
+
 The context keys and values are cached (one row per position); the block's are not, so the
 drafter's cache only ever holds rows for ids the target has read. `target_layer_ids` count
 the layers' *outputs* (the reference hooks a layer's output; torch reads hidden_states[i+1]):
@@ -23,7 +30,8 @@ norm (capture.install_outputs).
 
 Files: `config.json` naming `DFlashDraftModel` (Qwen3 fields, `block_size` at the top or in
 `dflash_config`, `num_target_layers`, `dflash_config: {target_layer_ids, mask_token_id}`),
-weights `fc`, `hidden_norm`, `layers.N.*`, `norm` (a `model.` prefix allowed). The config's
+weights `fc`, `hidden_norm`, `layers.N.*`, `norm` (a `model.` prefix allowed; `lm_head` and
+`d2t` with a draft vocabulary). The config's
 `auto_map` (the published folders carry one for transformers) is ignored: mlxspec reads the
 config and the weights itself and never imports the folder's code.
 """
@@ -45,9 +53,11 @@ from .eagle3_head import (
     _check_rope,
     _Fields,
     config_object,
+    draft_id_weights,
     layer_fields,
     load_checked,
     names_architecture,
+    read_draft_ids,
     read_weights,
     renamed,
     target_embedding,
@@ -81,6 +91,7 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    draft_vocab_size: int | None = None  # ids it scores, its own lm_head's; None: the target's whole vocabulary
 
     @property
     def feature_width(self) -> int:
@@ -141,6 +152,7 @@ def read_config(path: Path) -> DFlashConfig:
         input_embedding_scale=field.positive("input_embedding_scale", 1.0),
         output_multiplier=field.positive("output_multiplier", 1.0),
         final_logit_softcapping=None if softcap is None else field.positive("final_logit_softcapping", 1.0),
+        draft_vocab_size=None if raw.get("draft_vocab_size") is None else field.size("draft_vocab_size", most=vocab),
     )
     _check_rope(file, config)
     return config
@@ -228,7 +240,8 @@ class DecoderLayer(nn.Module):
 
 
 class DFlashDraft(nn.Module):
-    """The drafter's layers; the embedding and LM head are the target's (`bind`)."""
+    """The drafter's layers; the embedding is the target's (`bind`), and so is the LM head
+    unless it scores a draft vocabulary with its own."""
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -239,16 +252,27 @@ class DFlashDraft(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         object.__setattr__(self, "_embed", None)
         object.__setattr__(self, "_lm_head", None)
+        # draft id -> target id; None: its ids are the target's
+        object.__setattr__(self, "draft_to_target", None)
+        if config.draft_vocab_size is not None:
+            self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+            object.__setattr__(self, "draft_to_target", mx.arange(config.draft_vocab_size, dtype=mx.uint32))
 
     def bind(self, target_model) -> DFlashDraft:
         """Read ids with the target's embedding table (unscaled, as the reference's raw
-        embedding) and score with its LM head (its tied embedding where it has none)."""
+        embedding) and score with its LM head (its tied embedding where it has none), or
+        with its own over a draft vocabulary."""
         embedding = target_embedding(target_model)
         inner = getattr(target_model, "language_model", target_model)
         head = getattr(inner, "lm_head", None)
         object.__setattr__(self, "_embed", embedding)
         object.__setattr__(self, "_lm_head", head if head is not None else embedding.as_linear)
         return self
+
+    @property
+    def scores(self):
+        """The LM head the normed output is read by: its own, or the target's."""
+        return self.lm_head if self.config.draft_vocab_size is not None else self._lm_head
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import KVCache
@@ -267,11 +291,11 @@ class DFlashDraft(nn.Module):
             layer.self_attn.remember(context, layer_cache)
 
     def __call__(self, block: mx.array, cache: list) -> mx.array:
-        """block (B, L) ids, after the context `cache` holds -> logits (B, L, vocab)."""
+        """block (B, L) ids, after the context `cache` holds -> logits (B, L, its vocab)."""
         h = self._embed(block) * self.config.input_embedding_scale
         for layer, layer_cache in zip(self.layers, cache):
             h = layer(h, layer_cache)
-        logits = self._lm_head(self.norm(h)) * self.config.output_multiplier
+        logits = self.scores(self.norm(h)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return logits if cap is None else mx.tanh(logits / cap) * cap
 
@@ -281,9 +305,19 @@ def load_draft(path: Path, *, dtype=None) -> DFlashDraft:
     path = Path(path)
     config = read_config(path)
     weights = renamed(read_weights(path, what="a DFlash drafter"), lambda name: name.removeprefix("model."), path=path)
-    for shared in ("embed_tokens.weight", "lm_head.weight"):  # the target's, where a file carries a copy
-        weights.pop(shared, None)
+    weights.pop("embed_tokens.weight", None)  # the target's, where a file carries a copy
     draft = DFlashDraft(config)
+    if config.draft_vocab_size is None:
+        weights.pop("lm_head.weight", None)  # the target's too
+        if "d2t" in weights:
+            raise ModelLoadError(f"{path}: d2t without draft_vocab_size in the config: which ids does it score?")
+    else:
+        targets = read_draft_ids(
+            weights, draft_vocab_size=config.draft_vocab_size, vocab_size=config.vocab_size, path=path
+        )
+        if targets is None:
+            raise ModelLoadError(f"{path}: draft_vocab_size {config.draft_vocab_size} needs d2t (each id's target id)")
+        object.__setattr__(draft, "draft_to_target", targets)
     load_checked(draft, weights, path=path, what="a DFlash drafter", dtype=dtype)
     return draft
 
@@ -303,7 +337,7 @@ def config_dict(config: DFlashConfig) -> dict:
             "target_layer_ids": list(config.target_layer_ids),
             "mask_token_id": config.mask_token_id,
         },
-    }
+    } | ({} if config.draft_vocab_size is None else {"draft_vocab_size": config.draft_vocab_size})
 
 
 def save_draft(draft: DFlashDraft, path: Path, *, dtype=mx.float32) -> None:
@@ -313,5 +347,7 @@ def save_draft(draft: DFlashDraft, path: Path, *, dtype=mx.float32) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     weights = {name: value.astype(dtype) for name, value in tree_flatten(draft.parameters())}
+    if draft.config.draft_vocab_size is not None:
+        weights |= draft_id_weights(draft.draft_to_target, vocab_size=draft.config.vocab_size)
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config_dict(draft.config), indent=2) + "\n")

@@ -22,7 +22,6 @@ still emitted with exactly the target's probability.
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 
 from ..decoding.carry import Carry
 from ..decoding.cursor import TOKEN, Cursor
@@ -143,7 +142,7 @@ class Eagle3Drafter(FeatureRows):
             carry=carry,
             stop_below=stop_below,
             read_confidences=read_confidences,
-            to_target=self.head.draft_to_target,
+            to_target=self.draft_to_target,
             target_ids=masked_at,
             target_row=self._target_row,
         )
@@ -189,7 +188,7 @@ class Eagle3Drafter(FeatureRows):
                 outs[c] = step_out[:, i : i + 1]
             return step_logits[0]
 
-        to_target = None if self.head.draft_to_target is None else self._to_target_ids()
+        to_target = None if self.draft_to_target is None else self._to_target_ids()
         return grow_tree(
             logits[0, -1],
             expand,
@@ -202,23 +201,9 @@ class Eagle3Drafter(FeatureRows):
             price=price,
         )
 
-    def _target_row(self, probs: mx.array | None) -> mx.array | None:
-        """q over the target's ids: the head's row placed at the ids its rows stand for."""
-        to_target = self.head.draft_to_target
-        if probs is None:
-            return None
-        if to_target is None:  # a head over the target's whole vocabulary (MTP)
-            return probs
-        return mx.zeros((self.width,), dtype=probs.dtype).at[to_target].add(probs)
-
-    def _to_target_ids(self):
-        """The target id of each head id, on the host (a grammar's mask is in target ids);
-        all of them, in order, for a head over the target's whole vocabulary."""
-        if self.head.draft_to_target is None:
-            return slice(None)
-        if getattr(self, "_to_target_host", None) is None:
-            self._to_target_host = np.array(self.head.draft_to_target)
-        return self._to_target_host
+    @property
+    def draft_to_target(self) -> mx.array | None:
+        return self.head.draft_to_target
 
     def settle(self, state, *, drafts: Drafts, path: list[int], path_ids: list[int], next_id: int) -> None:
         """Keep the rows read from the target's features; drop those made from its own

@@ -416,17 +416,37 @@ def load_head(path: Path, *, dtype=None) -> Eagle3Head:
     config = read_config(path)
     weights = _published_to_module(read_weights(path, what="an EAGLE-3 head"), path=path)
     head = Eagle3Head(config, own_embedding="embed_tokens.weight" in weights)
-    d2t = weights.pop("d2t", None)
-    weights.pop("t2d", None)
-    if d2t is not None:
-        if d2t.shape != (config.draft_vocab_size,):
-            raise ModelLoadError(
-                f"{path}: d2t has {d2t.shape[0]} entries, draft_vocab_size is {config.draft_vocab_size}"
-            )
-        targets = (mx.arange(config.draft_vocab_size) + d2t.astype(mx.int64)).astype(mx.uint32)
+    targets = read_draft_ids(weights, draft_vocab_size=config.draft_vocab_size, vocab_size=config.vocab_size, path=path)
+    if targets is not None:
         object.__setattr__(head, "draft_to_target", targets)
     load_checked(head, weights, path=path, what="an EAGLE-3 head", dtype=dtype)
     return head
+
+
+def read_draft_ids(weights: dict, *, draft_vocab_size: int, vocab_size: int, path: Path) -> mx.array | None:
+    """The target id of each of a drafter's ids, from the published `d2t` (target id minus
+    draft id; `t2d`, the same as a mask over the target's ids, is dropped): both taken out of
+    `weights`. None where the file has no d2t. ModelLoadError in one line for a d2t of the
+    wrong length or one that points past the target's vocabulary."""
+    d2t = weights.pop("d2t", None)
+    weights.pop("t2d", None)
+    if d2t is None:
+        return None
+    if d2t.ndim != 1 or d2t.shape[0] != draft_vocab_size:
+        raise ModelLoadError(f"{path}: d2t has shape {tuple(d2t.shape)}, draft_vocab_size is {draft_vocab_size}")
+    targets = mx.arange(draft_vocab_size) + d2t.astype(mx.int64)
+    if not bool(((targets >= 0) & (targets < vocab_size)).all()):
+        raise ModelLoadError(f"{path}: d2t points past the target's {vocab_size} ids")
+    return targets.astype(mx.uint32)
+
+
+def draft_id_weights(draft_to_target: mx.array, *, vocab_size: int) -> dict:
+    """`d2t` and `t2d` as the published layout writes them, for a drafter over part of the
+    target's ids."""
+    targets = np.array(draft_to_target, dtype=np.int64)
+    present = np.zeros(vocab_size, dtype=np.bool_)
+    present[targets] = True
+    return {"d2t": mx.array(targets - np.arange(len(targets), dtype=np.int64)), "t2d": mx.array(present)}
 
 
 def read_weights(path: Path, *, what: str) -> dict:
@@ -491,11 +511,7 @@ def save_head(head: Eagle3Head, path: Path, *, dtype=mx.bfloat16) -> None:
     path.mkdir(parents=True, exist_ok=True)
     config = head.config
     weights = {name: value.astype(dtype) for name, value in _flat(head.parameters())}
-    targets = np.array(head.draft_to_target, dtype=np.int64)
-    weights["d2t"] = mx.array(targets - np.arange(config.draft_vocab_size, dtype=np.int64))
-    present = np.zeros(config.vocab_size, dtype=np.bool_)
-    present[targets] = True
-    weights["t2d"] = mx.array(present)
+    weights |= draft_id_weights(head.draft_to_target, vocab_size=config.vocab_size)
     mx.save_safetensors(str(path / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
 

@@ -53,6 +53,33 @@ class FeatureRows:
         """The cache's arrays, to evaluate."""
         raise NotImplementedError
 
+    @property
+    def draft_to_target(self) -> mx.array | None:
+        """The target id of each of the drafter's ids, where it scores part of the target's
+        vocabulary; None: its ids are the target's."""
+        raise NotImplementedError
+
+    # -- a drafter over part of the target's ids
+    def _target_row(self, probs: mx.array | None) -> mx.array | None:
+        """q over the target's ids: the drafter's row placed at the ids its rows stand for,
+        zero elsewhere (an id outside its vocabulary is never proposed, and the target's
+        residual emits it with exactly the target's probability)."""
+        to_target = self.draft_to_target
+        if probs is None or to_target is None:
+            return probs
+        return mx.zeros((self.width,), dtype=probs.dtype).at[to_target].add(probs)
+
+    def _to_target_ids(self):
+        """The target id of each of the drafter's ids, on the host (a grammar's mask is in
+        target ids); all of them, in order, where its ids are the target's."""
+        if self.draft_to_target is None:
+            return slice(None)
+        if getattr(self, "_to_target_host", None) is None:
+            import numpy as np
+
+            self._to_target_host = np.array(self.draft_to_target)
+        return self._to_target_host
+
     # -- a session's calls
     def sync(self, ids: list[int]) -> int:
         """Nothing to do until the target has read the prompt: rows follow its history."""

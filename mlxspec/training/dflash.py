@@ -166,7 +166,7 @@ def block_logits(draft: DFlashDraft, features: mx.array, blocks: mx.array, ancho
         h = h + _attend(layer.self_attn, layer.input_layernorm(h), context, anchors)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = h.reshape(b, n, s, -1)[:, :, 1:]
-    logits = draft._lm_head(draft.norm(h)) * config.output_multiplier
+    logits = draft.scores(draft.norm(h)) * config.output_multiplier
     cap = config.final_logit_softcapping
     return logits if cap is None else mx.tanh(logits / cap) * cap
 

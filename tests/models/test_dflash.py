@@ -195,46 +195,118 @@ def test_greedy_with_ddtrees_equals_standard(drafters, arch):
             assert stats.tree_rounds > 0 and 0 < stats.accepted, (gamma, tree, stats)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_a_dflash_drafter_over_part_of_the_ids_stays_exact(drafters, arch):
+    """A draft vocabulary (its own LM head over part of the target's ids, d2t mapping them):
+    the target's greedy text holds ids outside it, which are never drafted and still
+    emitted; chains and DDTrees give standard decoding's ids."""
+    pair = drafters.pair(arch, draft_vocab=0.5)
+    kept = set(mx.array(pair.draft.model.draft_to_target).tolist())
+    assert pair.draft.model.config.draft_vocab_size == len(kept) < pair.target.model.args.vocab_size
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0).tokens
+    assert set(standard) - kept and set(standard) & kept  # both kinds of id in the text
+    for gamma, tree in ((3, 0), (7, 0), (7, 8), ("auto", "auto")):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=MAX_TOKENS, gamma=gamma, tree=tree)
+        assert result.tokens == standard, (gamma, tree)
+        if tree != "auto":
+            assert 0 < result.stats.accepted < result.stats.drafted, (gamma, tree, result.stats)
+
+
+def test_a_draft_vocabulary_is_written_and_read_back_in_the_heads_layout(drafters, tmp_path):
+    """`draft_vocab_size`, `lm_head.weight` and d2t/t2d (EAGLE-3's layout for the same
+    thing) round-trip; a d2t past the target's ids, or one without the size, or the size
+    without d2t, is refused in one line."""
+    folder = drafters.drafter("llama", fit=0, draft_vocab=0.5)
+    config = json.loads((folder / "config.json").read_text())
+    weights = mx.load(str(folder / "model.safetensors"))
+    size = config["draft_vocab_size"]
+    assert weights["lm_head.weight"].shape[0] == size and weights["d2t"].shape == (size,)
+    loaded = mlxspec.load_pair(str(drafters.target("llama")), str(folder)).draft.model
+    assert mx.array_equal(loaded.draft_to_target, mx.arange(size) + weights["d2t"]).item()
+
+    def rewritten(name, change_config=None, **tensors):
+        out = tmp_path / name
+        shutil.copytree(folder, out)
+        if change_config:
+            (out / "config.json").write_text(json.dumps(change_config(dict(config))))
+        kept = {k: v for k, v in weights.items() if k not in tensors} | {
+            k: v for k, v in tensors.items() if v is not None
+        }
+        mx.save_safetensors(str(out / "model.safetensors"), kept)
+        return out
+
+    past = weights["d2t"] + 10**6
+    for out, says in (
+        (rewritten("past", d2t=past), "d2t points past the target's"),
+        (rewritten("no-d2t", d2t=None, t2d=None), "needs d2t"),
+        (rewritten("no-size", lambda c: {k: v for k, v in c.items() if k != "draft_vocab_size"}), "d2t without"),
+    ):
+        with pytest.raises(ModelLoadError, match=says) as refused:
+            mlxspec.load_pair(str(drafters.target("llama")), str(out))
+        assert "\n" not in str(refused.value)
+
+
 # -- the sampled law: a drafter over 6 ids, chi-square of the first three emitted ids
 
 
 @pytest.fixture(scope="module")
-def small_pair(factory):
-    """A one-layer llama over 6 ids and a drafter briefly fitted to it: it reads that layer's
-    output (the final norm's input); some drafts are accepted, some not."""
+def small_target(factory):
+    """A one-layer llama over 6 ids."""
     from mlxspec.models.synthetic import ARCHITECTURES
 
     config = dict(ARCHITECTURES["llama"], hidden_size=32, intermediate_size=64, num_hidden_layers=1)
-    target = factory.model("dist-target", arch=config, vocab_size=6, seed=11, head_scale=5.0)
+    return factory.model("dist-target", arch=config, vocab_size=6, seed=11, head_scale=5.0)
+
+
+def _small_drafter(factory, target, name: str, **kwargs):
+    """A drafter briefly fitted to the small target: it reads that layer's output (the final
+    norm's input); some drafts are accepted, some not."""
     drafter = make_dflash(
-        target, factory.root / "dist-dflash", seed=3, block_size=4, fit_steps=60, fit_prompts=[LAW_PROMPT]
+        target, factory.root / name, seed=3, block_size=4, fit_steps=60, fit_prompts=[LAW_PROMPT], **kwargs
     )
     return mlxspec.load_pair(str(target), str(drafter))
 
 
+@pytest.fixture(scope="module")
+def small_pair(factory, small_target):
+    return _small_drafter(factory, small_target, "dist-dflash")
+
+
+@pytest.fixture(scope="module")
+def small_part_pair(factory, small_target):
+    """A drafter over 4 of the target's 6 ids."""
+    pair = _small_drafter(factory, small_target, "dist-dflash-part", draft_vocab=0.7)
+    assert pair.draft.model.config.draft_vocab_size == 4
+    return pair
+
+
 LAW_PROMPT = [1, 4, 2]
 LAWS = {
-    "chain, temperature 0.7": (SamplingParams(temp=0.7), 0),
-    "ddtree, temperature 0.7": (SamplingParams(temp=0.7), 8),
-    "ddtree, temperature 1, top-p 0.9": (SamplingParams(temp=1.0, top_p=0.9), 8),
+    "chain, temperature 0.7": (SamplingParams(temp=0.7), 0, False),
+    "ddtree, temperature 0.7": (SamplingParams(temp=0.7), 8, False),
+    "ddtree, temperature 1, top-p 0.9": (SamplingParams(temp=1.0, top_p=0.9), 8, False),
+    "chain over 4 of the 6 ids, temperature 0.7": (SamplingParams(temp=0.7), 0, True),
+    "ddtree over 4 of the 6 ids, temperature 1": (SamplingParams(temp=1.0), 8, True),
 }
 
 
 @pytest.mark.parametrize(
     "law_name", [pytest.param(name, marks=pytest.mark.slow) if LAWS[name][1] else name for name in LAWS]
 )
-def test_sampling_with_a_dflash_drafter_has_the_targets_joint_law(small_pair, monkeypatch, law_name):
+def test_sampling_with_a_dflash_drafter_has_the_targets_joint_law(request, monkeypatch, law_name):
     """Chains: each draft drawn from its own position's warped row, q that row. DDTrees: a
     drawn spine (q each depth's row) and point masses the heap chose; walks that took a point
-    mass and walks along the spine alone both counted."""
+    mass and walks along the spine alone both counted. Over part of the ids: q is zero at
+    the others, which only the residual emits."""
     from tests.exactness.test_distribution import LENGTH, fits, sample_joint
     from tests.models.test_eagle3 import exact_law_of
     from tests.support.tree_walks import count_point_mass_paths
 
-    params, tree = LAWS[law_name]
-    law = exact_law_of(small_pair.target.model, params, LAW_PROMPT, 6, LENGTH)
+    params, tree, part = LAWS[law_name]
+    pair = request.getfixturevalue("small_part_pair" if part else "small_pair")
+    law = exact_law_of(pair.target.model, params, LAW_PROMPT, 6, LENGTH)
     taken, fates = count_point_mass_paths(monkeypatch), Counter()
-    counts = sample_joint(small_pair, params, 2, 2000, 9000, prompt=LAW_PROMPT, fates=fates, tree=tree)
+    counts = sample_joint(pair, params, 2, 2000, 9000, prompt=LAW_PROMPT, fates=fates, tree=tree)
     assert all(fates[n] > 20 for n in range(3)), (fates, taken)  # rejections, partial and full acceptance
     assert not tree or (taken[True] > 100 and taken[False] > 100), (taken, fates)  # point masses and spine
     ok, statistic, threshold = fits(counts, law)

@@ -6,6 +6,7 @@ next ids as labels), so that some drafts are accepted and some rejected."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,7 +14,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from tests.support.heads import _continuations
+from tests.support.heads import _continuations, part_of_vocabulary
 
 
 def make_dflash(
@@ -27,15 +28,19 @@ def make_dflash(
     block_size: int = 8,
     layers: int = 1,
     mask_token_id: int = 1,
+    draft_vocab: float = 1.0,
 ) -> Path:
     """A drafter for the mlx-lm model at `target_dir`, written to `out_dir`, reading the
-    outputs of `layer_ids` (default: every layer of the tiny target)."""
+    outputs of `layer_ids` (default: every layer of the tiny target). `draft_vocab` < 1: it
+    scores that share of the target's ids (heads.part_of_vocabulary) with its own LM head,
+    which starts as the target's rows for them."""
     import mlx_lm
 
     from mlxspec.decoding import capture
     from mlxspec.drafters.dflash_model import DFlashConfig, DFlashDraft, save_draft
+    from mlxspec.training.trainer import target_output_rows
 
-    model, _ = mlx_lm.load(str(target_dir))
+    model, tokenizer = mlx_lm.load(str(target_dir))
     config = json.loads((Path(target_dir) / "config.json").read_text())
     text = config.get("text_config") or config
     count = capture.num_layers(model)
@@ -57,20 +62,30 @@ def make_dflash(
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(text.get("max_position_embeddings") or 1024),
     )
+    rng = np.random.default_rng(seed)
+    sequences, features = _continuations(model, taps, [list(p) for p in fit_prompts], rng) if fit_steps else ([], [])
+    vocab = int(text["vocab_size"])
+    kept = part_of_vocabulary(draft_vocab, vocab=vocab, eos=tokenizer.eos_token_ids, sequences=sequences, rng=rng)
+    if len(kept) < vocab:
+        draft_config = replace(draft_config, draft_vocab_size=len(kept))
     mx.random.seed(seed)
     draft = DFlashDraft(draft_config).bind(model)
+    if len(kept) < vocab:
+        draft.lm_head.weight = target_output_rows(model)[mx.array(kept)].astype(mx.float32)
+        object.__setattr__(draft, "draft_to_target", mx.array(kept, dtype=mx.uint32))
     if fit_steps:
-        rng = np.random.default_rng(seed)
-        sequences, features = _continuations(model, taps, [list(p) for p in fit_prompts], rng)
-        _fit(draft, sequences, features, first=len(fit_prompts[0]) - 1, steps=fit_steps, rng=rng)
+        to_row = np.full(vocab, -1)
+        to_row[kept] = np.arange(len(kept))
+        _fit(draft, sequences, features, to_row, first=len(fit_prompts[0]) - 1, steps=fit_steps, rng=rng)
     mx.eval(draft.parameters())
     save_draft(draft, out_dir)
     return Path(out_dir)
 
 
-def _fit(draft, sequences, features, *, first: int, steps: int, rng) -> None:
+def _fit(draft, sequences, features, to_row: np.ndarray, *, first: int, steps: int, rng) -> None:
     """Cross-entropy on the ids after a random anchor: the context is the target's features
-    before the anchor, the block the anchor's id and mask ids."""
+    before the anchor, the block the anchor's id and mask ids (`to_row`: each target id's
+    row in the drafter's vocabulary, -1 outside it, not learnt)."""
     size, mask = draft.config.block_size, draft.config.mask_token_id
     ids = np.stack(sequences)
     hidden = mx.stack(features)
@@ -78,11 +93,13 @@ def _fit(draft, sequences, features, *, first: int, steps: int, rng) -> None:
 
     def loss_fn(draft, anchor):
         block = mx.array(np.concatenate([ids[:, anchor : anchor + 1], np.full((len(ids), size - 1), mask)], axis=1))
-        labels = mx.array(ids[:, anchor + 1 : anchor + size])
+        labels = mx.array(to_row[ids[:, anchor + 1 : anchor + size]])
         cache = draft.make_cache()
         draft.read_context(hidden[:, :anchor], cache)
         logits = draft(block, cache)[:, 1:]
-        return nn.losses.cross_entropy(logits, labels, reduction="mean")
+        learnt = labels >= 0
+        losses = nn.losses.cross_entropy(logits, mx.maximum(labels, 0), reduction="none")
+        return (losses * learnt).sum() / mx.maximum(learnt.sum(), 1)
 
     step = nn.value_and_grad(draft, loss_fn)
     for _ in range(steps):
@@ -103,4 +120,5 @@ def fresh_block_drafts(pair, history: list[int], n: int) -> list[int]:
     draft.read_context(capture.taps_of(model).take(), cache)
     config = draft.config
     block = mx.array([[history[-1]] + [config.mask_token_id] * (config.block_size - 1)])
-    return mx.argmax(draft(block, cache)[0, 1 : n + 1], axis=-1).tolist()
+    drafted = mx.argmax(draft(block, cache)[0, 1 : n + 1], axis=-1)
+    return (drafted if draft.draft_to_target is None else draft.draft_to_target[drafted]).tolist()

@@ -40,13 +40,7 @@ def make_head(
     taps = capture.install(model, ids)
     rng = np.random.default_rng(seed)
     sequences, features = _continuations(model, taps, [list(p) for p in fit_prompts], rng) if fit_steps else ([], [])
-    if draft_vocab >= 1.0:
-        kept = np.arange(vocab)
-    else:
-        used = np.unique(np.concatenate([s for s in sequences])) if sequences else np.array([], dtype=int)
-        chosen = list(tokenizer.eos_token_ids) + list(rng.permutation(used)[: len(used) // 2])
-        fill = [i for i in rng.permutation(vocab) if i not in set(used)]
-        kept = np.unique(np.array(chosen + fill[: max(int(vocab * draft_vocab) - len(chosen), 0)], dtype=np.int64))
+    kept = part_of_vocabulary(draft_vocab, vocab=vocab, eos=tokenizer.eos_token_ids, sequences=sequences, rng=rng)
     mx.random.seed(seed)
     head = Eagle3Head(config_from_target(config, draft_vocab_size=len(kept), aux_layer_ids=ids))
     object.__setattr__(head, "draft_to_target", mx.array(kept, dtype=mx.uint32))
@@ -56,6 +50,18 @@ def make_head(
     mx.eval(head.parameters())
     save_head(head, out_dir, dtype=mx.float32)
     return Path(out_dir)
+
+
+def part_of_vocabulary(share: float, *, vocab: int, eos, sequences: list, rng) -> np.ndarray:
+    """A drafter's ids, sorted: every id for `share` >= 1; else that share of the target's
+    ids: its end-of-sequence ids, half of the ids the fitted continuations use (so some of
+    the target's greedy ids lie outside), and random others."""
+    if share >= 1.0:
+        return np.arange(vocab)
+    used = np.unique(np.concatenate([s for s in sequences])) if sequences else np.array([], dtype=int)
+    chosen = list(eos) + list(rng.permutation(used)[: len(used) // 2])
+    fill = [i for i in rng.permutation(vocab) if i not in set(used)]
+    return np.unique(np.array(chosen + fill[: max(int(vocab * share) - len(chosen), 0)], dtype=np.int64))
 
 
 def _continuations(model, taps, prompts: list[list[int]], rng) -> tuple[list, list]:
