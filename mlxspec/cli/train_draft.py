@@ -133,7 +133,13 @@ def train_draft(
         ),
     ] = None,
     draft_vocab: Annotated[
-        Optional[int], typer.Option("--draft-vocab", metavar="N", help="EAGLE-3: ids the head can propose (8192).")
+        Optional[int],
+        typer.Option(
+            "--draft-vocab",
+            metavar="N",
+            help="Ids the drafter scores, those the target writes most (8192; DFlash: the target's whole "
+            "vocabulary, as the published drafters, at or above its size).",
+        ),
     ] = None,
     steps: Annotated[
         Optional[int], typer.Option("--steps", metavar="N", help="EAGLE-3: training-time-test steps unrolled (3).")
@@ -313,7 +319,9 @@ KIND_OPTIONS = {
     },  # fmt: skip
     # blocks of 8: each block position costs a row of the LM head (Gemma 3's reads 262k ids),
     # and on a CPU a chain rarely passes 6 accepted ids; one layer, as SpecForge's default
-    "dflash": {"block_size": 8, "draft_layers": 1, "mask_id": None, "batch_rows": 256},
+    # a draft vocabulary: Gemma 3's whole LM head (262k ids) at every block position made
+    # the forward cost half a target step or more here (dflash_model.py)
+    "dflash": {"block_size": 8, "draft_layers": 1, "mask_id": None, "batch_rows": 256, "draft_vocab": 8192},
 }
 OPTION_NAMES = {"draft_layers": "--layers"}
 

@@ -83,12 +83,23 @@ def choose_mask_id(tokenizer, *, vocab_size: int, given: int | None) -> int:
 
 
 def new_drafter(
-    model, target_config: dict, *, layer_ids, block_size: int, layers: int, mask_id: int, seed: int
+    model,
+    target_config: dict,
+    *,
+    layer_ids,
+    block_size: int,
+    layers: int,
+    mask_id: int,
+    seed: int,
+    vocabulary: np.ndarray | None = None,
 ) -> DFlashDraft:
     """A drafter shaped as the target's layers (Qwen3-style, its width, heads and rope),
-    bound to its embedding and LM head; layers random, the final norm the target's."""
+    bound to its embedding and LM head; layers random, the final norm the target's. With a
+    `vocabulary` (target ids, sorted) it scores those ids alone, with an LM head of its own
+    that starts as the target's rows for them and is trained with the layers."""
     from ..decoding.capture import num_layers
     from ..drafters.eagle3_head import config_from_target
+    from .trainer import target_output_rows
 
     text = target_config.get("text_config") or target_config
     base = config_from_target(target_config, draft_vocab_size=int(text["vocab_size"]), aux_layer_ids=layer_ids)
@@ -101,9 +112,13 @@ def new_drafter(
         target_layer_ids=tuple(layer_ids),
         mask_token_id=mask_id,
         num_target_layers=num_layers(model),
+        draft_vocab_size=None if vocabulary is None else len(vocabulary),
     )
     mx.random.seed(seed)
     draft = DFlashDraft(config).bind(model)
+    if vocabulary is not None:
+        draft.lm_head.weight = target_output_rows(model)[mx.array(vocabulary)].astype(mx.float32)
+        object.__setattr__(draft, "draft_to_target", mx.array(vocabulary.astype(np.uint32)))
     draft.norm.weight = target_final_norm(model).astype(mx.float32)
     mx.eval(draft.parameters())
     return draft
@@ -188,28 +203,41 @@ def anchors_of(example: Example, labels: Labels, *, block_size: int, rng: np.ran
 
 @dataclass
 class DFlashObjective(Objective):
-    """The recipe above, for a drafter of `block_size` over the target's whole vocabulary."""
+    """The recipe above, for a drafter of `block_size` over the target's whole vocabulary,
+    or over a draft vocabulary (`draft_index`: each target id's row, -1 outside it; the
+    labels renormalised over the ids inside, as the EAGLE-3 head's)."""
 
     block_size: int
     mask_id: int
     vocab_size: int
+    draft_index: np.ndarray | None = None
 
     @property
     def decay(self) -> float:
         return DECAY.get(self.block_size, self.block_size / 2)
 
     @property
+    def scored(self) -> int:
+        """Ids the drafter scores at each position."""
+        return self.vocab_size if self.draft_index is None else int((self.draft_index >= 0).sum())
+
+    @property
     def group(self) -> int:
         """Examples read at once outside training: about half a GB of float32 logits at
-        most (the whole vocabulary at each position: Gemma 3's 262,144 ids, one example)."""
-        return max(1, min(8, 2**27 // (self.vocab_size * MAX_WINDOW)))
+        most (every scored id at each position: Gemma 3's whole 262,144, one example)."""
+        return max(1, min(8, 2**27 // (self.scored * MAX_WINDOW)))
 
     @cached_property
-    def _every_id(self) -> np.ndarray:
-        return np.arange(self.vocab_size)  # every id is the drafter's
+    def _index(self) -> np.ndarray:
+        return np.arange(self.vocab_size) if self.draft_index is None else self.draft_index
+
+    @cached_property
+    def _to_target(self) -> np.ndarray | None:
+        """The target id of each of the drafter's ids; None where they are the target's."""
+        return None if self.draft_index is None else np.flatnonzero(self.draft_index >= 0)
 
     def labels(self, example: Example) -> Labels:
-        return label(example, self._every_id)
+        return label(example, self._index)
 
     def batch(self, examples: list[Example], labels: list[Labels], *, key: tuple[int, ...]) -> dict:
         rng = np.random.default_rng(list(key))
@@ -244,7 +272,8 @@ class DFlashObjective(Objective):
                 weights[r, j, :m] = trained * decay[:m]
                 argmax[r, j, :m] = np.where(trained, e.top_ids[got, 0], -1)
                 follows[r, j, :m] = e.ids[got + 1] == e.top_ids[got, 0]
-                raw[r, j] = e.top_probs[at].astype(np.float32)
+                # over the ids the drafter scores: label_ids there are its own, others none
+                raw[r, j] = np.where(lab.inside[at], e.top_probs[at].astype(np.float32), 0.0)
         return {
             "features": mx.array(features),
             "blocks": mx.array(blocks),
@@ -290,6 +319,8 @@ class DFlashObjective(Objective):
             q_at = mx.take_along_axis(first, batch["label_ids"][:, :, 0], axis=-1)
             mx.eval(drafted, q_at)
             drafted, want = np.array(drafted), batch["argmax"]
+            if self._to_target is not None:  # the drafter's ids as the target's
+                drafted = self._to_target[drafted]
             alive = np.ones(want.shape[:2], bool)
             for d in range(depth):
                 alive = alive & (want[..., d] >= 0)

@@ -372,23 +372,28 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
     bound: tuple[Path, ...] = ()
+    vocabulary = kept.vocabulary
+    if vocabulary is None:  # decided once: a resumed run reads it back
+        eos = sorted(set(tokenizer.eos_token_ids))
+        chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+        vocabulary = keep(data / VOCABULARY, chosen)
+    bound += (data / VOCABULARY,)
+    draft_index = np.full(shape.vocab_size, -1, np.int64)
+    draft_index[vocabulary] = np.arange(len(vocabulary))
     if settings.kind == DFLASH:
         from .dflash import DFlashObjective, new_drafter
 
+        whole = len(vocabulary) == shape.vocab_size  # the published layout: the target's LM head
         head = new_drafter(
             model, target.config, layer_ids=shape.aux, block_size=settings.block_size,
             layers=settings.draft_layers, mask_id=mask_id, seed=settings.seed,
+            vocabulary=None if whole else vocabulary,
         )  # fmt: skip
-        objective = DFlashObjective(block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size)
+        objective = DFlashObjective(
+            block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size,
+            draft_index=None if whole else draft_index,
+        )  # fmt: skip
     else:
-        vocabulary = kept.vocabulary
-        if vocabulary is None:  # decided once: a resumed run reads it back
-            eos = sorted(set(tokenizer.eos_token_ids))
-            chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
-            vocabulary = keep(data / VOCABULARY, chosen)
-        bound += (data / VOCABULARY,)
-        draft_index = np.full(shape.vocab_size, -1, np.int64)
-        draft_index[vocabulary] = np.arange(len(vocabulary))
         head = new_head(
             model,
             target.config,
@@ -442,7 +447,9 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     if settings.kind == DFLASH:
         from ..drafters.dflash_model import load_draft, save_draft
 
-        card = model_card(settings, facts, figures, state, what=dflash_summary(settings, shape, mask_id))
+        card = model_card(
+            settings, facts, figures, state, what=dflash_summary(settings, shape, mask_id, len(vocabulary))
+        )
         write_finished(head, out, card, save=save_draft, load=load_draft)
     else:
         head.config.extra["mlxspec"] = {"trained_by": "mlxspec train-draft", "held_out": figures} | {
@@ -556,13 +563,17 @@ def eagle3_summary(settings: Settings, shape: TargetShape, vocab: int) -> tuple[
     )
 
 
-def dflash_summary(settings: Settings, shape: TargetShape, mask_id: int) -> tuple[str, str]:
+def dflash_summary(settings: Settings, shape: TargetShape, mask_id: int, vocab: int) -> tuple[str, str]:
     """A DFlash drafter's card: its title and what it is (training/dflash.py's recipe)."""
+    scores = (
+        "its embedding and LM head\nare the target's"
+        if vocab == shape.vocab_size
+        else f"its embedding is the target's;\nits own LM head scores a {vocab}-id draft vocabulary"
+    )
     return "DFlash block drafter", (
         f"{settings.draft_layers} decoder layer(s) over the\noutputs of the target's layers "
         f"{list(shape.aux)}, blocks of {settings.block_size} (mask id {mask_id}),\n"
-        "random anchors, the target's own distributions as labels; its embedding and LM head\n"
-        "are the target's"
+        f"random anchors, the target's own distributions as labels; {scores}"
     )
 
 

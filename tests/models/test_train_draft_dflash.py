@@ -126,6 +126,31 @@ def test_a_run_stopped_mid_training_resumes_to_the_drafter_of_one_never_stopped(
         assert mx.array_equal(drafters[0][name], drafters[1][name]).item(), name
 
 
+def test_a_draft_vocabulary_is_trained_written_and_drafts_exactly(target, text, tmp_path):
+    """--draft-vocab below the target's ids: the drafter scores the ids the target writes
+    most with its own LM head (EAGLE-3's d2t beside it), loads as kind dflash and drafts
+    exactly; its held-out agreement is read with its ids mapped to the target's."""
+    out = tmp_path / "part"
+    done = _train("--target", target, "--out", out, "--text", text, "--tokens", 40000, *OPTIONS, "--draft-vocab", 96)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((out / "config.json").read_text())
+    weights = mx.load(str(out / "model.safetensors"))
+    assert config["draft_vocab_size"] == 96 and weights["lm_head.weight"].shape == (96, 64)
+    chosen = np.load(out / "data" / "vocabulary.npy")
+    assert np.array_equal(np.arange(96) + np.array(weights["d2t"]), chosen)
+    assert "96-id draft vocabulary" in (out / "README.md").read_text()
+    alpha = float(done.stdout.split("held-out α per position ")[1].split()[0])
+    # the whole vocabulary reaches 0.10 here: ids left unmapped would agree about never
+    assert alpha > 0.05, done.stdout
+
+    pair = mlxspec.load_pair(str(target), str(out))
+    assert pair.draft.kind == "dflash" and pair.draft.model.config.draft_vocab_size == 96
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=0).tokens
+    for gamma, tree in ((3, 0), (3, 6)):
+        result = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=gamma, tree=tree)
+        assert result.tokens == standard and result.stats.drafted > 0, (gamma, tree)
+
+
 @pytest.mark.parametrize(
     "flags, complaint",
     [
@@ -152,16 +177,19 @@ def test_a_tokenizer_with_no_spare_id_asks_for_a_mask_id_in_one_line(target, tex
     assert not (tmp_path / "run").exists()  # nothing --resume would take for a run
 
 
-def test_training_reads_each_block_as_the_drafter_drafts_it(target):
+@pytest.mark.parametrize("vocabulary", [None, np.arange(3, 500, 5)])
+def test_training_reads_each_block_as_the_drafter_drafts_it(target, vocabulary):
     """The training forward (every block at once, each after the context before its anchor)
     gives the logits the drafter gives drafting: the context read into its cache, then the
-    block."""
+    block; over the whole vocabulary and over a draft vocabulary."""
     import mlx_lm
 
     from mlxspec.training.dflash import block_logits, new_drafter
 
     model, _, config = mlx_lm.load(str(target), return_config=True)
-    draft = new_drafter(model, config, layer_ids=(0, 1), block_size=5, layers=2, mask_id=3, seed=4)
+    draft = new_drafter(
+        model, config, layer_ids=(0, 1), block_size=5, layers=2, mask_id=3, seed=4, vocabulary=vocabulary
+    )
     rng = np.random.default_rng(0)
     features = mx.array(rng.normal(size=(2, 30, 128)).astype(np.float32))
     anchors = np.array([[1, 9, 20], [4, 12, 25]])
