@@ -128,9 +128,13 @@ def feature_scale(examples: list, *, rows: int = 8192, seed: int = 0) -> np.ndar
 
 
 def standardize(examples: list, scale: np.ndarray) -> None:
-    """Features divided by their columns' scale, in place (float32)."""
+    """Features divided by their columns' scale, in place, kept in their own dtype (the
+    shards' float16: columns of RMS 1 sit far inside its range, and 1.5 M positions of
+    SmolLM2's features are 5 GB so, 10 GB in float32), float32 where that would overflow."""
     for example in examples:
-        example.features = (example.features.astype(np.float32) / scale).astype(np.float32)
+        scaled = example.features.astype(np.float32) / scale
+        kept = scaled.astype(example.features.dtype)
+        example.features = kept if np.isfinite(kept).all() else scaled
 
 
 def fold_feature_scale(head: Eagle3Head, scale: np.ndarray) -> None:
