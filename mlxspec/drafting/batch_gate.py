@@ -232,12 +232,26 @@ class BatchGate:
     def _affordable_gap(self, best: str, other: str) -> int:
         """Windows of the better regime between tries that keep their cost within TRY_SHARE:
         a window of the other takes best/other times as long, so a try costs that less one
-        window more (at most: a losing window ends early)."""
-        rate_best, rate_other = self.rates.get((self.live, best)), self.rates.get((self.live, other))
-        if rate_best is None or rate_other is None:  # the regimes implied here, not measured
+        window more (at most: a losing window ends early). At a size not measured both
+        ways, the nearest that is, on the side where a try costs no less: a larger batch
+        for a try of drafting (its loss only grows with the batch), a smaller one for a try
+        of plain decoding. (Priced at the tries' floor instead, bursts of eight smollm2 lanes
+        where drafting had lost by half tried it at seven as soon as the first lane left, in
+        the bursts' tails.)"""
+        size = self._priced_at(other)
+        if size is None:  # nothing measured both ways on that side
             return 0
+        rate_best, rate_other = self.rates[size, best], self.rates[size, other]
         loss = rate_best / rate_other - 1 if rate_other > 0 else MOST_WINDOWS_BETWEEN_TRIES * TRY_SHARE
         return min(MOST_WINDOWS_BETWEEN_TRIES, -int(-loss // TRY_SHARE))
+
+    def _priced_at(self, other: str) -> int | None:
+        """The batch size a try of `other` here is priced at (see `_affordable_gap`)."""
+        both = sorted(size for size, regime in self.rates if regime == DRAFT and (size, PLAIN) in self.rates)
+        if self.live in both:
+            return self.live
+        side = [s for s in both if s > self.live] if other == DRAFT else [s for s in reversed(both) if s < self.live]
+        return side[0] if side else None
 
     def _best(self) -> str | None:
         """The regime expected faster at this size: as measured here; else as the sizes

@@ -379,3 +379,24 @@ def test_joins_and_leaves_neither_hold_drafting_off_nor_sink_it():
             window(gate, clock, seconds=seconds + (0.3 if i == 0 else 0.0))
             regimes.append(gate.regime)
     assert regimes[-100:].count(DRAFT) > 80, regimes[-100:]
+
+
+def test_a_try_at_a_size_not_measured_is_priced_at_the_nearest_larger_one():
+    """Drafting lost by half at eight lanes: a lane leaves (a burst's tail), and at seven no
+    try of drafting falls due before the wait eight's loss affords (not after the tries'
+    floor of ten windows); a try of plain decoding is priced at a smaller batch."""
+    clock = Clock()
+    gate = BatchGate(clock)
+    for _ in range(8):
+        gate.join()
+    window(gate, clock, seconds=1.0)  # plain
+    window(gate, clock, seconds=2.0)  # drafting at half the rate
+    for _ in range(3):
+        window(gate, clock, seconds=1.0)
+    gate.leave()
+    regimes = []
+    for _ in range(int(0.9 / TRY_SHARE) - 5):
+        window(gate, clock, seconds=1.0 if gate.regime == PLAIN else 2.0)
+        regimes.append(gate.regime)
+    assert gate.live == 7 and set(regimes) == {PLAIN}, regimes
+    assert gate._priced_at(DRAFT) == 8 and gate._priced_at(PLAIN) is None
