@@ -153,7 +153,7 @@ def read_config(path: Path) -> DFlashConfig:
         input_embedding_scale=field.positive("input_embedding_scale", 1.0),
         output_multiplier=field.positive("output_multiplier", 1.0),
         final_logit_softcapping=None if softcap is None else field.positive("final_logit_softcapping", 1.0),
-        draft_vocab_size=None if raw.get("draft_vocab_size") is None else field.size("draft_vocab_size", most=vocab),
+        draft_vocab_size=field.size("draft_vocab_size", most=vocab) if field.given("draft_vocab_size") else None,
     )
     _check_rope(file, config)
     return config

@@ -168,6 +168,9 @@ class _Fields:
         scopes = (self.raw,) if top else (self.layer, self.raw)
         return next((scope[key] for scope in scopes if scope.get(key) is not None), None)
 
+    def given(self, key: str) -> bool:
+        return self._get(key) is not None
+
     def size(self, key: str, *, most: int, default: int | None = None) -> int:
         value = self._get(key)
         value = default if value is None else value
@@ -429,15 +432,24 @@ def read_draft_ids(weights: dict, *, draft_vocab_size: int, vocab_size: int, pat
     `weights`. None where the file has no d2t. ModelLoadError in one line for a d2t of the
     wrong length or one that points past the target's vocabulary."""
     d2t = weights.pop("d2t", None)
-    weights.pop("t2d", None)
+    t2d = weights.pop("t2d", None)
     if d2t is None:
         return None
     if d2t.ndim != 1 or d2t.shape[0] != draft_vocab_size:
         raise ModelLoadError(f"{path}: d2t has shape {tuple(d2t.shape)}, draft_vocab_size is {draft_vocab_size}")
-    targets = mx.arange(draft_vocab_size) + d2t.astype(mx.int64)
-    if not bool(((targets >= 0) & (targets < vocab_size)).all()):
+    if not mx.issubdtype(d2t.dtype, mx.integer):
+        raise ModelLoadError(f"{path}: d2t is {d2t.dtype}, not whole numbers (offsets from draft to target ids)")
+    targets = np.arange(draft_vocab_size, dtype=np.int64) + np.array(d2t.astype(mx.int64))
+    if targets.min() < 0 or targets.max() >= vocab_size:
         raise ModelLoadError(f"{path}: d2t points past the target's {vocab_size} ids")
-    return targets.astype(mx.uint32)
+    if len(np.unique(targets)) != len(targets):
+        raise ModelLoadError(f"{path}: d2t maps two draft ids to one target id")
+    if t2d is not None:  # the same map as a mask over the target's ids: it must say the same
+        present = np.zeros(vocab_size, dtype=np.bool_)
+        present[targets] = True
+        if t2d.shape != (vocab_size,) or not np.array_equal(np.array(t2d).astype(np.bool_), present):
+            raise ModelLoadError(f"{path}: t2d does not mark the target ids d2t maps to")
+    return mx.array(targets.astype(np.uint32))
 
 
 def draft_id_weights(draft_to_target: mx.array, *, vocab_size: int) -> dict:

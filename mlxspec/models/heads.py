@@ -91,6 +91,8 @@ def load_dflash(name: str, path: Path, target):
     config = read_dflash_config(path)
     check_dflash_fits(config, target_config=target.config, target_layers=layers, name=name)
     draft = load_draft(path, dtype=mx.float32 if mx.default_device() == mx.cpu else None).bind(target.model)
+    if draft.draft_to_target is not None and draft.draft_to_target.max().item() >= target.width:
+        raise IncompatibleHead(f"{name}: d2t maps draft ids past the target's {target.width} logits")
     capture.install_outputs(target.model, config.target_layer_ids)
     return LoadedModel(
         name=name,

@@ -18,7 +18,9 @@ features captured at the drafter's `target_layer_ids` (layer outputs, capture.in
   and averaged over the weights.
 
 The drafter's layers start random (SpecForge's post_init draws them; MLX's default
-initialisation here), its embedding and LM head are the target's and stay frozen. Its final
+initialisation here), its embedding is the target's and stays frozen, and so is its LM head
+unless it scores a draft vocabulary (the ids the target writes most, as the EAGLE-3 head's):
+then its own LM head starts as the target's rows for them and is trained with the layers. Its final
 norm starts as the target's own (the LM head's input scale), scaled down where the first
 logits spread too wide (trainer.rescale_output, as the EAGLE-3 head's). `target_layer_ids`
 follow SpecForge's `build_target_layer_ids` spread (1 .. L - 3), five of them as z-lab's
@@ -172,7 +174,7 @@ def _attend(attn, x: mx.array, context: mx.array, anchors: mx.array) -> mx.array
 def block_logits(draft: DFlashDraft, features: mx.array, blocks: mx.array, anchors: mx.array) -> mx.array:
     """The drafter's logits for every block's mask positions: features (B, W, F) the
     target's at window positions 0 .. W - 1, blocks (B, N, S) ids (an anchor's id, then
-    mask ids), anchors (B, N) their first positions -> (B, N, S - 1, vocab)."""
+    mask ids), anchors (B, N) their first positions -> (B, N, S - 1, the ids it scores)."""
     b, n, s = blocks.shape
     config = draft.config
     context = draft.hidden_norm(draft.fc(features))

@@ -373,11 +373,16 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     held_out = [e for e in examples if e.held_out]
     bound: tuple[Path, ...] = ()
     vocabulary = kept.vocabulary
-    if vocabulary is None:  # decided once: a resumed run reads it back
-        eos = sorted(set(tokenizer.eos_token_ids))
-        chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
-        vocabulary = keep(data / VOCABULARY, chosen)
-    bound += (data / VOCABULARY,)
+    if vocabulary is None and settings.kind == DFLASH and kept.checkpoint is not None:
+        # a DFlash run checkpointed before drafters had a draft vocabulary: its drafter
+        # scores the target's whole vocabulary, as it did when it began
+        vocabulary = np.arange(shape.vocab_size)
+    else:
+        if vocabulary is None:  # decided once: a resumed run reads it back
+            eos = sorted(set(tokenizer.eos_token_ids))
+            chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+            vocabulary = keep(data / VOCABULARY, chosen)
+        bound += (data / VOCABULARY,)
     draft_index = np.full(shape.vocab_size, -1, np.int64)
     draft_index[vocabulary] = np.arange(len(vocabulary))
     if settings.kind == DFLASH:

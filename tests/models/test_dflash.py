@@ -236,14 +236,44 @@ def test_a_draft_vocabulary_is_written_and_read_back_in_the_heads_layout(drafter
         return out
 
     past = weights["d2t"] + 10**6
+    twice = mx.array([-1] * size) * mx.arange(size)  # every draft id to target id 0
+    wrong_mask = mx.logical_not(weights["t2d"])
     for out, says in (
         (rewritten("past", d2t=past), "d2t points past the target's"),
+        (rewritten("fractional", d2t=weights["d2t"].astype(mx.float32) + 0.6), "not whole numbers"),
+        (rewritten("twice", d2t=twice), "two draft ids to one target id"),
+        (rewritten("mask", t2d=wrong_mask), "t2d does not mark"),
         (rewritten("no-d2t", d2t=None, t2d=None), "needs d2t"),
         (rewritten("no-size", lambda c: {k: v for k, v in c.items() if k != "draft_vocab_size"}), "d2t without"),
     ):
         with pytest.raises(ModelLoadError, match=says) as refused:
             mlxspec.load_pair(str(drafters.target("llama")), str(out))
         assert "\n" not in str(refused.value)
+
+
+def test_a_draft_vocabulary_in_any_order_drafts_the_same(drafters, tmp_path):
+    """d2t need not be sorted: the same drafter with its ids (d2t and lm_head rows) reversed
+    drafts the same target ids and accepts the same, in chains, trees and under a grammar."""
+    from tests.exactness.test_grammar import WORDS
+
+    folder = drafters.drafter("llama", draft_vocab=0.5)
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    size = weights["d2t"].shape[0]
+    targets = mx.arange(size) + weights["d2t"]
+    reversed_ids = targets[::-1]
+    out = tmp_path / "reversed"
+    shutil.copytree(folder, out)
+    weights |= {"d2t": reversed_ids - mx.arange(size), "lm_head.weight": weights["lm_head.weight"][::-1]}
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    sorted_pair = drafters.pair("llama", draft_vocab=0.5)
+    reversed_pair = mlxspec.load_pair(str(drafters.target("llama")), str(out))
+    for options in ({"gamma": 5, "tree": 0}, {"gamma": 5, "tree": 8}, {"gamma": 3, "tree": 0, "grammar": WORDS}):
+        a = mlxspec.generate(sorted_pair, PROMPT, max_tokens=MAX_TOKENS, **options)
+        b = mlxspec.generate(reversed_pair, PROMPT, max_tokens=MAX_TOKENS, **options)
+        assert a.tokens == b.tokens and (a.stats.drafted, a.stats.accepted) == (b.stats.drafted, b.stats.accepted)
+        assert 0 < a.stats.accepted < a.stats.drafted, (options, a.stats)
+        standard = mlxspec.generate(sorted_pair, PROMPT, max_tokens=MAX_TOKENS, gamma=0, grammar=options.get("grammar"))
+        assert a.tokens == standard.tokens, options
 
 
 # -- the sampled law: a drafter over 6 ids, chi-square of the first three emitted ids

@@ -105,7 +105,11 @@ def test_the_loss_falls_well_below_where_it_started(trained, target):
     assert figures["written"][1] > figures["started"][1] + 0.05, figures
 
 
-def test_a_run_stopped_mid_training_resumes_to_the_drafter_of_one_never_stopped(trained, target, text, tmp_path):
+@pytest.mark.parametrize("begun", ["now", "before draft vocabularies"])
+def test_a_run_stopped_mid_training_resumes_to_the_drafter_of_one_never_stopped(trained, target, text, tmp_path, begun):
+    """Also a run checkpointed before DFlash drafters had a draft vocabulary: its run.json
+    says a draft_vocab (every run recorded the EAGLE-3 default), but it kept no vocabulary
+    and its checkpoint's drafter scores the whole vocabulary, which it goes on doing."""
     out = tmp_path / "stopped"
     said = _stop(
         ["--target", target, "--out", out, "--text", text, "--tokens", 40000, *OPTIONS],
@@ -115,6 +119,13 @@ def test_a_run_stopped_mid_training_resumes_to_the_drafter_of_one_never_stopped(
     )
     step = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
     assert f"interrupted at step {step}: checkpoint saved" in said, said
+    if begun != "now":  # what such a run's folder holds
+        (out / "data" / "vocabulary.npy").unlink()
+        record = json.loads((out / "checkpoint" / "state.json").read_text())
+        record["files"].pop("data/vocabulary.npy")
+        (out / "checkpoint" / "state.json").write_text(json.dumps(record))
+        settings = json.loads((out / "run.json").read_text())
+        (out / "run.json").write_text(json.dumps(settings | {"draft_vocab": 96}))
     resumed = _train("--target", target, "--out", out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming training at step {step}" in resumed.stderr and "text:" not in resumed.stderr
