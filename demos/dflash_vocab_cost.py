@@ -1,14 +1,17 @@
 """What a DFlash block forward costs beside a target step, scoring the target's whole
-vocabulary or a draft vocabulary, on one target in one run.
+vocabulary or a draft vocabulary, on one target in one run; with --training, what a
+training step costs a trained position too.
 
-    python demos/dflash_vocab_cost.py [--target MODEL] [--draft-vocab 8192] [--rounds 3]
+    python demos/dflash_vocab_cost.py [--target MODEL] [--draft-vocab 8192] [--rounds 3] [--training]
 
 Builds two random drafters for the target as `train-draft --kind dflash` starts them (one
 layer, blocks of 8, five target layers read): one over the whole vocabulary (the published
 drafters' layout) and one over the first `--draft-vocab` ids (what is scored costs the same
 whichever ids they are). Times each with bench's cost model (`measure.costs.measure`: a
 target step, and the drafter's block forward after reading the prompt), the two in turn for
-`--rounds` rounds, and prints c = block / step for each.
+`--rounds` rounds, and prints c = block / step for each. --training: one training step of
+`training/dflash.py`'s objective (forward, backward, AdamW) over random features of the
+target's shape, about 380 trained positions a batch, for each drafter.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,11 +50,50 @@ def drafter_pair(target: str, vocabulary: np.ndarray | None, folder: Path) -> Pa
     return load_pair(target, str(folder))
 
 
+def training_cost(pair: Pair, *, rounds: int) -> tuple[float, int]:
+    """Median seconds of one training step of the drafter in `pair` on random data, and the
+    positions it trained."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from mlxspec.training.data import Example
+    from mlxspec.training.dflash import DFlashObjective
+
+    draft, vocab = pair.draft.model, pair.target.width
+    index = None
+    if draft.draft_to_target is not None:
+        index = np.full(vocab, -1)
+        index[np.array(draft.draft_to_target)] = np.arange(draft.config.draft_vocab_size)
+    rng = np.random.default_rng(0)
+    width = draft.config.feature_width
+    example = Example(
+        ids=rng.integers(10, 8000, 384).astype(np.int32), features=rng.standard_normal((384, width)).astype(np.float16),
+        top_ids=rng.integers(10, 8000, (384, 32)).astype(np.int32), top_probs=np.full((384, 32), 1 / 32, np.float16),
+        train_from=0, held_out=False, greedy=True,
+    )  # fmt: skip
+    objective = DFlashObjective(
+        block_size=draft.config.block_size, mask_id=draft.config.mask_token_id, vocab_size=vocab, draft_index=index
+    )
+    batch = objective.batch([example], [objective.labels(example)], key=(1,))
+    optimizer = optim.AdamW(learning_rate=1e-4)
+    step = nn.value_and_grad(draft, lambda b: objective.loss(draft, b, 0.0))
+    times = []
+    for _ in range(rounds + 1):
+        started = time.perf_counter()
+        _, grads = step(batch)
+        optimizer.update(draft, grads)
+        mx.eval(draft.parameters(), optimizer.state)
+        times.append(time.perf_counter() - started)
+    return sorted(times[1:])[len(times[1:]) // 2], batch["trained"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--training", action="store_true", help="also time a training step")
     args = parser.parse_args()
     from mlxspec.measure.costs import measure
 
@@ -68,6 +111,14 @@ def main() -> None:
                 f"  round {number + 1}  {name:<18} step {c.target_step * 1e3:6.1f} ms  "
                 f"block {c.draft_step * 1e3:6.1f} ms  c {c.draft_step / c.target_step:.3f}",
                 flush=True,
+            )
+    if args.training:
+        print("a training step (forward, backward, AdamW), medians")
+        for name, pair in pairs.items():
+            seconds, positions = training_cost(pair, rounds=args.rounds)
+            print(
+                f"  {name:<18} {seconds:6.2f} s for {positions} positions: "
+                f"{seconds / positions * 1e3:5.2f} ms a position"
             )
 
 
