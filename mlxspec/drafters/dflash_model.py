@@ -20,8 +20,8 @@ A drafter may score over part of the target's ids instead (an mlxspec extension,
 its own `lm_head.weight` over those ids and the EAGLE-3 layout's `d2t` (target id minus
 draft id) beside it. Gemma 3's LM head reads 262,144 ids, more weight than the rest of the
 model: on this project's 2-core CPU (float32) a block forward over the whole vocabulary took
-76-78 ms against a target step's 119-126 ms (c 0.60-0.65), and over 8,192 ids 5-6 ms (c 0.04-
-0.05) (demos/dflash_vocab_cost.py).
+76-78 ms against a target step's 119-126 ms (c 0.60-0.65), and over 8,192 ids 5-6 ms
+(c 0.04-0.05; demos/dflash_vocab_cost.py).
 
 The context keys and values are cached (one row per position); the block's are not, so the
 drafter's cache only ever holds rows for ids the target has read. `target_layer_ids` count
