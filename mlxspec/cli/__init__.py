@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +29,8 @@ from .race import race
 from .serve import serve
 from .train_draft import train_draft
 from .verbose import VerboseOption, asked, say_setup, with_verbose
+
+FOLLOWER_EXIT_DELAY = 2.0  # seconds a rank other than 0 waits before exiting on what every rank finds
 
 
 def _plain_arguments() -> None:
@@ -127,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, prog_name="mlxspec", standalone_mode=False)
     except MlxspecError as e:
         _report(str(e), every_rank=not e.alike_on_every_rank)
+        if e.alike_on_every_rank and ranks.launched() and not ranks.is_main():
+            # rank 0 says it: mlx.launch ends every rank once one exits, so a follower that
+            # found it first ended rank 0 before its line was out (a busy machine's CI)
+            time.sleep(FOLLOWER_EXIT_DELAY)
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt) as e:
         if isinstance(e.__cause__, EOFError):  # click turns any EOFError into its abort: a bug, not a Ctrl-C
