@@ -75,6 +75,7 @@ class _Bar:
 
 
 def train_draft(
+    context: typer.Context,
     *,
     target: Annotated[str, typer.Option("--target", metavar="MODEL", help="The target: an mlx-lm folder or repo.")],
     out: Annotated[
@@ -201,6 +202,7 @@ def train_draft(
     from ..training.run import abandon, check_folder, check_inputs, find_target, read_settings, run, start
 
     if resume:
+        _refuse_new_settings(context)
         check_folder(out, resume=True)
         settings = _replanned(
             out,
@@ -273,6 +275,26 @@ def train_draft(
         f"{written} written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
         f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
     )
+
+
+# what a resumed run may be told: its folder, and a new time plan (_replanned)
+RESUME_OPTIONS = {"target", "out", "resume", "minutes", "tokens", "answer_minutes", "text_minutes", "verbose"}
+
+
+def _refuse_new_settings(context: typer.Context) -> None:
+    """A resumed run keeps what it began with (its data was made so): any other option on
+    the command line is refused in one line, not silently ignored."""
+
+    def typed(name: str) -> bool:  # on the command line, not a default (typer's click's ParameterSource)
+        return getattr(context.get_parameter_source(name), "name", "") == "COMMANDLINE"
+
+    given = [param for param in context.command.params if param.name not in RESUME_OPTIONS and typed(param.name)]
+    if given:
+        flag = given[0].opts[0]
+        raise InvalidOption(
+            f"{flag}: a resumed run keeps the settings it began with (its run.json); --resume takes only "
+            "--minutes, --tokens, --answer-minutes and --text-minutes"
+        )
 
 
 def _replanned(out: Path, settings, plan: dict):

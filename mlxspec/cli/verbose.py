@@ -42,15 +42,16 @@ def with_verbose(fn: Callable) -> Callable:
     """The command `fn` with a --verbose option of its own (and the context, to say it once)."""
     hints = get_type_hints(fn, include_extras=True)
     own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()]
-    added = [
-        inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=VerboseOption),
-        inspect.Parameter("verbose_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
-    ]
+    # typer hands the context to one parameter only: the command's own, where it takes one
+    named = next((p.name for p in own if p.annotation is typer.Context), None)
+    added = [inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=VerboseOption)]
+    if named is None:
+        added.append(inspect.Parameter("verbose_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
 
     @functools.wraps(fn)
-    def command(*args, verbose: bool = False, verbose_context: typer.Context, **kwargs):
+    def command(*args, verbose: bool = False, verbose_context: typer.Context | None = None, **kwargs):
         if asked(verbose):
-            say_setup(verbose_context)
+            say_setup(verbose_context if named is None else kwargs[named])
         return fn(*args, **kwargs)
 
     params = own + added

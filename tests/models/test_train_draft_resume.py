@@ -163,6 +163,12 @@ def test_a_resumed_run_takes_a_new_time_plan_and_keeps_it(target, tmp_path):
     assert refused.returncode == 2 and "--text-minutes must be a number of minutes >= 0" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert json.loads((out / "run.json").read_text())["text_minutes"] == 5  # a refused plan is not saved
+    for other in (["--kind", "dflash"], ["--lr", "0.1"], ["--corpus-tokens", "5"]):  # the run's own, not a plan
+        refused = _train("--target", target, "--out", out, "--resume", *other)
+        assert (
+            refused.returncode == 2 and f"{other[0]}: a resumed run keeps the settings it began with" in refused.stderr
+        )
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
     said = _stop(
         ["--target", target, "--out", out, "--resume", "--answer-minutes", 0], after="text:", how=signal.SIGKILL
