@@ -1,13 +1,15 @@
-"""An EAGLE-3 head and a DFlash block drafter for one target, side by side in one run.
+"""A preset's head beside a DFlash block drafter or another EAGLE-3 head, on one target in one
+run.
 
-    python demos/block_drafters.py --pair gemma3-270m --dflash DIR [--head DIR] [--temp 0,0.7]
-        [--max-tokens 64] [--quick] [--prompts FILE.jsonl] [--json]
+    python demos/block_drafters.py --pair gemma3-270m [--dflash DIR] [--head DIR] [--temp 0,0.7]
+        [--max-tokens 64] [--quick] [--prompts FILE.jsonl] [--no-lookup] [--json]
 
 For every prompt and temperature, each method runs in turn on the same prompt and seed (so
-a slow spell of the machine is shared out among them): standard decoding, the head's chain,
-the head's tree, the DFlash drafter's chain and its DDTree tree (`--tree auto` for both
-trees, `--gamma auto` throughout), and each of the four beside prompt lookup. The head is
-the preset's own draft unless --head names another. Prompts follow the preset (raw text for
+a slow spell of the machine is shared out among them): standard decoding, the preset's head
+as a chain and as a tree, and the same for each drafter named: --head, another EAGLE-3 head
+("new head": a retrained one beside the shipped one), --dflash, a DFlash drafter (its chain,
+and its DDTree tree); `--tree auto` for every tree and `--gamma auto` throughout; then all of
+them again beside prompt lookup (--no-lookup: not). Prompts follow the preset (raw text for
 a base model's preset).
 
 Prints, per temperature and method: tokens a second over the decode time, the speedup over
@@ -71,20 +73,22 @@ class Tally:
         }
 
 
-def methods(pair: str, head: str | None, dflash: str) -> dict:
+def methods(pair: str, head: str | None, dflash: str | None, *, lookup: bool = True) -> dict:
     """name -> (pair, options): each drafter loaded beside a target of its own (each taps
     the layers it reads)."""
-    with_head = mlxspec.load_pair(pair=pair, draft=head) if head else mlxspec.load_pair(pair=pair, ngram=False)
-    with_dflash = mlxspec.load_pair(pair=pair, draft=dflash)
+    own = mlxspec.load_pair(pair=pair, ngram=False)
+    drafters = [("head" if own.draft.kind == "eagle3" else "draft", own, "tree")]  # a preset's draft may be a model
+    if head:
+        drafters.append(("new head", mlxspec.load_pair(pair=pair, draft=head), "tree"))
+    if dflash:
+        drafters.append(("DFlash", mlxspec.load_pair(pair=pair, draft=dflash), "DDTree"))
     chain, tree = {"gamma": "auto", "tree": 0}, {"gamma": "auto", "tree": "auto"}
-    table = {"standard": (with_head, {"gamma": 0, "ngram": False})}
-    first = "head" if with_head.draft.kind == "eagle3" else "draft"  # a preset's draft may be a model
-    for lookup in (False, True):
-        beside = " + lookup" if lookup else ""
-        table[f"{first} chain{beside}"] = (with_head, chain | {"ngram": lookup})
-        table[f"{first} tree{beside}"] = (with_head, tree | {"ngram": lookup})
-        table[f"DFlash chain{beside}"] = (with_dflash, chain | {"ngram": lookup})
-        table[f"DFlash DDTree{beside}"] = (with_dflash, tree | {"ngram": lookup})
+    table = {"standard": (own, {"gamma": 0, "ngram": False})}
+    for beside in (False, True) if lookup else (False,):
+        said = " + lookup" if beside else ""
+        for name, loaded, trees in drafters:
+            table[f"{name} chain{said}"] = (loaded, chain | {"ngram": beside})
+            table[f"{name} {trees}{said}"] = (loaded, tree | {"ngram": beside})
     return table
 
 
@@ -103,8 +107,9 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="gemma3-270m", help="the preset whose target both drafters fit")
-    parser.add_argument("--dflash", required=True, help="the DFlash drafter (a folder in the published layout)")
-    parser.add_argument("--head", help="an EAGLE-3 head (default: the preset's draft)")
+    parser.add_argument("--dflash", help="a DFlash drafter (a folder in the published layout)")
+    parser.add_argument("--head", help="another EAGLE-3 head, beside the preset's own")
+    parser.add_argument("--no-lookup", action="store_true", help="leave out the rows beside prompt lookup")
     parser.add_argument("--temp", default="0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="one prompt per category")
@@ -113,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     temps = [float(t) for t in args.temp.split(",")]
 
-    table = methods(args.pair, args.head, args.dflash)
+    table = methods(args.pair, args.head, args.dflash, lookup=not args.no_lookup)
     prompts = load_jsonl(args.prompts) if args.prompts else suite(quick=args.quick)
     target = table["standard"][0].target.label
     heading = f"{target}; {len(prompts)} prompts; {args.max_tokens} tokens; gamma auto, trees auto"

@@ -1,6 +1,6 @@
-"""demos/block_drafters.py (issue 42, item 4): an EAGLE-3 head and a DFlash drafter side by
-side on one target, each as a chain and as a tree, alone and beside prompt lookup, run
-through the real script on a tiny preset."""
+"""demos/block_drafters.py (issue 42, item 4; issue 41's before and after): a preset's EAGLE-3
+head beside a DFlash drafter and another head on one target, each as a chain and as a tree,
+alone and beside prompt lookup, run through the real script on a tiny preset."""
 
 from __future__ import annotations
 
@@ -45,3 +45,21 @@ def test_the_side_by_side_measures_every_method_on_the_same_greedy_text(factory,
         # the drafters drafted, and their drafting was timed: a cost a round over a standard step
         for name in ("head chain", "DFlash chain", "DFlash DDTree"):
             assert rows[name]["nodes_per_round"] > 0 and rows[name]["drafter_cost"] > 0, (temp, name, rows[name])
+
+
+def test_another_head_runs_beside_the_presets_own_and_lookup_can_be_left_out(factory, tmp_path):
+    """--head adds a retrained head beside the shipped one (issue 41's before and after in one
+    run), --dflash may be left out, and --no-lookup leaves out the rows beside lookup."""
+    target, _ = factory.pair("llama")
+    shipped, retrained = make_head(target, tmp_path / "shipped"), make_head(target, tmp_path / "new", seed=1)
+    presets = tmp_path / "models.toml"
+    presets.write_text(f'[tinyheads]\ntarget = "{target}"\ndraft = "{shipped}"\n')
+    env = os.environ | {"MLXSPEC_MODELS": str(presets), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "demos/block_drafters.py", "--pair", "tinyheads", "--head", str(retrained)]
+    command += ["--quick", "--max-tokens", "8", "--temp", "0", "--no-lookup", "--json"]
+    shown = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)["temps"]["0.0"]
+    assert list(rows) == ["standard", "head chain", "head tree", "new head chain", "new head tree"]
+    assert {row["tokens"] for row in rows.values()} == {rows["standard"]["tokens"]}
+    assert rows["new head chain"]["nodes_per_round"] > 0
