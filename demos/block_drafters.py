@@ -2,7 +2,7 @@
 run.
 
     python demos/block_drafters.py --pair gemma3-270m [--dflash DIR] [--head DIR] [--temp 0,0.7]
-        [--max-tokens 64] [--quick] [--prompts FILE.jsonl] [--no-lookup] [--json]
+        [--max-tokens 64] [--quick] [--prompts FILE.jsonl] [--no-lookup] [--repeats N] [--json]
 
 For every prompt and temperature, each method runs in turn on the same prompt and seed (so
 a slow spell of the machine is shared out among them): standard decoding, the preset's head
@@ -12,8 +12,9 @@ and its DDTree tree); `--tree auto` for every tree and `--gamma auto` throughout
 them again beside prompt lookup (--no-lookup: not). Prompts follow the preset (raw text for
 a base model's preset).
 
-Prints, per temperature and method: tokens a second over the decode time, the speedup over
-standard decoding in the same run, τ (tokens a round), α per depth (of the drafts tested at
+Prints, per temperature and method: tokens a second over the decode time (every repeat's
+rounds together), the speedup over standard decoding in the same run (the median over
+`--repeats` of each repeat's own), τ (tokens a round), α per depth (of the drafts tested at
 that depth, the share accepted), nodes a round (a chain's drafts, a tree's nodes), and the
 drafter's cost a round (seconds of drafting over a standard step's, from the rounds the
 engine timed apart). --json prints every figure as one JSON object instead.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,18 @@ class Tally:
         if event.source == "model" and event.draft_seconds is not None:
             self.drafter_seconds += event.draft_seconds
             self.drafter_rounds += 1
+
+    @classmethod
+    def merged(cls, tallies: list[Tally]) -> Tally:
+        """Every repeat's rounds together."""
+        total = cls()
+        for tally in tallies:
+            total.stats = total.stats.merge(tally.stats)
+            total.nodes += tally.nodes
+            total.drafting_rounds += tally.drafting_rounds
+            total.drafter_seconds += tally.drafter_seconds
+            total.drafter_rounds += tally.drafter_rounds
+        return total
 
     def figures(self, standard_step: float | None) -> dict:
         s = self.stats
@@ -114,6 +128,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="one prompt per category")
     parser.add_argument("--prompts", help='a JSON-lines file of {"prompt": ...} (default: the bench suite)')
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every prompt; speedups are their medians")
     parser.add_argument("--json", action="store_true", help="every figure as one JSON object on stdout")
     args = parser.parse_args()
     temps = [float(t) for t in args.temp.split(",")]
@@ -129,26 +144,33 @@ def main() -> None:
 
     report = {"target": target, "dflash": args.dflash, "head": args.head, "prompts": len(prompts), "temps": {}}
     for temp in temps:
-        tallies = {name: Tally() for name in table}
-        for number, prompt in enumerate(prompts):
-            for name, (pair, options) in table.items():
-                run(
-                    pair,
-                    prompt.prompt,
-                    tally=tallies[name],
-                    max_tokens=args.max_tokens,
-                    temp=temp,
-                    seed=number,
-                    **options,
+        repeats = []  # per repeat: name -> its Tally
+        for repeat in range(args.repeats):
+            tallies = {name: Tally() for name in table}
+            for number, prompt in enumerate(prompts):
+                for name, (pair, options) in table.items():
+                    run(
+                        pair,
+                        prompt.prompt,
+                        tally=tallies[name],
+                        max_tokens=args.max_tokens,
+                        temp=temp,
+                        seed=number + repeat * len(prompts),
+                        **options,
+                    )
+                print(
+                    f"  T {temp}, repeat {repeat + 1}: {number + 1}/{len(prompts)} prompts", file=sys.stderr, flush=True
                 )
-            print(f"  T {temp}: {number + 1}/{len(prompts)} prompts", file=sys.stderr, flush=True)
-        standard = tallies["standard"].stats
+            repeats.append(tallies)
+        standard = Tally.merged([r["standard"] for r in repeats]).stats
         step = 1 / standard.tokens_per_second if standard.tokens_per_second else None
-        rows = {name: tally.figures(step) for name, tally in tallies.items()}
-        base = rows["standard"]["tokens_per_second"]
-        for row in rows.values():
-            speed = row["tokens_per_second"]
-            row["speedup"] = speed / base if speed and base else None
+        rows = {name: Tally.merged([r[name] for r in repeats]).figures(step) for name in table}
+        for name, row in rows.items():  # each repeat's speed over its own standard decoding's
+            speeds = [r[name].stats.tokens_per_second for r in repeats]
+            bases = [r["standard"].stats.tokens_per_second for r in repeats]
+            row["speedups"] = [a / b if a and b else None for a, b in zip(speeds, bases)]
+            known = [x for x in row["speedups"] if x is not None]
+            row["speedup"] = statistics.median(known) if known else None
         report["temps"][str(temp)] = rows
         if args.json:
             continue

@@ -49,17 +49,20 @@ def test_the_side_by_side_measures_every_method_on_the_same_greedy_text(factory,
 
 def test_another_head_runs_beside_the_presets_own_and_lookup_can_be_left_out(factory, tmp_path):
     """--head adds a retrained head beside the shipped one (issue 41's before and after in one
-    run), --dflash may be left out, and --no-lookup leaves out the rows beside lookup."""
+    run), --dflash may be left out, --no-lookup leaves out the rows beside lookup, and
+    --repeats runs every prompt again, its speedups' median reported."""
     target, _ = factory.pair("llama")
     shipped, retrained = make_head(target, tmp_path / "shipped"), make_head(target, tmp_path / "new", seed=1)
     presets = tmp_path / "models.toml"
     presets.write_text(f'[tinyheads]\ntarget = "{target}"\ndraft = "{shipped}"\n')
     env = os.environ | {"MLXSPEC_MODELS": str(presets), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "demos/block_drafters.py", "--pair", "tinyheads", "--head", str(retrained)]
-    command += ["--quick", "--max-tokens", "8", "--temp", "0", "--no-lookup", "--json"]
+    command += ["--quick", "--max-tokens", "8", "--temp", "0", "--no-lookup", "--repeats", "2", "--json"]
     shown = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)["temps"]["0.0"]
     assert list(rows) == ["standard", "head chain", "head tree", "new head chain", "new head tree"]
     assert {row["tokens"] for row in rows.values()} == {rows["standard"]["tokens"]}
     assert rows["new head chain"]["nodes_per_round"] > 0
+    # two repeats: each one's speedup over its own standard decoding, the median reported
+    assert rows["standard"]["speedups"] == [1.0, 1.0] and len(rows["new head tree"]["speedups"]) == 2
