@@ -59,12 +59,10 @@ def training_cost(pair: Pair, *, rounds: int) -> tuple[float, int]:
 
     from mlxspec.training.data import Example
     from mlxspec.training.dflash import DFlashObjective
+    from mlxspec.training.trainer import draft_index
 
     draft, vocab = pair.draft.model, pair.target.width
-    index = None
-    if draft.draft_to_target is not None:
-        index = np.full(vocab, -1)
-        index[np.array(draft.draft_to_target)] = np.arange(draft.config.draft_vocab_size)
+    index = None if draft.draft_to_target is None else draft_index(np.array(draft.draft_to_target), vocab)
     rng = np.random.default_rng(0)
     width = draft.config.feature_width
     example = Example(

@@ -35,7 +35,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np  # noqa: E402
 
 DEFAULT_VARIANTS = "baseline,answers-only,text-only,vocab-32768,steps-1,single-0"
 
@@ -101,6 +100,7 @@ def train_variant(variant: Variant, *, run: Path, settings, model, config, shape
     from mlxspec.training.trainer import (
         Eagle3Objective,
         State,
+        draft_index,
         feature_scale,
         new_head,
         standardize,
@@ -116,8 +116,7 @@ def train_variant(variant: Variant, *, run: Path, settings, model, config, shape
     eos = sorted(set(tokenizer.eos_token_ids))
     size = variant.draft_vocab or settings.draft_vocab
     vocabulary = choose_vocabulary(train_set, eos=eos, vocab_size=shape.vocab_size, size=size)
-    index = np.full(shape.vocab_size, -1, np.int64)
-    index[vocabulary] = np.arange(len(vocabulary))
+    index = draft_index(vocabulary, shape.vocab_size)
     scale = feature_scale(train_set, seed=settings.seed)
     standardize(train_set + held, scale)
     steps = variant.steps or settings.steps

@@ -32,15 +32,15 @@ import numpy as np
 from mlxspec.drafters.eagle3_head import load_head, target_embedding
 from mlxspec.drafting.theory import predicted_speedup
 from mlxspec.training.data import load_shards
-from mlxspec.training.trainer import evaluate, label
+from mlxspec.training.trainer import draft_index, evaluate, label
 
 
-def coverage(examples, draft_index: np.ndarray) -> float:
+def coverage(examples, index: np.ndarray) -> float:
     """Share of answer positions whose target argmax the draft vocabulary holds."""
     inside = total = 0
     for e in examples:
         argmax = e.top_ids[e.train_from : len(e.ids) - 1, 0]
-        inside += int((draft_index[argmax] >= 0).sum())
+        inside += int((index[argmax] >= 0).sum())
         total += len(argmax)
     return inside / max(total, 1)
 
@@ -86,8 +86,7 @@ def main() -> None:
     steps = 3
     examples = load_shards(args.run / "data")
     vocab_size = 1 + max(int(np.max(np.array(head.draft_to_target))), *(int(e.top_ids.max()) for e in examples))
-    draft_index = np.full(vocab_size, -1, np.int64)
-    draft_index[np.array(head.draft_to_target).astype(np.int64)] = np.arange(len(head.draft_to_target))
+    index = draft_index(np.array(head.draft_to_target), vocab_size)
 
     held = [e for e in examples if e.held_out and e.train_from > 0]
     rng = np.random.default_rng(0)
@@ -96,11 +95,11 @@ def main() -> None:
 
     print(f"{args.run}: {len(examples)} examples; read {len(held)} held-out and {len(trained)} trained-on answers")
     for name, chosen in (("held out", held), ("trained on", trained)):
-        figures = evaluate(head, chosen, [label(e, draft_index) for e in chosen], steps)
+        figures = evaluate(head, chosen, [label(e, index) for e in chosen], steps)
         alpha = " / ".join(f"{a:.3f}" for a in figures["alpha"])
         print(
             f"  {name:<11} α per position {alpha}   Σmin(p,q) {figures['expected_acceptance']:.3f}"
-            f"   vocabulary covers {coverage(chosen, draft_index):.3f}"
+            f"   vocabulary covers {coverage(chosen, index):.3f}"
             f"   one-token lookup {lookup_agreement(chosen):.3f}"
         )
     if args.c is not None and args.v:

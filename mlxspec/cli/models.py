@@ -111,9 +111,9 @@ def models_download(name: Annotated[str, typer.Argument(metavar="NAME", help="A 
     preset = find_preset(name)
     reporter = ConsoleReporter()
     targets = [preset.target] + ([preset.target_fallback] if preset.target_fallback else [])
-    roles = [("target", targets), ("draft", [preset.draft])] + [("DFlash drafter", [preset.dflash])] * bool(
-        preset.dflash
-    )
+    roles = [("target", targets), ("draft", [preset.draft])]
+    if preset.dflash:
+        roles.append(("DFlash drafter", [preset.dflash]))
     for role, names in roles:
         if role == "draft" and (own := kinds.named(preset.draft)) is not None and own.in_target:
             err.print(Text("draft: the model's own MTP head, in the target's checkpoint", style="dim"))

@@ -304,15 +304,12 @@ def _replanned(out: Path, settings, plan: dict):
     value counts the whole run, earlier sessions included; the new plan is saved."""
     from dataclasses import replace
 
-    from ..training.run import save_settings, settings_problem
+    from ..training.run import save_settings
 
     given = {name: value for name, value in plan.items() if value is not None}
     if not given:
         return settings
-    new = replace(settings, **given)
-    if problem := settings_problem(new):
-        name, what = problem
-        raise InvalidOption(f"{_flag(name)} must be {what}, got {getattr(new, name)!r}")
+    new = _checked(replace(settings, **given))
     save_settings(new, out)
     changes = ", ".join(f"{_flag(name)} {getattr(settings, name)} → {value}" for name, value in given.items())
     err.print(f"the run's plan changed: {changes}", style="dim", soft_wrap=True, markup=False, highlight=False)
@@ -384,7 +381,7 @@ def _new_settings(
 ):
     """A new run's settings from its options, each checked as the run will use it (one line
     naming the option, exit 2), with the budget's defaults filled in."""
-    from ..training.run import Settings, settings_problem
+    from ..training.run import Settings
 
     options |= {"kind": kind} | _kind_options(kind, kind_options)
     total = minutes if minutes is not None else 30.0
@@ -400,6 +397,13 @@ def _new_settings(
         command="mlxspec " + shlex.join(sys.argv[1:]),
         **options,
     )
+    return _checked(settings)
+
+
+def _checked(settings):
+    """`settings`, each checked as the run will use it: one line naming the option (exit 2)."""
+    from ..training.run import settings_problem
+
     if problem := settings_problem(settings):
         name, what = problem
         raise InvalidOption(f"{_flag(name)} must be {what}, got {getattr(settings, name)!r}")

@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 
 import mlx.core as mx
+import numpy as np
 
 from ..decoding.cursor import CATCH_UP_AFTER, Cursor, common_prefix
 
@@ -75,8 +76,6 @@ class FeatureRows:
         if self.draft_to_target is None:
             return slice(None)
         if getattr(self, "_to_target_host", None) is None:
-            import numpy as np
-
             self._to_target_host = np.array(self.draft_to_target)
         return self._to_target_host
 

@@ -12,6 +12,13 @@ from ..drafters.eagle3_head import check_fits, load_head, read_config, target_em
 from ..errors import IncompatibleHead
 
 
+def _check_width(draft_to_target, target, *, name: str) -> None:
+    """A drafter's ids map within the target's logits (its config may name fewer ids than
+    its output holds, never more)."""
+    if draft_to_target.max().item() >= target.width:
+        raise IncompatibleHead(f"{name}: d2t maps draft ids past the target's {target.width} logits")
+
+
 def load_eagle3(name: str, path: Path, target):
     """A LoadedModel (kind "eagle3") for the head at `path`, fitted to `target` (a
     LoadedModel); taps the target's layers it reads."""
@@ -24,8 +31,7 @@ def load_eagle3(name: str, path: Path, target):
     # the config against the target first: a misfit is named by its field, not by a shape
     ids = check_fits(read_config(path), target_config=target.config, target_layers=layers, name=name)
     head = load_head(path, dtype=mx.float32 if mx.default_device() == mx.cpu else None)
-    if head.draft_to_target.max().item() >= target.width:
-        raise IncompatibleHead(f"{name}: d2t maps draft ids past the target's {target.width} logits")
+    _check_width(head.draft_to_target, target, name=name)
     if "embed_tokens" not in head:
         head.share_embedding(target_embedding(target.model))
     capture.install(target.model, ids)
@@ -91,8 +97,8 @@ def load_dflash(name: str, path: Path, target):
     config = read_dflash_config(path)
     check_dflash_fits(config, target_config=target.config, target_layers=layers, name=name)
     draft = load_draft(path, dtype=mx.float32 if mx.default_device() == mx.cpu else None).bind(target.model)
-    if draft.draft_to_target is not None and draft.draft_to_target.max().item() >= target.width:
-        raise IncompatibleHead(f"{name}: d2t maps draft ids past the target's {target.width} logits")
+    if draft.draft_to_target is not None:
+        _check_width(draft.draft_to_target, target, name=name)
     capture.install_outputs(target.model, config.target_layer_ids)
     return LoadedModel(
         name=name,

@@ -201,18 +201,18 @@ def choose_names(target: str | None, draft: str | None, preset) -> tuple[list[st
 
 
 def _presets_dflash(preset) -> str:
+    if preset is not None and preset.dflash:
+        return preset.dflash
     from .presets import with_dflash
 
-    others = with_dflash()
+    others = with_dflash()  # the presets files read again: only to say which have one
     listed = f"presets with one: {', '.join(others)}" if others else "no preset has one yet"
     if preset is None:
         raise InvalidOption(f"--draft dflash is a preset's DFlash drafter: add --pair NAME ({listed})")
-    if not preset.dflash:
-        raise InvalidOption(
-            f"--draft dflash: the preset {preset.name} has no DFlash drafter ({listed}); "
-            "give a DFlash drafter's folder or repo id instead"
-        )
-    return preset.dflash
+    raise InvalidOption(
+        f"--draft dflash: the preset {preset.name} has no DFlash drafter ({listed}); "
+        "give a DFlash drafter's folder or repo id instead"
+    )
 
 
 def resolve_first(names: list[str], offline: bool | None, reporter: loading.Reporter) -> tuple[str, Path]:

@@ -40,6 +40,7 @@ from .trainer import (
     State,
     check_checkpoint,
     checkpoint_folder,
+    draft_index,
     feature_scale,
     fold_feature_scale,
     load_checkpoint,
@@ -383,8 +384,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
             chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
             vocabulary = keep(data / VOCABULARY, chosen)
         bound += (data / VOCABULARY,)
-    draft_index = np.full(shape.vocab_size, -1, np.int64)
-    draft_index[vocabulary] = np.arange(len(vocabulary))
+    index = draft_index(vocabulary, shape.vocab_size)
     if settings.kind == DFLASH:
         from .dflash import DFlashObjective, new_drafter
 
@@ -396,7 +396,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         )  # fmt: skip
         objective = DFlashObjective(
             block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size,
-            draft_index=None if whole else draft_index,
+            draft_index=None if whole else index,
         )  # fmt: skip
     else:
         head = new_head(
@@ -407,7 +407,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
             seed=settings.seed,
             norm_before_residual=settings.norm_before_residual,
         )
-        objective = Eagle3Objective(draft_index, settings.steps, settings.single_step_share)
+        objective = Eagle3Objective(index, settings.steps, settings.single_step_share)
     if settings.standardize:  # fixed once, so that a resumed run trains on the same standardised features
         scale = (
             kept.scale if kept.scale is not None else keep(data / SCALE, feature_scale(train_set, seed=settings.seed))

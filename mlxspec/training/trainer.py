@@ -239,6 +239,14 @@ class Labels:
     inside: np.ndarray  # (L, K): the top id is in the draft vocabulary
 
 
+def draft_index(vocabulary, vocab_size: int) -> np.ndarray:
+    """Each target id's row in a draft vocabulary (`vocabulary`: its target ids, in row
+    order), -1 for an id outside it."""
+    index = np.full(vocab_size, -1, np.int64)
+    index[np.asarray(vocabulary, dtype=np.int64)] = np.arange(len(vocabulary))
+    return index
+
+
 def label(example: Example, draft_index: np.ndarray) -> Labels:
     index = draft_index[example.top_ids]
     probs = np.where(index >= 0, example.top_probs.astype(np.float32), 0.0)

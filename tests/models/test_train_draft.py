@@ -68,7 +68,7 @@ def test_trained_head_loads_and_beats_a_random_head(recipe, target, tmp_path):
 
     from mlxspec.drafters.eagle3_head import Eagle3Head, load_head
     from mlxspec.training.data import load_shards
-    from mlxspec.training.trainer import evaluate, label
+    from mlxspec.training.trainer import draft_index, evaluate, label
 
     out = tmp_path / "head"
     done = _train(
@@ -95,8 +95,7 @@ def test_trained_head_loads_and_beats_a_random_head(recipe, target, tmp_path):
     head.share_embedding(target_embedding(model))
     held = [e for e in load_shards(out / "data") if e.held_out]
     assert held
-    index = np.full(head.config.vocab_size, -1, np.int64)
-    index[np.array(head.draft_to_target)] = np.arange(head.config.draft_vocab_size)
+    index = draft_index(np.array(head.draft_to_target), head.config.vocab_size)
     labels = [label(e, index) for e in held]
     trained = evaluate(head, held, labels, 3)
     mx.random.seed(7)

@@ -38,7 +38,7 @@ def make_dflash(
 
     from mlxspec.decoding import capture
     from mlxspec.drafters.dflash_model import DFlashConfig, DFlashDraft, save_draft
-    from mlxspec.training.trainer import target_output_rows
+    from mlxspec.training.trainer import draft_index, target_output_rows
 
     model, tokenizer = mlx_lm.load(str(target_dir))
     config = json.loads((Path(target_dir) / "config.json").read_text())
@@ -74,8 +74,7 @@ def make_dflash(
         draft.lm_head.weight = target_output_rows(model)[mx.array(kept)].astype(mx.float32)
         object.__setattr__(draft, "draft_to_target", mx.array(kept, dtype=mx.uint32))
     if fit_steps:
-        to_row = np.full(vocab, -1)
-        to_row[kept] = np.arange(len(kept))
+        to_row = draft_index(kept, vocab)
         _fit(draft, sequences, features, to_row, first=len(fit_prompts[0]) - 1, steps=fit_steps, rng=rng)
     mx.eval(draft.parameters())
     save_draft(draft, out_dir)

@@ -91,8 +91,9 @@ def _fit(head, sequences, features, kept: np.ndarray, vocab: int, steps: int) ->
     continuations are memorised, not learnt: the head is right where it was fitted."""
     from mlx_lm.models.cache import KVCache
 
-    to_row = np.full(vocab, -1)
-    to_row[kept] = np.arange(len(kept))
+    from mlxspec.training.trainer import draft_index
+
+    to_row = draft_index(kept, vocab)
     tokens = mx.array(np.stack([s[1:-1] for s in sequences]))
     labels = mx.array(to_row[np.stack([s[2:] for s in sequences])])
     hidden = mx.stack([f[:-2] for f in features])
