@@ -30,7 +30,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -97,15 +97,8 @@ class Quiet:
 
 def train_variant(variant: Variant, *, run: Path, settings, model, config, shape, tokenizer, minutes: float) -> dict:
     from mlxspec.training.data import choose_vocabulary, load_shards
-    from mlxspec.training.trainer import (
-        Eagle3Objective,
-        State,
-        draft_index,
-        feature_scale,
-        new_head,
-        standardize,
-        train,
-    )
+    from mlxspec.training.run import new_drafter_and_objective
+    from mlxspec.training.trainer import Eagle3Objective, State, feature_scale, standardize, train
 
     examples = load_shards(run / "data", vocab_size=shape.vocab_size, feature_width=shape.feature_width)
     held = [e for e in examples if e.held_out]
@@ -113,16 +106,19 @@ def train_variant(variant: Variant, *, run: Path, settings, model, config, shape
     train_set = [e for e in examples if not e.held_out and chosen[variant.examples](e)]
     if not train_set or not held:
         raise SystemExit(f"error: {run} has no {variant.examples} examples to train on, or none held out")
+    settings = replace(
+        settings,
+        draft_vocab=variant.draft_vocab or settings.draft_vocab,
+        steps=variant.steps or settings.steps,
+        single_step_share=(
+            settings.single_step_share if variant.single_step_share is None else variant.single_step_share
+        ),
+    )
     eos = sorted(set(tokenizer.eos_token_ids))
-    size = variant.draft_vocab or settings.draft_vocab
-    vocabulary = choose_vocabulary(train_set, eos=eos, vocab_size=shape.vocab_size, size=size)
-    index = draft_index(vocabulary, shape.vocab_size)
-    scale = feature_scale(train_set, seed=settings.seed)
-    standardize(train_set + held, scale)
-    steps = variant.steps or settings.steps
-    share = settings.single_step_share if variant.single_step_share is None else variant.single_step_share
-    objective = Eagle3Objective(index, steps, share)
-    head = new_head(model, config, vocabulary=vocabulary, aux_layer_ids=shape.aux, seed=settings.seed)
+    vocabulary = choose_vocabulary(train_set, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+    if settings.standardize:
+        standardize(train_set + held, feature_scale(train_set, seed=settings.seed))
+    head, objective = new_drafter_and_objective(model, config, settings, shape, vocabulary, mask_id=None)
     progress = Quiet(variant.name)
     objective.calibrate(head, train_set)
     started = time.perf_counter()
@@ -136,14 +132,16 @@ def train_variant(variant: Variant, *, run: Path, settings, model, config, shape
     for part, keep in (("answers", lambda e: e.train_from > 0), ("text", lambda e: e.train_from == 0)):
         subset = [e for e in held if keep(e)]
         if subset:
-            evaluation = Eagle3Objective(index, 3, 0.0).evaluate(head, subset, [objective.labels(e) for e in subset])
+            evaluation = Eagle3Objective(objective.draft_index, 3, 0.0).evaluate(
+                head, subset, [objective.labels(e) for e in subset]
+            )
             figures[part] = {"alpha": evaluation["alpha"], "expected_acceptance": evaluation["expected_acceptance"]}
     return {
         "variant": variant.name,
         "train_examples": len(train_set),
         "train_positions": int(sum(len(e.ids) - e.train_from - 1 for e in train_set)),
         "draft_vocab": len(vocabulary),
-        "steps": steps,
+        "steps": settings.steps,
         "trained_positions": state.tokens,
         "training_steps": state.step,
         "minutes": (time.perf_counter() - started) / 60,

@@ -381,33 +381,11 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
     else:
         if vocabulary is None:  # decided once: a resumed run reads it back
             eos = sorted(set(tokenizer.eos_token_ids))
-            chosen = choose_vocabulary(examples, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
+            # from the examples trained on: the held-out ones judge the head, and choose nothing
+            chosen = choose_vocabulary(train_set, eos=eos, vocab_size=shape.vocab_size, size=settings.draft_vocab)
             vocabulary = keep(data / VOCABULARY, chosen)
         bound += (data / VOCABULARY,)
-    index = draft_index(vocabulary, shape.vocab_size)
-    if settings.kind == DFLASH:
-        from .dflash import DFlashObjective, new_drafter
-
-        whole = len(vocabulary) == shape.vocab_size  # the published layout: the target's LM head
-        head = new_drafter(
-            model, target.config, layer_ids=shape.aux, block_size=settings.block_size,
-            layers=settings.draft_layers, mask_id=mask_id, seed=settings.seed,
-            vocabulary=None if whole else vocabulary,
-        )  # fmt: skip
-        objective = DFlashObjective(
-            block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size,
-            draft_index=None if whole else index,
-        )  # fmt: skip
-    else:
-        head = new_head(
-            model,
-            target.config,
-            vocabulary=vocabulary,
-            aux_layer_ids=shape.aux,
-            seed=settings.seed,
-            norm_before_residual=settings.norm_before_residual,
-        )
-        objective = Eagle3Objective(index, settings.steps, settings.single_step_share)
+    head, objective = new_drafter_and_objective(model, target.config, settings, shape, vocabulary, mask_id=mask_id)
     if settings.standardize:  # fixed once, so that a resumed run trains on the same standardised features
         scale = (
             kept.scale if kept.scale is not None else keep(data / SCALE, feature_scale(train_set, seed=settings.seed))
@@ -464,6 +442,32 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         write_finished(head, out, card)
     mx.clear_cache()
     return facts | {"held_out": figures}
+
+
+def new_drafter_and_objective(model, config: dict, settings: Settings, shape: TargetShape, vocabulary, *, mask_id):
+    """A fresh drafter of `settings.kind` over the draft `vocabulary` (the target's ids it
+    scores) and the objective it trains with: what a run starts from, and what
+    demos/eagle3/ablate.py varies."""
+    index = draft_index(vocabulary, shape.vocab_size)
+    if settings.kind == DFLASH:
+        from .dflash import DFlashObjective, new_drafter
+
+        whole = len(vocabulary) == shape.vocab_size  # the published layout: the target's LM head
+        drafter = new_drafter(
+            model, config, layer_ids=shape.aux, block_size=settings.block_size,
+            layers=settings.draft_layers, mask_id=mask_id, seed=settings.seed,
+            vocabulary=None if whole else vocabulary,
+        )  # fmt: skip
+        objective = DFlashObjective(
+            block_size=settings.block_size, mask_id=mask_id, vocab_size=shape.vocab_size,
+            draft_index=None if whole else index,
+        )  # fmt: skip
+        return drafter, objective
+    head = new_head(
+        model, config, vocabulary=vocabulary, aux_layer_ids=shape.aux, seed=settings.seed,
+        norm_before_residual=settings.norm_before_residual,
+    )  # fmt: skip
+    return head, Eagle3Objective(index, settings.steps, settings.single_step_share)
 
 
 def data_plan(settings: Settings, *, vocab_size: int) -> DataPlan:
