@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from .decoding import capture, packed
 from .decoding.batch import Batch, Finished
 from .decoding.caches import CacheOptions
-from .drafters.eagle3 import Eagle3Drafter, PackedHead
+from .drafters.feature_rows import FeatureRows
 from .drafters.model import ModelDrafter
 from .drafting import Controller, ControllerConfig
 from .generation import GenerationResult, Session, generate, options_of
@@ -78,7 +78,7 @@ def _shape_of(model):
 
 class Lanes:
     """The pair's packed caches for one batch: the target's, and the drafter's where it has a
-    model that packs (a draft model, an EAGLE-3 or MTP head)."""
+    model that packs (a draft model, an EAGLE-3 or MTP head, a DFlash drafter)."""
 
     def __init__(self, pair: Pair, batch: Batch, *, cache_options: CacheOptions = CacheOptions()):
         self.pair = pair
@@ -93,8 +93,8 @@ class Lanes:
             target, name=pair.target.name, batch=batch, taps=capture.taps_of(target), order=1, **options
         )
         draft = pair.draft.model if pair.draft is not None else None
-        if draft is not None and pair.kind is not None and pair.kind.reads_features:
-            draft = PackedHead(draft)  # a head: the layout handed to its one attention layer
+        if draft is not None and pair.kind is not None and pair.kind.packed is not None:
+            draft = pair.kind.packed(draft)  # a head, a block drafter: each reads the batch's layout itself
         self.draft = None
         if draft is not None and pair.kind is not None and packed.why_not(draft) is None:
             # a head's own cache is never quantized nor windowed (a draft model's is, as its lane alone)
@@ -106,7 +106,7 @@ class Lanes:
         """While inside, the session's cursors are lanes of the batch; `auto`: its generation
         chooses its draft lengths (--gamma auto), which the batch's gate decides for."""
         cursors = [(session.target, self.target)]
-        if self.draft is not None and isinstance(session.draft, (ModelDrafter, Eagle3Drafter)):  # MTP's too
+        if self.draft is not None and isinstance(session.draft, (ModelDrafter, FeatureRows)):  # heads, DFlash
             cursors.append((session.draft, self.draft))
         joined = []
         try:

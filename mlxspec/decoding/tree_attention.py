@@ -156,12 +156,18 @@ def _tree_rope_class(cls: type) -> type:
 
 
 def rotate_at(rope, x: mx.array, layout: TreeLayout) -> mx.array:
-    """`rope(x, offset)` with each of the block's rows at its own position: x (batch, heads,
-    rows, dim) goes through as (batch * rows, heads, 1, dim), where an offset array is one per
-    row (`layout.fresh_positions()`, batch-major: a packed batch's lanes, packed.py)."""
+    """`rope(x, offset)` with each of the block's rows at its own position
+    (`layout.fresh_positions()`, batch-major: a packed batch's lanes, packed.py)."""
+    return rotate_rows(rope, x, layout.fresh_positions())
+
+
+def rotate_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
+    """`rope(x, offset)` with row i of x (batch, heads, rows, dim) at `positions` (batch *
+    rows,), batch-major: x goes through as (batch * rows, heads, 1, dim), where an offset
+    array is one per row."""
     batch, heads, rows, dim = x.shape
     flat = x.transpose(0, 2, 1, 3).reshape(batch * rows, heads, 1, dim)
-    rotated = rope(flat, layout.fresh_positions())
+    rotated = rope(flat, positions)
     return rotated.reshape(batch, rows, heads, dim).transpose(0, 2, 1, 3)
 
 

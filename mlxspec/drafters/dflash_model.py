@@ -226,6 +226,25 @@ class Attention(HeadAttention):
         out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
+    def packed(self, x: mx.array, context: mx.array, cache, layout) -> mx.array:
+        """A packed batch's read (PackedBlock in dflash.py): x (rows, K, hidden) each lane's
+        block, context (rows, width - K, hidden) the context rows it reads with it; both are
+        written to `cache` as one read of `width` rows, each at the position `layout` gives
+        it, and the block's rows attend as its mask says (its context, the new context rows,
+        the block). The block's columns are left for the lane to forget."""
+        from ..decoding.tree_attention import rotate_at, rotate_rows
+
+        b, length, _ = x.shape
+        both = mx.concatenate([x, context], axis=1)  # block rows first: where every read has them
+        keys = rotate_at(self.rope, self._heads(self.k_proj(both), self.kv_heads, self.k_norm), layout)
+        values = self._heads(self.v_proj(both), self.kv_heads)
+        positions = layout.fresh_positions().reshape(b, -1)[:, :length].reshape(-1)  # the block's
+        queries = rotate_rows(self.rope, self._heads(self.q_proj(x), self.heads, self.q_norm), positions)
+        mask = layout.mask_for(cache)[..., :length, :]
+        keys, values = cache.update_and_fetch(keys, values)
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: DFlashConfig):
@@ -237,6 +256,10 @@ class DecoderLayer(nn.Module):
 
     def __call__(self, x: mx.array, cache) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def packed(self, x: mx.array, context: mx.array, cache, layout) -> mx.array:
+        h = x + self.self_attn.packed(self.input_layernorm(x), context, cache, layout)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -280,9 +303,12 @@ class DFlashDraft(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
-    def why_not_packed(self) -> str:
-        """Why a batch does not pack it (drafters/eagle3.py: PackedHead): each lane drafts alone."""
-        return "a DFlash drafter drafts each generation on its own (its block is not packed yet)"
+    def why_not_packed(self) -> str | None:
+        """None where a batch packs it (dflash.py: PackedBlock): a rotary embedding that places
+        each row at its own position; else why each lane drafts alone."""
+        from ..decoding.tree_attention import why_not_rope
+
+        return why_not_rope(self.layers[0].self_attn.rope)
 
     def read_context(self, features: mx.array, cache: list) -> None:
         """The target's features (B, S, feature width) at the S positions after those
@@ -296,6 +322,21 @@ class DFlashDraft(nn.Module):
         h = self._embed(block) * self.config.input_embedding_scale
         for layer, layer_cache in zip(self.layers, cache):
             h = layer(h, layer_cache)
+        return self._logits(h)
+
+    def read_packed(self, ids: mx.array, features: mx.array, cache: list, layout) -> mx.array:
+        """A packed batch's read: each row's block (its first block_size ids) and after it
+        the context rows it reads (`features` there; zeros beside the block), in one forward
+        over the batch's cache -> the block's logits (rows, block_size, its vocab). Every
+        row's columns are kept; the lane forgets the block's (dflash.py)."""
+        size = self.config.block_size
+        h = self._embed(ids[:, :size]) * self.config.input_embedding_scale
+        context = self.hidden_norm(self.fc(features[:, size:]))
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer.packed(h, context, layer_cache, layout)
+        return self._logits(h)
+
+    def _logits(self, h: mx.array) -> mx.array:
         logits = self.scores(self.norm(h)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return logits if cap is None else mx.tanh(logits / cap) * cap

@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..decoding.carry import Carry
 from ..decoding.cursor import TOKEN, Cursor
 from ..decoding.drafter import Drafts
-from ..decoding.packed import Lane, PackedCache
+from ..decoding.packed import Lane
 from ..decoding.plan import Plan
 from ..decoding.tree import LevelPrice
 from . import EAGLE3
@@ -58,36 +58,19 @@ class Eagle3Drafter(FeatureRows):
     def rows(self) -> int:
         return self.cache.length if isinstance(self.cache, Lane) else self.cache.offset
 
-    # -- a batch's calls
-    def join(self, packed: PackedCache) -> None:
-        """Move the head's rows into a lane of `packed` (a batch's head cache)."""
-        lane = packed.lane()
-        try:
-            if self.rows:
-                keys, values = self.cache.keys_and_values()  # the rows held, not the buffer's spare
-                packed.adopt(lane, [(keys, values)])
-        except BaseException:
-            packed.release(lane)
-            raise
-        self.cache = lane
-
-    def leave(self) -> None:
-        """Out of its lane, into a cache of its own holding the same rows (none, should
-        copying them out fail or be interrupted: the head then reads the target's features
-        again)."""
+    def _own_cache(self, states: list | None = None):
+        """A cache of its own (feature_rows.py's join and leave), holding `states` (its one
+        layer's keys and values) where given."""
         from mlx_lm.models.cache import KVCache
 
-        lane, ids, own = self.cache, self.ids, None
-        try:
-            copied = KVCache()
-            if lane.length:
-                (keys, values), *_ = lane.packed.gather(lane)
-                copied.update_and_fetch(keys, values)
-                mx.eval(copied.state)
-            own = copied
-        finally:  # out of the lane whatever happens, the row freed
-            self.cache, self.ids = (own, ids) if own is not None else (KVCache(), [])
-            lane.packed.release(lane)
+        cache = KVCache()
+        for keys, values in states or []:
+            cache.update_and_fetch(keys, values)
+        mx.eval(cache.state)
+        return cache
+
+    def _own_states(self) -> list:
+        return [self.cache.keys_and_values()]  # the rows held, not the buffer's spare
 
     def _forward(self, tokens: mx.array, hidden: mx.array, *, chained: bool = False, layout=None):
         """The head over `tokens` (1, n) beside `hidden` (1, n, ·), its cache one longer per
@@ -246,8 +229,7 @@ class PackedHead:
         return [KVCache()]
 
     def why_not(self) -> str | None:
-        packs = getattr(self.head, "why_not_packed", None)  # a drafter that is no head of one layer
-        return packs() if packs is not None else self.head.why_no_trees()
+        return self.head.why_no_trees()  # its rotary embedding places rows at their own positions, or not
 
     def __call__(self, ids: mx.array, *, cache: list, beside: mx.array, layout) -> tuple[mx.array, mx.array]:
         return self.head(ids, beside, cache[0], chained=True, layout=layout)

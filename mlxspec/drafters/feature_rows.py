@@ -54,6 +54,38 @@ class FeatureRows:
         """The cache's arrays, to evaluate."""
         raise NotImplementedError
 
+    def _own_cache(self, states: list | None = None):
+        """A cache of its own, empty or holding `states` (per layer: keys and values, (1,
+        heads, rows, dim)), evaluated."""
+        raise NotImplementedError
+
+    def _own_states(self) -> list:
+        """Per layer of its own cache: the keys and values of the rows it holds."""
+        raise NotImplementedError
+
+    # -- a batch's calls (its cache a lane of the batch's packed drafter cache, packed.py)
+    def join(self, packed) -> None:
+        """Move the rows into a lane of `packed` (a batch's drafter cache)."""
+        lane = packed.lane()
+        try:
+            if self.rows:
+                packed.adopt(lane, self._own_states())
+        except BaseException:
+            packed.release(lane)
+            raise
+        self.cache = lane
+
+    def leave(self) -> None:
+        """Out of its lane, into a cache of its own holding the same rows (none, should
+        copying them out fail or be interrupted: it then reads the target's features
+        again)."""
+        lane, ids, own = self.cache, self.ids, None
+        try:
+            own = self._own_cache(lane.packed.gather(lane) if lane.length else None)
+        finally:  # out of the lane whatever happens, the row freed
+            self.cache, self.ids = (own, ids) if own is not None else (self._own_cache(), [])
+            lane.packed.release(lane)
+
     @property
     def draft_to_target(self) -> mx.array | None:
         """The target id of each of the drafter's ids, where it scores part of the target's

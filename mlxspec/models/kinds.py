@@ -41,6 +41,8 @@ class Kind:
     load: Callable[[str, Path | None, LoadedModel], LoadedModel | None] = lambda name, path, target: None
     # (the draft, the target's cursor, name=, cache_options=) -> the drafter; None: the policy drafts
     drafter: Callable[..., object] | None = None
+    # the draft's model -> what a batch's packed cache runs (decoding/packed.py); None: the model
+    packed: Callable[[object], object] | None = None
 
 
 def named(draft: str | None) -> Kind | None:
@@ -123,6 +125,12 @@ def _eagle3_drafter(draft: LoadedModel, target, *, name: str, cache_options):
     return Eagle3Drafter(draft.model, target, name=name)
 
 
+def _packed_head(model):
+    from ..drafters.eagle3 import PackedHead
+
+    return PackedHead(model)  # its one attention layer handed the batch's layout
+
+
 # -- a DFlash block drafter: layers over the target's hidden states, its embedding and LM head the target's
 def _is_dflash(path: Path) -> bool:
     from ..drafters.dflash_model import is_dflash_folder
@@ -140,6 +148,12 @@ def _dflash_drafter(draft: LoadedModel, target, *, name: str, cache_options):
     from ..drafters.dflash import DFlashDrafter
 
     return DFlashDrafter(draft.model, target, name=name)
+
+
+def _packed_block(model):
+    from ..drafters.dflash import PackedBlock
+
+    return PackedBlock(model)  # each lane's block and context rows in one read
 
 
 # -- the target's own MTP head
@@ -160,8 +174,22 @@ KINDS: dict[str, Kind] = {
     for kind in (
         Kind(DRAFT_MODEL, load=_load_draft_model, drafter=_model_drafter),
         Kind(PROMPT_LOOKUP, named=True, by_lookup=True),
-        Kind(EAGLE3, reads_features=True, detect=_is_eagle3_head, load=_load_eagle3, drafter=_eagle3_drafter),
-        Kind(DFLASH, reads_features=True, detect=_is_dflash, load=_load_dflash, drafter=_dflash_drafter),
+        Kind(
+            EAGLE3,
+            reads_features=True,
+            detect=_is_eagle3_head,
+            load=_load_eagle3,
+            drafter=_eagle3_drafter,
+            packed=_packed_head,
+        ),
+        Kind(
+            DFLASH,
+            reads_features=True,
+            detect=_is_dflash,
+            load=_load_dflash,
+            drafter=_dflash_drafter,
+            packed=_packed_block,
+        ),
         Kind(
             MTP,
             named=True,
@@ -170,6 +198,7 @@ KINDS: dict[str, Kind] = {
             shown_as="the model's MTP head",
             load=_load_mtp,
             drafter=_mtp_drafter,
+            packed=_packed_head,
         ),
     )
 }

@@ -225,11 +225,23 @@ def _drafts_as_alone(pair, prompts, options: dict) -> None:
     assert batch.rows_of[name] > 1.5 * batch.forwards_of[name] > 0, (batch.rows_of, batch.forwards_of)
 
 
-def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads):
-    """A session that generated alone (its head holding the conversation's rows) joins a
-    batch beside another request for its next turn and leaves it again: its head's rows move
-    into the batch's head cache and back, so every turn drafts and answers as alone."""
-    pair = heads.pair("llama")
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_dflash_blocks_are_one_forward_for_every_lane_and_the_drafts_alone(drafters, arch):
+    """Each lane's block and the context rows it reads with it are one read of the batch's
+    drafter cache; the block's columns are forgotten after, so every lane drafts what it
+    drafts alone, chains and DDTrees."""
+    pair = drafters.pair(arch)
+    for options in (dict(gamma=5, tree=0), dict(gamma=5, tree=8)):
+        _drafts_as_alone(pair, PROMPTS, options | dict(ngram=False, history=False))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_conversation_whose_head_holds_rows_continues_in_a_batch(heads, drafters, kind):
+    """A session that generated alone (its head or DFlash drafter holding the
+    conversation's rows) joins a batch beside another request for its next turn and leaves
+    it again: its rows move into the batch's drafter cache and back, so every turn drafts
+    and answers as alone."""
+    pair = heads.pair("llama") if kind == "eagle3" else drafters.pair("llama")
     options = dict(max_tokens=MAX_TOKENS, gamma=3, tree=0, ngram=False, history=False)
 
     def turns(batched: bool) -> list:
@@ -383,6 +395,28 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
         "llama_kv32": CacheOptions(kv_bits=4, kv_group_size=32),
         "qwen3_window": CacheOptions(max_kv_size=WINDOW),
     }.get(arch, CacheOptions())
+    _walk(pair, kv, data)
+
+
+@settings(
+    max_examples=max(WALKS // 2, 1),
+    derandomize="MLXSPEC_BATCH_WALKS" not in os.environ,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_requests_with_a_dflash_drafter_joining_and_leaving_a_batch_get_their_own_answers(drafters, data):
+    """The same walk with DFlash drafters (their blocks packed across lanes, their rows
+    moving into the batch's drafter cache and back with a continued session), on a full
+    attention target and on one with a window that wraps."""
+    arch = data.draw(st.sampled_from(["llama", "gemma3_text"]))
+    event(f"family: {arch}")
+    _walk(drafters.pair(arch), CacheOptions(), data)
+
+
+def _walk(pair, kv: CacheOptions, data) -> None:
+    """Requests drawn from `data` through one batch; each answer checked against alone."""
     count = data.draw(st.integers(2, 6))
     sessions = [Session(pair, cache_options=kv) for _ in range(2)]
     jobs = []
@@ -618,11 +652,40 @@ def test_an_interrupt_inside_a_compaction_leaves_the_batch_exact(load_pair, monk
     assert [answers[tuple(p)] for p in PROMPTS] == alone(pair, PROMPTS, gamma=3)
 
 
-def _generation(pair, lanes: Lanes, prompt, options, answers: dict | None = None):
+def test_an_interrupt_inside_a_dflash_blocks_forward_leaves_every_session_exact(drafters, monkeypatch):
+    """Ctrl-C inside the packed forward of every lane's DFlash block: the generations end
+    interrupted, and the same sessions, in the same lanes, then answer exactly as alone."""
+    from mlxspec.drafters.dflash import PackedBlock
+
+    pair = drafters.pair("llama")
+    forward, calls = PackedBlock.__call__, []
+
+    def interrupted_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(PackedBlock, "__call__", interrupted_once)
+    batch = Batch()
+    lanes = Lanes(pair, batch)
+    sessions = [Session(pair) for _ in PROMPTS]
+    options = mlxspec.Options.build(gamma=5, tree=8, max_tokens=MAX_TOKENS)
+    first = [_generation(pair, lanes, p, options, session=s) for p, s in zip(PROMPTS, sessions)]
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(lambda idle, tasks=first: [tasks.pop() for _ in range(len(tasks))])
+    assert len(calls) == 4
+    answers = {}
+    again = [_generation(pair, lanes, p, options, answers, session=s) for p, s in zip(PROMPTS, sessions)]
+    batch.run(lambda idle, tasks=again: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+    assert [answers[tuple(p)] for p in PROMPTS] == alone(pair, PROMPTS, gamma=0)
+
+
+def _generation(pair, lanes: Lanes, prompt, options, answers: dict | None = None, *, session=None):
     def run():
-        session = Session(pair)
-        with lanes.joined(session):
-            result = mlxspec.generate(pair, prompt, options, session=session)
+        running = session if session is not None else Session(pair)
+        with lanes.joined(running):
+            result = mlxspec.generate(pair, prompt, options, session=running)
         if answers is not None:
             answers[tuple(prompt)] = result.tokens
 

@@ -85,17 +85,21 @@ def test_the_published_layout_loads_without_running_its_code(drafters, tmp_path)
     assert not marker.exists()
 
 
-def test_the_drafters_rows_after_rejections_equal_rows_read_afresh(drafters):
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "in-a-batch"])
+def test_the_drafters_rows_after_rejections_equal_rows_read_afresh(drafters, batched):
     """After rounds with rejections and a session moved to another prompt, the drafter's
     cached context rows are exactly those a fresh drafter reads from the target's features
-    of the same ids: no row of a rejected draft, nothing of an older prompt."""
+    of the same ids: no row of a rejected draft, nothing of an older prompt. In a batch (the
+    rounds beside another request's, every block one packed forward), the rows it takes
+    back out of its lane are those too: no column of a block."""
     pair = drafters.pair("qwen3")
     session = Session(pair)
     first = mlxspec.generate(pair, PROMPT, max_tokens=30, gamma=7, tree=0, session=session)
     assert 0 < first.stats.accepted < first.stats.drafted
     history = PROMPT + first.tokens
     prompt = history[: len(PROMPT) + 9] + [50, 51]  # back into a drafted block, then elsewhere
-    trees = mlxspec.generate(pair, prompt, max_tokens=20, gamma=7, tree=8, session=session)
+    options = dict(max_tokens=20, gamma=7, tree=8, session=session)
+    trees = _beside_another(pair, prompt, options) if batched else mlxspec.generate(pair, prompt, **options)
     assert trees.stats.tree_rounds > 0
     drafter = session.draft
     rows = drafter.rows
@@ -109,6 +113,33 @@ def test_the_drafters_rows_after_rejections_equal_rows_read_afresh(drafters):
     for held, read in zip(drafter.cache, fresh):
         for a, b in zip(held.keys_and_values(), read.keys_and_values()):
             assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4).item()
+
+
+def _beside_another(pair, prompt: list[int], options: dict):
+    """The generation for `prompt` in a batch beside another request's (both drafting)."""
+    from mlxspec.batching import Lanes
+    from mlxspec.decoding.batch import Batch
+
+    batch, results = Batch(), {}
+    lanes = Lanes(pair, batch)
+
+    def mine():
+        with lanes.joined(options["session"]):
+            results["mine"] = mlxspec.generate(pair, prompt, **options)
+
+    def other():
+        fresh = Session(pair)
+        with lanes.joined(fresh):
+            mlxspec.generate(pair, PROMPT[:7], **(options | dict(session=fresh)))
+
+    def done(task, finished):
+        if finished.error is not None:
+            raise finished.error
+
+    tasks = [mine, other]
+    batch.run(lambda idle: [tasks.pop() for _ in range(len(tasks))], done=done)
+    assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0
+    return results["mine"]
 
 
 def test_a_session_with_a_dflash_drafter_stays_exact(drafters):
@@ -160,17 +191,20 @@ def test_greedy_under_a_grammar_with_a_dflash_drafter_equals_standard(drafters):
 
 
 def test_a_batch_of_prompts_with_a_dflash_drafter_is_each_prompts_own_output(drafters):
-    """Batched generations share the target's forwards; the drafter drafts each lane alone
-    (its block is not packed yet), and every result is what the prompt gives alone."""
+    """Batched generations share the target's forwards and the drafter's (every lane's block
+    in one forward), and every result is what the prompt gives alone."""
     from mlxspec.batching import generate_many
+    from mlxspec.decoding.batch import Batch
 
     pair = drafters.pair("llama")
     first = mlxspec.generate(pair, PROMPT, max_tokens=20, gamma=0).tokens
     prompts = [PROMPT, PROMPT + first[:3]]  # both on the path the drafter was fitted to
     alone = [mlxspec.generate(pair, p, max_tokens=20, gamma=0).tokens for p in prompts]
-    results = generate_many(pair, prompts, max_tokens=20, gamma=5)
+    batch = Batch()
+    results = generate_many(pair, prompts, max_tokens=20, gamma=5, batch=batch)
     assert [r.tokens for r in results] == alone
     assert all(r.stats.accepted > 0 for r in results), [r.stats for r in results]
+    assert batch.rows_of[pair.draft.name] > batch.forwards_of[pair.draft.name] > 0
 
 
 def test_the_cost_model_times_one_block_forward_as_the_drafters_step(drafters):
