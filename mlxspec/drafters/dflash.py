@@ -123,7 +123,7 @@ class DFlashDrafter(FeatureRows):
         config = self.draft.config
         block = [history[end]] + [config.mask_token_id] * (config.block_size - 1)
         if isinstance(self.cache, Lane):  # the last rows and the block in one read
-            last = max(self.rows, end - (self.cache.chunk or end))
+            last = max(self.rows, end - self._lane_step())
             self._read_rows(self.rows, last)
             logits = self._lane_read(last, end, block=block)
         else:
@@ -152,7 +152,7 @@ class DFlashDrafter(FeatureRows):
             return
         # in chunks as the target reads a prompt: lanes that arrive together read theirs in
         # one forward, padded to the longest chunk, not to the longest prompt
-        step = self.cache.chunk or end - begin
+        step = self._lane_step()
         for first in range(begin, end, step):
             self._lane_read(first, min(first + step, end), block=None)
 

@@ -203,7 +203,7 @@ class Eagle3Drafter(FeatureRows):
     def _read_rows(self, begin: int, end: int) -> None:
         # in a batch, in chunks as the target reads a prompt: lanes that arrive together read
         # theirs in one forward, padded to the longest chunk, not to the longest prompt
-        step = (self.cache.chunk if isinstance(self.cache, Lane) else None) or max(end - begin, 1)
+        step = self._lane_step() if isinstance(self.cache, Lane) else max(end - begin, 1)
         for first in range(begin, end, step):
             last = min(first + step, end)
             tokens = mx.array(self.target.history[first + 1 : last + 1], dtype=TOKEN)[None]

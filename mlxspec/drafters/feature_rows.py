@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
-from ..decoding.cursor import CATCH_UP_AFTER, Cursor, common_prefix
+from ..decoding.cursor import CATCH_UP_AFTER, PREFILL_STEP, Cursor, common_prefix
 
 
 class FeatureRows:
@@ -64,6 +64,12 @@ class FeatureRows:
         raise NotImplementedError
 
     # -- a batch's calls (its cache a lane of the batch's packed drafter cache, packed.py)
+    def _lane_step(self) -> int:
+        """Rows a lane reads at most in one read: the batch's chunk while other lanes wait
+        for each forward, else the target's prefill step (a packed read's mask grows with
+        the square of its rows)."""
+        return min(PREFILL_STEP, self.cache.chunk or PREFILL_STEP)
+
     def join(self, packed) -> None:
         """Move the rows into a lane of `packed` (a batch's drafter cache)."""
         lane = packed.lane()

@@ -14,6 +14,7 @@ import json
 import math
 import time
 from dataclasses import MISSING, asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -433,7 +434,8 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         card = model_card(
             settings, facts, figures, state, what=dflash_summary(settings, shape, mask_id, len(vocabulary))
         )
-        write_finished(head, out, card, save=save_draft, load=load_draft)
+        # bfloat16 as heads are written (and z-lab's drafters published): half the disk
+        write_finished(head, out, card, save=partial(save_draft, dtype=mx.bfloat16), load=load_draft)
     else:
         head.config.extra["mlxspec"] = {"trained_by": "mlxspec train-draft", "held_out": figures} | {
             k: facts[k] for k in ("answer_tokens", "text_tokens", "trained_positions")

@@ -225,14 +225,23 @@ def _drafts_as_alone(pair, prompts, options: dict) -> None:
     assert batch.rows_of[name] > 1.5 * batch.forwards_of[name] > 0, (batch.rows_of, batch.forwards_of)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
-def test_dflash_blocks_are_one_forward_for_every_lane_and_the_drafts_alone(drafters, arch):
+LONG = [10 + (7 * i) % 300 for i in range(300)]  # past a batch's chunk: its rows read in several reads
+
+
+@pytest.mark.parametrize(
+    "arch, drafter",
+    [("llama", {}), ("gemma3_text", {}), ("llama", dict(layers=3, causal=True))],
+    ids=["llama", "gemma3_text", "llama-3-layers-causal"],
+)
+def test_dflash_blocks_are_one_forward_for_every_lane_and_the_drafts_alone(drafters, arch, drafter):
     """Each lane's block and the context rows it reads with it are one read of the batch's
-    drafter cache; the block's columns are forgotten after, so every lane drafts what it
-    drafts alone, chains and DDTrees."""
-    pair = drafters.pair(arch)
+    drafter cache (long prompts' rows in chunks, some aside); the block's columns are
+    forgotten after, so every lane drafts what it drafts alone, chains and DDTrees, with
+    drafters of several layers (each reads the same context) and causal blocks."""
+    pair = drafters.pair(arch, **drafter)
+    prompts = PROMPTS + [LONG, PROMPTS[2] + LONG[:150]]
     for options in (dict(gamma=5, tree=0), dict(gamma=5, tree=8)):
-        _drafts_as_alone(pair, PROMPTS, options | dict(ngram=False, history=False))
+        _drafts_as_alone(pair, prompts, options | dict(ngram=False, history=False))
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
@@ -652,42 +661,109 @@ def test_an_interrupt_inside_a_compaction_leaves_the_batch_exact(load_pair, monk
     assert [answers[tuple(p)] for p in PROMPTS] == alone(pair, PROMPTS, gamma=3)
 
 
-def test_an_interrupt_inside_a_dflash_blocks_forward_leaves_every_session_exact(drafters, monkeypatch):
-    """Ctrl-C inside the packed forward of every lane's DFlash block: the generations end
-    interrupted, and the same sessions, in the same lanes, then answer exactly as alone."""
-    from mlxspec.drafters.dflash import PackedBlock
+def test_a_lone_lanes_long_prompt_is_read_in_chunks_by_its_feature_drafter(heads, drafters, monkeypatch):
+    """A lane alone in its batch (a server's single request) reads a long prompt's rows in
+    chunks of at most the target's prefill step, not in one read whose mask grows with the
+    square of the prompt: a DFlash drafter's and an EAGLE-3 head's."""
+    from mlxspec.decoding.cursor import PREFILL_STEP
 
-    pair = drafters.pair("llama")
-    forward, calls = PackedBlock.__call__, []
+    forward, widest = PackedCache.forward, Counter()
 
-    def interrupted_once(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return forward(self, *args, **kwargs)
+    def measured(self, reads):
+        for read in reads:
+            widest[self.name] = max(widest[self.name], read.ids.shape[0])
+        return forward(self, reads)
 
-    monkeypatch.setattr(PackedBlock, "__call__", interrupted_once)
+    monkeypatch.setattr(PackedCache, "forward", measured)
+    prompt = (LONG * 3)[: PREFILL_STEP + 200]
+    for pair in (drafters.pair("llama"), heads.pair("llama")):
+        [result] = generate_many(pair, [prompt], max_tokens=4, gamma=3, ngram=False, history=False)
+        assert result.tokens == mlxspec.generate(pair, prompt, max_tokens=4, gamma=0).tokens
+        block = pair.draft.model.config.block_size if pair.draft.kind == "dflash" else 0
+        assert 0 < widest[pair.draft.name] <= PREFILL_STEP + block, widest
+
+
+@pytest.mark.parametrize("where", ["inside the second layer", "between the read and the forget"])
+def test_an_interrupt_inside_a_dflash_read_leaves_every_session_exact(drafters, monkeypatch, where):
+    """Ctrl-C inside the packed forward of every lane's DFlash block (after its first layer
+    wrote its columns: the batch's run ends, every generation interrupted), or after a
+    lane's read returned and before it forgot the block's columns (that generation ends
+    interrupted, as Ctrl-C ends it alone, and the others go on): every drafter's rows are
+    then those read afresh from its target's features, and the same sessions, in the same
+    lanes, answer exactly as alone, their rows again those read afresh."""
+    from mlxspec.drafters import dflash_model
+
+    pair = drafters.pair("llama", layers=2)
+    calls = []
+    if where == "inside the second layer":
+        forward = dflash_model.DecoderLayer.packed
+
+        def interrupted(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2 * 7:  # the second layer of the seventh forward
+                raise KeyboardInterrupt
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(dflash_model.DecoderLayer, "packed", interrupted)
+    else:
+        forget = Lane.keep_block_rows
+
+        def interrupted(self, count, kept):
+            if self.packed.name == pair.draft.name:
+                calls.append(1)
+                if len(calls) == 7:
+                    raise KeyboardInterrupt
+            return forget(self, count, kept)
+
+        monkeypatch.setattr(Lane, "keep_block_rows", interrupted)
     batch = Batch()
     lanes = Lanes(pair, batch)
     sessions = [Session(pair) for _ in PROMPTS]
     options = mlxspec.Options.build(gamma=5, tree=8, max_tokens=MAX_TOKENS)
-    first = [_generation(pair, lanes, p, options, session=s) for p, s in zip(PROMPTS, sessions)]
-    with pytest.raises(KeyboardInterrupt):
-        batch.run(lambda idle, tasks=first: [tasks.pop() for _ in range(len(tasks))])
-    assert len(calls) == 4
+    ended = {}
+    first = [_generation(pair, lanes, p, options, ended, session=s, reasons=True) for p, s in zip(PROMPTS, sessions)]
+    if where == "inside the second layer":
+        with pytest.raises(KeyboardInterrupt):
+            batch.run(lambda idle, tasks=first: [tasks.pop() for _ in range(len(tasks))])
+    else:
+        batch.run(lambda idle, tasks=first: [tasks.pop() for _ in range(len(tasks))], done=_raising)
+        assert sorted(ended.values()) == ["interrupted", "length", "length", "length"], ended
+    assert len(calls) >= 7
+    for session in sessions:
+        _dflash_rows_read_afresh(pair, session.draft)
     answers = {}
     again = [_generation(pair, lanes, p, options, answers, session=s) for p, s in zip(PROMPTS, sessions)]
     batch.run(lambda idle, tasks=again: [tasks.pop() for _ in range(len(tasks))], done=_raising)
     assert [answers[tuple(p)] for p in PROMPTS] == alone(pair, PROMPTS, gamma=0)
+    for session in sessions:
+        _dflash_rows_read_afresh(pair, session.draft)
 
 
-def _generation(pair, lanes: Lanes, prompt, options, answers: dict | None = None, *, session=None):
+def _dflash_rows_read_afresh(pair, drafter) -> None:
+    """The DFlash drafter's rows (its own cache's) are those a fresh cache reads from its
+    target's features of the same ids."""
+    from mlxspec.decoding import capture
+
+    assert drafter.ids == drafter.target.history[: drafter.rows]
+    if not drafter.rows:
+        return
+    pair.target.model(mx.array([drafter.ids]))
+    fresh = pair.draft.model.make_cache()
+    pair.draft.model.read_context(capture.taps_of(pair.target.model).take(), fresh)
+    for held, read in zip(drafter.cache, fresh):
+        for a, b in zip(held.keys_and_values(), read.keys_and_values()):
+            assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4).item()
+
+
+def _generation(pair, lanes: Lanes, prompt, options, answers: dict | None = None, *, session=None, reasons=False):
+    """A task: the prompt's generation in a lane, its ids (or its finish reason) put in `answers`."""
+
     def run():
         running = session if session is not None else Session(pair)
         with lanes.joined(running):
             result = mlxspec.generate(pair, prompt, options, session=running)
         if answers is not None:
-            answers[tuple(prompt)] = result.tokens
+            answers[tuple(prompt)] = result.finish_reason if reasons else result.tokens
 
     return run
 

@@ -29,11 +29,13 @@ def make_dflash(
     layers: int = 1,
     mask_token_id: int = 1,
     draft_vocab: float = 1.0,
+    causal: bool = False,
 ) -> Path:
     """A drafter for the mlx-lm model at `target_dir`, written to `out_dir`, reading the
     outputs of `layer_ids` (default: every layer of the tiny target). `draft_vocab` < 1: it
     scores that share of the target's ids (heads.part_of_vocabulary) with its own LM head,
-    which starts as the target's rows for them."""
+    which starts as the target's rows for them. `causal`: its block attends causally (the
+    config's `is_causal`; the published drafters attend both ways)."""
     import mlx_lm
 
     from mlxspec.decoding import capture
@@ -61,6 +63,7 @@ def make_dflash(
         num_target_layers=count,
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(text.get("max_position_embeddings") or 1024),
+        is_causal=causal,
     )
     rng = np.random.default_rng(seed)
     sequences, features = _continuations(model, taps, [list(p) for p in fit_prompts], rng) if fit_steps else ([], [])
@@ -78,6 +81,9 @@ def make_dflash(
         _fit(draft, sequences, features, to_row, first=len(fit_prompts[0]) - 1, steps=fit_steps, rng=rng)
     mx.eval(draft.parameters())
     save_draft(draft, out_dir)
+    if causal:  # the published layout's writer leaves the default (both ways) unsaid
+        written = json.loads((Path(out_dir) / "config.json").read_text())
+        (Path(out_dir) / "config.json").write_text(json.dumps(written | {"is_causal": True}))
     return Path(out_dir)
 
 
