@@ -5,7 +5,7 @@ draft) on the same target folder, as the peer.
 
     LD_PRELOAD=$(dpkg -L libopenblas0-pthread | grep 'libblas.so.3$') OPENBLAS_NUM_THREADS=1 \
         python demos/serve_concurrency.py --pair smollm2 --clients 1,2,4,8 \
-        [--prompts chat|edit|edit-below|edit-raw] [--api chat|completions] [--json]
+        [--prompts chat|edit|edit-below|edit-raw] [--api chat|completions] [--draft DRAFT] [--json]
 
 Each run sends `clients` chat requests at once (streamed, temperature 0, --max-tokens each,
 a different prompt each: the bench suite's prompts as chat messages, or "rewrite this code
@@ -157,6 +157,7 @@ def run(url: str, texts: list[str], *, max_tokens: int, extra: dict, api: str = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="smollm2")
+    parser.add_argument("--draft", help="mlxspec's draft in place of the preset's (e.g. dflash: its DFlash drafter)")
     parser.add_argument("--clients", default="1,2,4,8")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--prompts", choices=["chat", *EDIT_FORMS], default="chat")
@@ -174,6 +175,7 @@ def main() -> None:
     most = max(clients)
     ports = {name: free_port() for name in ("one", "batched", "mlx-lm")}
     mlxspec = [sys.executable, "-m", "mlxspec", "serve", "--pair", args.pair, "--cache-sessions", "0"]
+    mlxspec += ["--draft", args.draft] if args.draft else []
     commands = {
         "one": [*mlxspec, "--port", str(ports["one"]), "--max-batch", "1"],
         "batched": [*mlxspec, "--port", str(ports["batched"]), "--max-batch", str(most)],
