@@ -54,28 +54,24 @@ class DFlashDrafter(FeatureRows):
         self.draft = draft
         super().__init__(target, name=name)
 
-    def reset(self) -> None:
-        if isinstance(getattr(self, "cache", None), Lane):  # in a batch: its lane, emptied
-            self.cache.trim_to(0)
-        else:
-            self.cache: list | Lane = self.draft.make_cache()
-        self.ids: list[int] = []  # the target's ids the rows were made from, one a row
-
-    @property
-    def rows(self) -> int:
-        return self.cache.length if isinstance(self.cache, Lane) else self.cache[0].offset
-
+    # -- its own cache (feature_rows.py): a layer's each
     def _own_cache(self, states: list | None = None) -> list:
-        """A cache of its own (feature_rows.py's join and leave), holding `states` (per
-        layer: keys and values) where given."""
         cache = self.draft.make_cache()
         for layer_cache, (keys, values) in zip(cache, states or []):
             layer_cache.update_and_fetch(keys, values)
-        mx.eval([layer_cache.state for layer_cache in cache])
+        if states:
+            mx.eval([layer_cache.state for layer_cache in cache])
         return cache
 
     def _own_states(self) -> list:
         return [layer_cache.keys_and_values() for layer_cache in self.cache]
+
+    def _own_rows(self) -> int:
+        return self.cache[0].offset
+
+    def _trim_own(self, rows: int) -> None:
+        for layer_cache in self.cache:
+            layer_cache.trim(layer_cache.offset - rows)
 
     def why_no_trees(self) -> str | None:
         """None: DDTree turns the block's distributions into a tree (ddtree.py)."""
@@ -137,13 +133,6 @@ class DFlashDrafter(FeatureRows):
         the rejected drafts are trimmed at the next proposal (`_align`)."""
 
     # -- rows (feature_rows.py)
-    def _trim_cache(self, rows: int) -> None:
-        if isinstance(self.cache, Lane):
-            self.cache.trim_to(rows)
-            return
-        for layer_cache in self.cache:
-            layer_cache.trim(layer_cache.offset - rows)
-
     def _read_rows(self, begin: int, end: int) -> None:
         if end <= begin:
             return

@@ -43,34 +43,25 @@ class Eagle3Drafter(FeatureRows):
         self.head = head
         super().__init__(target, name=name)
 
-    def reset(self) -> None:
-        from mlx_lm.models.cache import KVCache
-
-        if isinstance(getattr(self, "cache", None), Lane):  # in a batch: its lane, emptied
-            self.cache.trim_to(0)
-        else:
-            self.cache: KVCache | Lane = KVCache()
-        # the target's ids through the one the last row read (rows + 1 of them; none when no
-        # row is read): row j is valid while ids 0 .. j+1 are still the target's
-        self.ids: list[int] = []
-
-    @property
-    def rows(self) -> int:
-        return self.cache.length if isinstance(self.cache, Lane) else self.cache.offset
-
+    # -- its own cache (feature_rows.py): one layer's
     def _own_cache(self, states: list | None = None):
-        """A cache of its own (feature_rows.py's join and leave), holding `states` (its one
-        layer's keys and values) where given."""
         from mlx_lm.models.cache import KVCache
 
         cache = KVCache()
         for keys, values in states or []:
             cache.update_and_fetch(keys, values)
-        mx.eval(cache.state)
+        if states:
+            mx.eval(cache.state)
         return cache
 
     def _own_states(self) -> list:
         return [self.cache.keys_and_values()]  # the rows held, not the buffer's spare
+
+    def _own_rows(self) -> int:
+        return self.cache.offset
+
+    def _trim_own(self, rows: int) -> None:
+        self.cache.trim(self.cache.offset - rows)
 
     def _forward(self, tokens: mx.array, hidden: mx.array, *, chained: bool = False, layout=None):
         """The head over `tokens` (1, n) beside `hidden` (1, n, ·), its cache one longer per
@@ -194,12 +185,6 @@ class Eagle3Drafter(FeatureRows):
         self._trim(min(self.rows, max(len(self.ids) - 1, 0)))
 
     # -- rows (feature_rows.py)
-    def _trim_cache(self, rows: int) -> None:
-        if isinstance(self.cache, Lane):
-            self.cache.trim_to(rows)
-        else:
-            self.cache.trim(self.rows - rows)
-
     def _read_rows(self, begin: int, end: int) -> None:
         # in a batch, in chunks as the target reads a prompt: lanes that arrive together read
         # theirs in one forward, padded to the longest chunk, not to the longest prompt

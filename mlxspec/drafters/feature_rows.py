@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..decoding.cursor import CATCH_UP_AFTER, PREFILL_STEP, Cursor, common_prefix
+from ..decoding.packed import Lane
 
 
 class FeatureRows:
@@ -34,16 +35,34 @@ class FeatureRows:
         self.width = target.width
         self.reset()
 
-    # -- what a kind says: its cache and how it reads rows
+    # -- its cache: a lane of a batch's packed drafter cache (packed.py), or one of its own
     def reset(self) -> None:
-        """An empty cache; no ids."""
-        raise NotImplementedError
+        """An empty cache (in a batch: its lane, emptied); no ids."""
+        if isinstance(getattr(self, "cache", None), Lane):
+            self.cache.trim_to(0)
+        else:
+            self.cache = self._own_cache()
+        # the target's ids through the last one a row read (rows + reads_ahead of them; none
+        # when no row is read): row j is valid while ids 0 .. j + reads_ahead are the target's
+        self.ids: list[int] = []
 
     @property
     def rows(self) -> int:
-        raise NotImplementedError
+        return self.cache.length if isinstance(self.cache, Lane) else self._own_rows()
 
     def _trim_cache(self, rows: int) -> None:
+        if isinstance(self.cache, Lane):
+            self.cache.trim_to(rows)
+        else:
+            self._trim_own(rows)
+
+    # -- what a kind says: its own cache and how it reads rows
+    def _own_rows(self) -> int:
+        """Rows its own cache holds."""
+        raise NotImplementedError
+
+    def _trim_own(self, rows: int) -> None:
+        """Its own cache back to `rows` rows."""
         raise NotImplementedError
 
     def _read_rows(self, begin: int, end: int) -> None:
@@ -56,7 +75,7 @@ class FeatureRows:
 
     def _own_cache(self, states: list | None = None):
         """A cache of its own, empty or holding `states` (per layer: keys and values, (1,
-        heads, rows, dim)), evaluated."""
+        heads, rows, dim), evaluated)."""
         raise NotImplementedError
 
     def _own_states(self) -> list:

@@ -384,13 +384,19 @@ def test_seeded_sampling_in_a_batch_gives_the_ids_alone(load_pair, options, cach
     ]
 
 
-@settings(
-    max_examples=WALKS,
-    derandomize="MLXSPEC_BATCH_WALKS" not in os.environ,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+def walks(count: int):
+    """The random walks' hypothesis settings: `count` derandomized sequences, or random ones
+    under MLXSPEC_BATCH_WALKS."""
+    return settings(
+        max_examples=count,
+        derandomize="MLXSPEC_BATCH_WALKS" not in os.environ,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+
+
+@walks(WALKS)
 @given(data=st.data())
 def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, data):
     """A random stream of requests (prompts, lengths, modes, some continuing an earlier
@@ -407,13 +413,7 @@ def test_requests_joining_and_leaving_a_batch_get_their_own_answers(load_pair, d
     _walk(pair, kv, data)
 
 
-@settings(
-    max_examples=max(WALKS // 2, 1),
-    derandomize="MLXSPEC_BATCH_WALKS" not in os.environ,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@walks(max(WALKS // 2, 1))
 @given(data=st.data())
 def test_requests_with_a_dflash_drafter_joining_and_leaving_a_batch_get_their_own_answers(drafters, data):
     """The same walk with DFlash drafters (their blocks packed across lanes, their rows
