@@ -100,7 +100,9 @@ def train_variant(variant: Variant, *, run: Path, settings, model, config, shape
     from mlxspec.training.run import new_drafter_and_objective
     from mlxspec.training.trainer import Eagle3Objective, State, feature_scale, standardize, train
 
-    examples = load_shards(run / "data", vocab_size=shape.vocab_size, feature_width=shape.feature_width)
+    examples = load_shards(
+        run / "data", vocab_size=shape.vocab_size, feature_width=shape.data_width, columns=shape.columns
+    )
     held = [e for e in examples if e.held_out]
     chosen = {"all": lambda e: True, "answers": lambda e: e.train_from > 0, "text": lambda e: e.train_from == 0}
     train_set = [e for e in examples if not e.held_out and chosen[variant.examples](e)]
@@ -158,7 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variants.split(",")]
 
-    from mlxspec.training.run import EAGLE3, TargetShape, load_target, read_settings
+    from mlxspec.training.run import EAGLE3, data_shape, load_target, read_settings
 
     settings = read_settings(args.run)
     if settings.kind != EAGLE3:
@@ -166,7 +168,7 @@ def main() -> None:
     from mlxspec.decoding.capture import num_layers
 
     target = load_target(settings.target)
-    shape = TargetShape.of(target.config, num_layers(target.model), kind=settings.kind)
+    shape = data_shape(args.run, settings, target.config, num_layers(target.model))
     results = []
     for variant in variants:
         print(f"{variant.name}: training {args.minutes:g} min", file=sys.stderr, flush=True)

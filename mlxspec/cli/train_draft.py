@@ -183,6 +183,15 @@ def train_draft(
             help="EAGLE-3: share of training spent on the first draft step alone, before all --steps (0.6).",
         ),
     ] = None,
+    data_from: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--data-from",
+            metavar="RUN",
+            help="Begin from another run's data for the same target (a head's or a DFlash drafter's; its shards "
+            "linked, not copied), with its prompts, text and corpus: the data is the costly part.",
+        ),
+    ] = None,
     standardize: Annotated[
         bool,
         typer.Option(
@@ -210,12 +219,18 @@ def train_draft(
             {"minutes": minutes, "tokens": tokens, "answer_minutes": answer_minutes, "text_minutes": text_minutes},
         )
     else:
+        if data_from is not None:  # the data's settings are the source run's
+            source = _data_source(context, data_from, target=target)
+            prompts = Path(source.prompts_file) if source.prompts_file else None
+            text, corpus, corpus_tokens = [Path(f) for f in source.text_files], source.corpus, source.corpus_tokens
+            max_tokens, batch, raw = source.max_tokens, source.batch, source.raw
         settings = _new_settings(
             target=target,
             prompts=prompts,
             text=text or [],
             corpus=corpus,
             corpus_tokens=corpus_tokens,
+            data_from=str(data_from.resolve()) if data_from is not None else None,
             max_disk=parse_size(max_disk),
             minutes=minutes,
             tokens=tokens,
@@ -277,6 +292,29 @@ def train_draft(
     )
 
 
+# what makes a run's data, taken from the source run with --data-from
+DATA_OPTIONS = ("prompts", "text", "corpus", "corpus_tokens", "max_tokens", "batch", "raw")
+
+
+def _typed(context: typer.Context, name: str) -> bool:
+    """Whether option `name` is on the command line, not a default (click's ParameterSource)."""
+    return getattr(context.get_parameter_source(name), "name", "") == "COMMANDLINE"
+
+
+def _data_source(context: typer.Context, source: Path, *, target: str):
+    """The settings of the run --data-from names, checked; an option that would make other
+    data is refused in one line, not silently replaced by the source's."""
+    from ..training.run import check_data_source
+
+    given = [param for param in context.command.params if param.name in DATA_OPTIONS and _typed(context, param.name)]
+    if given:
+        raise InvalidOption(
+            f"{given[0].opts[0]}: with --data-from the data's settings are that run's "
+            "(its prompts, --text, --corpus and answers); leave it out"
+        )
+    return check_data_source(source, target=target)
+
+
 # what a resumed run may be told: its folder, and a new time plan (_replanned)
 RESUME_OPTIONS = {"target", "out", "resume", "minutes", "tokens", "answer_minutes", "text_minutes", "verbose"}
 
@@ -285,10 +323,9 @@ def _refuse_new_settings(context: typer.Context) -> None:
     """A resumed run keeps what it began with (its data was made so): any other option on
     the command line is refused in one line, not silently ignored."""
 
-    def typed(name: str) -> bool:  # on the command line, not a default (typer's click's ParameterSource)
-        return getattr(context.get_parameter_source(name), "name", "") == "COMMANDLINE"
-
-    given = [param for param in context.command.params if param.name not in RESUME_OPTIONS and typed(param.name)]
+    given = [
+        param for param in context.command.params if param.name not in RESUME_OPTIONS and _typed(context, param.name)
+    ]
     if given:
         flag = given[0].opts[0]
         raise InvalidOption(

@@ -146,9 +146,21 @@ def install_outputs(model, layer_ids: tuple[int, ...]) -> Taps:
     bad = [i for i in layer_ids if not 0 <= i < count]
     if bad:
         raise UnsupportedModel(f"the target has {count} layers; a feature layer id must be below that, got {bad}")
-    inputs = tuple(i + 1 for i in layer_ids if i + 1 < count)
+    return install_stream(model, tuple(i + 1 for i in layer_ids))
+
+
+def install_stream(model, positions: tuple[int, ...]) -> Taps:
+    """Tap the residual stream at `positions`: position p is the hidden state entering
+    layer p, and position L (the target's layer count) the last layer's output, before the
+    final norm. Both an EAGLE-3 head's layer ids and a DFlash drafter's (less one) count so;
+    training data records its taps this way. Returns the Taps, in the order given."""
+    count = num_layers(model)
+    bad = [p for p in positions if not 0 <= p <= count]
+    if bad:
+        raise UnsupportedModel(f"the target has {count} layers; a stream position must be 0 to {count}, got {bad}")
+    inputs = tuple(p for p in positions if p < count)
     taps = install(model, inputs) if inputs else None
-    if count - 1 in layer_ids:
+    if count in positions:
         taps = install_final(model, after_norm=False)
-    taps.layer_ids = tuple(i + 1 if i + 1 < count else FINAL for i in layer_ids)
+    taps.layer_ids = tuple(p if p < count else FINAL for p in positions)
     return taps

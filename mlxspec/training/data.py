@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -329,16 +329,21 @@ _SHARD_KINDS = {  # key: (dimensions, the kind of its values)
 }
 
 
-def load_shards(folder: Path, *, vocab_size: int | None = None, feature_width: int | None = None) -> list[Example]:
+def load_shards(
+    folder: Path, *, vocab_size: int | None = None, feature_width: int | None = None, columns: np.ndarray | None = None
+) -> list[Example]:
     """Every shard's examples, each shard checked whole first (`vocab_size`: the target's, for
     the ids; `feature_width`: what the taps give): a damaged shard is refused in one line
-    naming it, never read as examples it does not hold."""
+    naming it, never read as examples it does not hold. `columns`: the feature columns kept
+    (a drafter reading some of the data's taps), taken a shard at a time."""
     examples = []
     for path in sorted(Path(folder).glob(SHARD_PATTERN)):
         data = _read_shard(path)
         problem = shard_problem(data, vocab_size=vocab_size, feature_width=feature_width)
         if problem:
             raise TrainingError(f"{path}: not a data shard of this run ({problem}); {_SHARD_FIX}")
+        if columns is not None:
+            data["features"] = data["features"][:, columns]
         offsets = np.concatenate([[0], np.cumsum(data["lengths"])])
         for i in range(len(data["lengths"])):
             a, b = offsets[i], offsets[i + 1]
@@ -402,6 +407,33 @@ def shard_problem(data: dict, *, vocab_size: int | None, feature_width: int | No
     if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1).all()):
         return "probabilities outside [0, 1]"
     return None
+
+
+TAPS_FILE = "taps.json"  # where the data's features were tapped (a folder without one: the run's own kind's)
+
+
+def read_taps(folder: Path, *, layers: int) -> tuple[int, ...] | None:
+    """The stream positions the data's features were tapped at (capture.install_stream),
+    checked against the target's `layers`; None where the folder does not say."""
+    file = Path(folder) / TAPS_FILE
+    if not file.is_file():
+        return None
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise TrainingError(f"{file}: not a readable record of the data's taps ({type(e).__name__})") from None
+    stream = saved.get("stream") if isinstance(saved, dict) else None
+    if not (isinstance(stream, list) and stream and all(is_whole(p) and 0 <= p <= layers for p in stream)):
+        raise TrainingError(f"{file}: stream must be a list of positions from 0 to the target's {layers} layers")
+    return tuple(stream)
+
+
+def write_taps(folder: Path, stream: tuple[int, ...]) -> None:
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainingError(f"cannot create {folder}: {e.strerror or e}") from None
+    _write_json(Path(folder) / TAPS_FILE, {"stream": list(stream)})
 
 
 PROGRESS_FILE = "progress.json"
@@ -546,6 +578,11 @@ def build_data(
     if _answers(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace):
         _text(model, tokenizer, taps, plan, record, write=write, report=report, until=until, pace=pace, reading=reading)
     return record, made
+
+
+def keep_columns(examples: list[Example], columns: np.ndarray | None) -> list[Example]:
+    """`examples` with only the feature `columns` a drafter reads (None: as they are)."""
+    return examples if columns is None else [replace(e, features=e.features[:, columns]) for e in examples]
 
 
 def _size(n: int) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +24,8 @@ import numpy as np
 from ..drafters import DFLASH, EAGLE3
 from ..drafters.dflash_model import MAX_BLOCK, MAX_LAYERS
 from .data import (
+    PROGRESS_FILE,
+    SHARD_PATTERN,
     DataPlan,
     TrainingError,
     _write_json,
@@ -31,9 +35,12 @@ from .data import (
     clear_unrecorded,
     is_number,
     is_whole,
+    keep_columns,
     load_shards,
     read_progress,
     read_prompt_file,
+    read_taps,
+    write_taps,
 )
 from .trainer import (
     INITIAL_LOGIT_STD,
@@ -92,6 +99,7 @@ class Settings:
     block_size: int = 8  # DFlash: the block's length (its anchor id and block_size - 1 mask ids)
     draft_layers: int = 1  # DFlash: the drafter's decoder layers
     mask_id: int | None = None  # DFlash: the block's mask id (None: chosen from the tokenizer)
+    data_from: str | None = None  # the run whose data this one began from (--data-from)
 
 
 def _finite_above(value, low: float, *, inclusive: bool = False) -> bool:
@@ -144,6 +152,7 @@ def settings_problem(settings: Settings) -> tuple[str, str] | None:
             f"a whole number from 1 to {MAX_LAYERS}",
         ),
         ("mask_id", settings.mask_id is None or _whole_from(settings.mask_id, 0), "a token id"),
+        ("data_from", settings.data_from is None or isinstance(settings.data_from, str), "a run's folder"),
     )
     for name, sound, what in rules:
         if not sound:
@@ -282,30 +291,78 @@ def load_target(name: str):
 
 @dataclass(frozen=True)
 class TargetShape:
-    """What the run's files must fit: the target's vocabulary, the tapped layers and the
-    width of the features they give. An EAGLE-3 head reads the hidden states entering
-    its `aux` layers (low, middle, high); a DFlash drafter the outputs of its
-    `target_layer_ids` (training/dflash.py): one data path, tapped where the kind reads."""
+    """What the run's files must fit: the target's vocabulary, the layers the drafter reads
+    (`aux`, as its kind counts them) and the taps its data holds (`stream`). An EAGLE-3
+    head reads the hidden states entering its `aux` layers (low, middle, high); a DFlash
+    drafter the outputs of its `target_layer_ids` (training/dflash.py): one data path,
+    tapped on the residual stream (capture.install_stream). Data made for one kind can
+    teach the other (--data-from): the drafter then reads the taps nearest its own."""
 
     vocab_size: int
     aux: tuple[int, ...]
-    feature_width: int
+    hidden_size: int
     kind: str = EAGLE3
+    stream: tuple[int, ...] = ()  # the data's taps, as stream positions (() : the drafter's own)
 
     @classmethod
-    def of(cls, config: dict, layers: int, *, kind: str = EAGLE3) -> TargetShape:
+    def of(cls, config: dict, layers: int, *, kind: str = EAGLE3, stream: tuple[int, ...] | None = None) -> TargetShape:
+        """The kind's own layers, or where the data holds other taps (`stream`), the taps
+        nearest them."""
         from ..decoding.capture import default_aux_layers
         from .dflash import target_layer_ids
 
         text = config.get("text_config") or config
-        aux = tuple(target_layer_ids(layers) if kind == DFLASH else default_aux_layers(layers))
-        return cls(int(text["vocab_size"]), aux, int(text["hidden_size"]) * len(aux), kind)
+        own = tuple(target_layer_ids(layers) if kind == DFLASH else default_aux_layers(layers))
+        aux = own if stream is None else nearest_taps(own, kind=kind, stream=stream, layers=layers)
+        shape = cls(int(text["vocab_size"]), aux, int(text["hidden_size"]), kind)
+        return replace(shape, stream=shape.own_stream if stream is None else tuple(stream))
+
+    @property
+    def own_stream(self) -> tuple[int, ...]:
+        """The drafter's layers as stream positions (a DFlash layer's output enters the next)."""
+        return to_stream(self.aux, kind=self.kind)
+
+    @property
+    def feature_width(self) -> int:
+        """The width of the features the drafter reads."""
+        return self.hidden_size * len(self.aux)
+
+    @property
+    def data_width(self) -> int:
+        """The width of the features the data's shards hold."""
+        return self.hidden_size * len(self.stream)
+
+    @property
+    def columns(self) -> np.ndarray | None:
+        """The data's feature columns the drafter reads, in its order (None: all, as they are)."""
+        if self.stream == self.own_stream:
+            return None
+        taps = [self.stream.index(p) for p in self.own_stream]
+        return np.concatenate([np.arange(t * self.hidden_size, (t + 1) * self.hidden_size) for t in taps])
 
     def tap(self, model):
-        """The target's Taps at the layers the kind reads (capture.py)."""
-        from ..decoding.capture import install, install_outputs
+        """The target's Taps where the data is made (capture.py)."""
+        from ..decoding.capture import install_stream
 
-        return (install_outputs if self.kind == DFLASH else install)(model, self.aux)
+        return install_stream(model, self.stream)
+
+
+def to_stream(layer_ids: tuple[int, ...], *, kind: str) -> tuple[int, ...]:
+    """A kind's layer ids as stream positions: an EAGLE-3 head's id is the layer its state
+    enters, a DFlash drafter's the layer whose output it is."""
+    return tuple(i + 1 for i in layer_ids) if kind == DFLASH else tuple(layer_ids)
+
+
+def nearest_taps(own: tuple[int, ...], *, kind: str, stream: tuple[int, ...], layers: int) -> tuple[int, ...]:
+    """For each of the kind's own layers, the nearest the data holds (the deeper of two as
+    near), as the kind counts layers. An EAGLE-3 head reads three states entering layers
+    (one may repeat, as a shallow target's do), a DFlash drafter the outputs of as many
+    layers as it likes (each once): a tap the kind cannot name is passed over."""
+    usable = sorted({p for p in stream if (p < layers if kind == EAGLE3 else p >= 1)})
+    if not usable:
+        raise TrainingError(f"the data's taps (stream positions {list(stream)}) hold nothing a {kind} drafter reads")
+    chosen = [min(usable, key=lambda p: (abs(p - want), -p)) for want in to_stream(own, kind=kind)]
+    return tuple(dict.fromkeys(p - 1 for p in chosen)) if kind == DFLASH else tuple(chosen)
 
 
 @dataclass
@@ -327,7 +384,7 @@ def read_back(out: Path, settings: Settings, shape: TargetShape) -> Kept:
     if checkpoint:
         check_checkpoint(checkpoint)
     return Kept(
-        examples=load_shards(data, vocab_size=shape.vocab_size, feature_width=shape.feature_width),
+        examples=load_shards(data, vocab_size=shape.vocab_size, feature_width=shape.data_width, columns=shape.columns),
         vocabulary=read_kept(
             data / VOCABULARY, lambda v: vocabulary_problem(v, vocab_size=shape.vocab_size, size=size)
         ),
@@ -337,6 +394,63 @@ def read_back(out: Path, settings: Settings, shape: TargetShape) -> Kept:
 
 
 VOCABULARY, SCALE = "vocabulary.npy", "feature_scale.npy"
+
+
+def data_shape(out: Path, settings: Settings, config: dict, layers: int) -> TargetShape:
+    """The run's shape: its data's taps as recorded (a run begun from another's data has
+    that run's), else its own kind's."""
+    return TargetShape.of(config, layers, kind=settings.kind, stream=read_taps(out / "data", layers=layers))
+
+
+def check_data_source(source: Path, *, target: str) -> Settings:
+    """The settings of the run whose data a new run begins from (--data-from), refused in one
+    line where it is not a run of the same target with data."""
+    if not (source / RUN_FILE).is_file():
+        raise TrainingError(f"--data-from {source}: not a training run (it has no {RUN_FILE})")
+    theirs = read_settings(source)
+    if theirs.target != target and find_target(theirs.target).resolve() != find_target(target).resolve():
+        raise TrainingError(f"--data-from {source}: its data is {theirs.target}'s, not {target}'s")
+    if not any((source / "data").glob(SHARD_PATTERN)):
+        raise TrainingError(f"--data-from {source}: its data holds no shards yet")
+    return theirs
+
+
+def source_taps(source: Path, *, config: dict, layers: int) -> tuple[int, ...]:
+    """Where the data of the run `source` was tapped (stream positions)."""
+    try:
+        stream = read_taps(source / "data", layers=layers)
+        if stream is None:  # made before data recorded its taps: at the source's own kind's
+            stream = TargetShape.of(config, layers, kind=read_settings(source).kind).stream
+    except TrainingError as e:
+        raise TrainingError(f"--data-from {source}: {e}") from None
+    return stream
+
+
+def adopt_data(source: Path, data: Path) -> None:
+    """Begin this run's data as `source`'s: its recorded shards hard-linked (copied where the
+    disk cannot link them) and its progress record copied, so this run's data goes on where
+    that one's stopped, tapped where it was, and the source's files are never written. Made
+    beside and renamed: a run stopped here begins the adoption again."""
+    theirs = source / "data"
+    try:
+        record = read_progress(theirs)
+    except TrainingError as e:
+        raise TrainingError(f"--data-from {source}: {e}") from None
+    shards = [path for path in sorted(theirs.glob(SHARD_PATTERN)) if int(path.name[6:10]) < record["shards"]]
+    partial = data.with_name(data.name + ".partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for path in shards:
+            try:
+                os.link(path, partial / path.name)
+            except OSError:  # another disk, or one without hard links
+                shutil.copy2(path, partial / path.name)
+    except OSError as e:
+        raise TrainingError(f"cannot take {source}'s data into {data}: {e.strerror or e}") from None
+    # the source's --max-disk was its own: this run's bound decides whether it makes more
+    _write_json(partial / PROGRESS_FILE, record | {"full": False})
+    partial.rename(data)
 
 
 def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
@@ -349,28 +463,36 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
 
     began = time.perf_counter()
     clear_unrecorded(out / "data", note=progress.note)  # what a run killed mid-write left
-    until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
     check_inputs(settings)  # the command has read them already (a corpus is read once a process)
     progress.status(f"loading {settings.target}")
     target = load_target(settings.target)
     model, tokenizer = target.model, target.tokenizer
-    shape = TargetShape.of(target.config, num_layers(model), kind=settings.kind)
-    kept = read_back(out, settings, shape)
+    layers = num_layers(model)
+    data = out / "data"
+    adopting = settings.data_from is not None and not data.exists()  # a run begun from another's data
+    source = Path(settings.data_from) if adopting else None
+    stream = source_taps(source, config=target.config, layers=layers) if source else read_taps(data, layers=layers)
+    shape = TargetShape.of(target.config, layers, kind=settings.kind, stream=stream)
     mask_id = None
     if settings.kind == DFLASH:  # refused before any work where the tokenizer has none
         from .dflash import choose_mask_id
 
         mask_id = choose_mask_id(tokenizer, vocab_size=shape.vocab_size, given=settings.mask_id)
-    taps = shape.tap(model)
+    taps = shape.tap(model)  # a target that cannot be tapped, refused as well before any file is written
+    if source:
+        adopt_data(source, data)
+    write_taps(data, shape.stream)  # the data says where it was tapped, for any run that reads it
+    # (the time an adopted source spent on its data counts as this run's)
+    until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
+    kept = read_back(out, settings, shape)
     plan = data_plan(settings, vocab_size=shape.vocab_size)
     record, made = build_data(
         model, tokenizer, taps, out / "data", plan, report=progress.data, until=until,
         reading=progress.reading, note=progress.note,
     )  # fmt: skip
-    examples = kept.examples + made
+    examples = kept.examples + keep_columns(made, shape.columns)
     if not examples:
         raise TrainingError("the target wrote no usable data (give more --minutes, prompts, --text or --max-disk)")
-    data = out / "data"
     train_set = [e for e in examples if not e.held_out] or examples
     held_out = [e for e in examples if e.held_out]
     bound: tuple[Path, ...] = ()
@@ -608,6 +730,9 @@ def model_card(settings: Settings, facts: dict, figures: dict, state: State, wha
         else "the bundled prompt set"
     )
     text = ", ".join(settings.text_files + [f"--corpus {settings.corpus}"] * bool(settings.corpus)) or "none"
+    begun = f"\n- Begun from the data of {settings.data_from} (its shards linked, read where they were tapped)." * bool(
+        settings.data_from
+    )
     held_rule = "every 16th example" + (
         " (of the corpus: whole conversations, those whose first user turn's sha256 is 0 mod 16)"
         if settings.corpus
@@ -629,7 +754,7 @@ beside its target.
   sequence; {held_rule} held out ({facts["held_out_examples"]} examples).
 - Data took {facts["data_seconds"] / 60:.1f} min; training {facts["train_seconds"] / 60:.1f} min
   ({facts["steps_taken"]} steps, {facts["trained_positions"]} trained positions summed over
-  steps, {facts["epochs"]:.1f} epochs).
+  steps, {facts["epochs"]:.1f} epochs).{begun}
 
 ## Held-out acceptance
 Greedy agreement with the target per draft position, conditional (position k over the
