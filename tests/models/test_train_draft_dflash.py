@@ -31,6 +31,18 @@ OPTIONS += ["--batch-rows", 128, "--warmup", 5]
 PROMPT = list(range(10, 22))
 
 
+def drafts_exactly(target: Path, drafter: Path, *, kind: str, settings=((3, 0), (3, 6))):
+    """The drafter loads beside its target as `kind`, drafts, and every greedy answer is
+    standard decoding's, at each (gamma, tree) of `settings`; returns the pair."""
+    pair = mlxspec.load_pair(str(target), str(drafter))
+    assert pair.draft.kind == kind
+    standard = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=0).tokens
+    for gamma, tree in settings:
+        result = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=gamma, tree=tree)
+        assert result.tokens == standard and result.stats.drafted > 0, (gamma, tree)
+    return pair
+
+
 @pytest.fixture(scope="module")
 def target(factory) -> Path:
     return factory.pair("llama")[0]
@@ -62,13 +74,7 @@ def test_the_trained_drafter_is_the_published_layout_and_drafts_exactly(trained,
     card = (trained / "README.md").read_text()
     assert card.startswith("# DFlash block drafter for") and "train-draft --target" in card and "--kind dflash" in card
 
-    pair = mlxspec.load_pair(str(target), str(trained))
-    assert pair.draft.kind == "dflash"
-    standard = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=0).tokens
-    for gamma, tree in ((3, 0), (3, 6), ("auto", "auto")):
-        result = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=gamma, tree=tree)
-        assert result.tokens == standard, (gamma, tree)
-        assert result.stats.drafted > 0, (gamma, tree)
+    drafts_exactly(target, trained, kind="dflash", settings=((3, 0), (3, 6), ("auto", "auto")))
 
 
 def test_the_loss_falls_well_below_where_it_started(trained, target):
@@ -154,12 +160,8 @@ def test_a_draft_vocabulary_is_trained_written_and_drafts_exactly(target, text, 
     # the whole vocabulary reaches 0.10 here: ids left unmapped would agree about never
     assert alpha > 0.05, done.stdout
 
-    pair = mlxspec.load_pair(str(target), str(out))
-    assert pair.draft.kind == "dflash" and pair.draft.model.config.draft_vocab_size == 96
-    standard = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=0).tokens
-    for gamma, tree in ((3, 0), (3, 6)):
-        result = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=gamma, tree=tree)
-        assert result.tokens == standard and result.stats.drafted > 0, (gamma, tree)
+    pair = drafts_exactly(target, out, kind="dflash")
+    assert pair.draft.model.config.draft_vocab_size == 96
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mlxspec
 from tests.models.test_train_draft import _train
-from tests.models.test_train_draft_dflash import PROMPT, TEXT
+from tests.models.test_train_draft_dflash import TEXT, drafts_exactly
 from tests.models.test_train_draft_resume import _shards, _stop
 
 # text read teacher-forced only (the data is the same at every run): some 200 chunks, seven
@@ -75,13 +74,7 @@ def test_a_head_learns_from_a_dflash_runs_data_and_drafts_exactly(source, target
     alpha = float(done.stdout.split("held-out α per position ")[1].split()[0])
     assert alpha > 0.2, done.stdout  # it learnt from the features it read
 
-    pair = mlxspec.load_pair(str(target), str(out))
-    assert pair.draft.kind == "eagle3"
-    standard = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=0).tokens
-    for gamma, tree in ((3, 0), (3, 6), ("auto", "auto")):
-        result = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=gamma, tree=tree)
-        assert result.tokens == standard, (gamma, tree)
-        assert result.stats.drafted > 0, (gamma, tree)
+    drafts_exactly(target, out, kind="eagle3", settings=((3, 0), (3, 6), ("auto", "auto")))
 
 
 def test_data_begun_from_a_stopped_run_goes_on_to_the_data_of_one_never_stopped(source, target, text, tmp_path):
@@ -116,12 +109,7 @@ def test_a_drafter_learns_from_a_heads_data(target, text, tmp_path):
     done = _train("--target", target, "--out", drafter, "--data-from", head, *DFLASH)
     assert done.returncode == 0, done.stderr
     assert json.loads((drafter / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [0]
-    pair = mlxspec.load_pair(str(target), str(drafter))
-    assert pair.draft.kind == "dflash"
-    standard = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=0).tokens
-    for gamma, tree in ((3, 0), (3, 6)):
-        result = mlxspec.generate(pair, PROMPT, max_tokens=40, gamma=gamma, tree=tree)
-        assert result.tokens == standard and result.stats.drafted > 0, (gamma, tree)
+    drafts_exactly(target, drafter, kind="dflash")
 
 
 @pytest.mark.parametrize(
