@@ -216,13 +216,21 @@ def train_draft(
         settings = _replanned(
             out,
             read_settings(out),
-            {"minutes": minutes, "tokens": tokens, "answer_minutes": answer_minutes, "text_minutes": text_minutes},
+            {
+                "minutes": minutes,
+                "tokens": tokens,
+                "answer_minutes": answer_minutes,
+                "text_minutes": text_minutes,
+                # more of the corpus read: its conversations come in the same order, so the data goes on
+                "corpus_tokens": corpus_tokens if _typed(context, "corpus_tokens") else None,
+            },
         )
     else:
         if data_from is not None:  # the data's settings are the source run's
             source = _data_source(context, data_from, target=target)
             prompts = Path(source.prompts_file) if source.prompts_file else None
-            text, corpus, corpus_tokens = [Path(f) for f in source.text_files], source.corpus, source.corpus_tokens
+            text, corpus = [Path(f) for f in source.text_files], source.corpus
+            corpus_tokens = corpus_tokens if _typed(context, "corpus_tokens") else source.corpus_tokens
             max_tokens, batch, raw = source.max_tokens, source.batch, source.raw
         settings = _new_settings(
             target=target,
@@ -293,7 +301,8 @@ def train_draft(
 
 
 # what makes a run's data, taken from the source run with --data-from
-DATA_OPTIONS = ("prompts", "text", "corpus", "corpus_tokens", "max_tokens", "batch", "raw")
+# (not --corpus-tokens: more of the same corpus, in the same order, goes on with the same data)
+DATA_OPTIONS = ("prompts", "text", "corpus", "max_tokens", "batch", "raw")
 
 
 def _typed(context: typer.Context, name: str) -> bool:
@@ -316,7 +325,9 @@ def _data_source(context: typer.Context, source: Path, *, target: str):
 
 
 # what a resumed run may be told: its folder, and a new time plan (_replanned)
-RESUME_OPTIONS = {"target", "out", "resume", "minutes", "tokens", "answer_minutes", "text_minutes", "verbose"}
+RESUME_OPTIONS = {
+    "target", "out", "resume", "minutes", "tokens", "answer_minutes", "text_minutes", "corpus_tokens", "verbose"
+}  # fmt: skip
 
 
 def _refuse_new_settings(context: typer.Context) -> None:
@@ -330,15 +341,15 @@ def _refuse_new_settings(context: typer.Context) -> None:
         flag = given[0].opts[0]
         raise InvalidOption(
             f"{flag}: a resumed run keeps the settings it began with (its run.json); --resume takes only "
-            "--minutes, --tokens, --answer-minutes and --text-minutes"
+            "--minutes, --tokens, --answer-minutes, --text-minutes and --corpus-tokens"
         )
 
 
 def _replanned(out: Path, settings, plan: dict):
-    """A resumed run's settings with the time plan given on this command line (--minutes,
-    --tokens, --answer-minutes, --text-minutes) in place of the saved one: a run that is
-    taking longer than its owner has can be cut short or given more, its data kept. Each
-    value counts the whole run, earlier sessions included; the new plan is saved."""
+    """A resumed run's settings with the plan given on this command line (--minutes,
+    --tokens, --answer-minutes, --text-minutes, --corpus-tokens) in place of the saved one:
+    a run that is taking longer than its owner has can be cut short or given more, its data
+    kept. Each value counts the whole run, earlier sessions included; the new plan is saved."""
     from dataclasses import replace
 
     from ..training.run import save_settings

@@ -163,17 +163,18 @@ def test_a_resumed_run_takes_a_new_time_plan_and_keeps_it(target, tmp_path):
     assert refused.returncode == 2 and "--text-minutes must be a number of minutes >= 0" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert json.loads((out / "run.json").read_text())["text_minutes"] == 5  # a refused plan is not saved
-    for other in (["--kind", "dflash"], ["--lr", "0.1"], ["--corpus-tokens", "5"]):  # the run's own, not a plan
+    for other in (["--kind", "dflash"], ["--lr", "0.1"], ["--max-tokens", "5"]):  # the run's own, not a plan
         refused = _train("--target", target, "--out", out, "--resume", *other)
         assert (
             refused.returncode == 2 and f"{other[0]}: a resumed run keeps the settings it began with" in refused.stderr
         )
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
-    said = _stop(
-        ["--target", target, "--out", out, "--resume", "--answer-minutes", 0], after="text:", how=signal.SIGKILL
-    )
-    assert "the run's plan changed: --answer-minutes 5.0 → 0.0" in said, said
+    # more of the corpus is part of a plan: its conversations come in the same order
+    plan = ["--answer-minutes", 0, "--corpus-tokens", 20000]
+    said = _stop(["--target", target, "--out", out, "--resume", *plan], after="text:", how=signal.SIGKILL)
+    assert "the run's plan changed: --answer-minutes 5.0 → 0.0, --corpus-tokens 16000 → 20000" in said, said
+    assert json.loads((out / "run.json").read_text())["corpus_tokens"] == 20000
     assert "answers:" not in said  # straight to reading the conversations
     record = json.loads((out / "data" / "progress.json").read_text())
     assert record["prompts_done"] == answered and record["text_done"] > 0
