@@ -6,6 +6,8 @@ minutes each and read on the same held-out examples.
 
 `--run` is a `train-draft` run folder whose data is written (its shards: the target's
 answers and the text it read, features and top-k distributions); nothing there is changed.
+A DFlash drafter's run serves too: its heads read the taps nearest EAGLE-3's own, with the
+head's default settings.
 Each variant starts a fresh head as `train-draft` does (`training/run.py`: the draft
 vocabulary chosen from the data it trains on, features standardised, the output
 calibrated) and trains it with `training/trainer.train` for `--minutes`, then reads α per
@@ -163,8 +165,10 @@ def main() -> None:
     from mlxspec.training.run import EAGLE3, data_shape, load_target, read_settings
 
     settings = read_settings(args.run)
-    if settings.kind != EAGLE3:
-        raise SystemExit(f"error: {args.run} trains a {settings.kind} drafter; this compares EAGLE-3 heads")
+    if settings.kind != EAGLE3:  # a DFlash run's data: heads read the taps nearest their own (TargetShape)
+        from mlxspec.cli.train_draft import KIND_OPTIONS
+
+        settings = replace(settings, kind=EAGLE3, **KIND_OPTIONS[EAGLE3])
     from mlxspec.decoding.capture import num_layers
 
     target = load_target(settings.target)

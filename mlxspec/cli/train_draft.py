@@ -231,7 +231,10 @@ def train_draft(
             prompts = Path(source.prompts_file) if source.prompts_file else None
             text, corpus = [Path(f) for f in source.text_files], source.corpus
             corpus_tokens = corpus_tokens if _typed(context, "corpus_tokens") else source.corpus_tokens
-            max_tokens, batch, raw = source.max_tokens, source.batch, source.raw
+            max_tokens, batch, raw, seed = source.max_tokens, source.batch, source.raw, source.seed
+            # its plan for the data too, unless given: more of it only when asked for
+            answer_minutes = source.answer_minutes if answer_minutes is None else answer_minutes
+            text_minutes = source.text_minutes if text_minutes is None else text_minutes
         settings = _new_settings(
             target=target,
             prompts=prompts,
@@ -296,13 +299,14 @@ def train_draft(
     written = "DFlash drafter" if settings.kind == "dflash" else "head"
     print(
         f"{written} written to {out}: {facts['answer_tokens']} answer and {facts['text_tokens']} text tokens, "
-        f"{(facts['data_seconds'] + facts['train_seconds']) / 60:.1f} min, held-out α per position {alpha}"
+        f"{(facts['data_seconds'] - facts['adopted_seconds'] + facts['train_seconds']) / 60:.1f} min, "
+        f"held-out α per position {alpha}"
     )
 
 
 # what makes a run's data, taken from the source run with --data-from
 # (not --corpus-tokens: more of the same corpus, in the same order, goes on with the same data)
-DATA_OPTIONS = ("prompts", "text", "corpus", "max_tokens", "batch", "raw")
+DATA_OPTIONS = ("prompts", "text", "corpus", "max_tokens", "batch", "raw", "seed")  # the seed orders the prompts
 
 
 def _typed(context: typer.Context, name: str) -> bool:
@@ -319,7 +323,7 @@ def _data_source(context: typer.Context, source: Path, *, target: str):
     if given:
         raise InvalidOption(
             f"{given[0].opts[0]}: with --data-from the data's settings are that run's "
-            "(its prompts, --text, --corpus and answers); leave it out"
+            "(its prompts, --text, --corpus, answers and seed); leave it out"
         )
     return check_data_source(source, target=target)
 
@@ -434,10 +438,11 @@ def _new_settings(
     options |= {"kind": kind} | _kind_options(kind, kind_options)
     total = minutes if minutes is not None else 30.0
     settings = Settings(
-        target=target,
-        prompts_file=str(prompts) if prompts else None,
-        text_files=[str(f) for f in text],
-        corpus=corpus,
+        # files as absolute paths: a run resumed, or begun from (--data-from), in another folder reads the same
+        target=_absolute(target),
+        prompts_file=_absolute(str(prompts)) if prompts else None,
+        text_files=[_absolute(str(f)) for f in text],
+        corpus=_absolute(corpus) if corpus else None,
         minutes=minutes if minutes is not None or tokens is not None else total,  # 30 when neither is given
         tokens=tokens,
         answer_minutes=answer_minutes if answer_minutes is not None else min(15.0, total / 4),
@@ -446,6 +451,12 @@ def _new_settings(
         **options,
     )
     return _checked(settings)
+
+
+def _absolute(name: str) -> str:
+    """A file or folder that exists, as an absolute path; anything else (a repo id, a
+    preset, `sharegpt`, a file to be refused later) as given."""
+    return str(Path(name).resolve()) if Path(name).exists() else name
 
 
 def _checked(settings):

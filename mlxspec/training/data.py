@@ -438,7 +438,8 @@ def write_taps(folder: Path, stream: tuple[int, ...]) -> None:
 
 PROGRESS_FILE = "progress.json"
 _PROGRESS_COUNTS = ("prompts_done", "text_done", "shards")
-_PROGRESS_SECONDS = ("answer_seconds", "text_seconds")
+# adopted_seconds: of those seconds, what the run a --data-from run began from spent (not this run's time)
+_PROGRESS_SECONDS = ("answer_seconds", "text_seconds", "adopted_seconds")
 
 
 def read_progress(folder: Path) -> dict:
@@ -446,6 +447,7 @@ def read_progress(folder: Path) -> dict:
     took, shards written), checked: whole counts and finite seconds, at least 0, and as many
     shards as the folder holds; a fresh record when there is none yet."""
     record = {"prompts_done": 0, "text_done": 0, "answer_seconds": 0.0, "text_seconds": 0.0, "shards": 0}
+    record["adopted_seconds"] = 0.0
     record["full"] = False  # a shard was refused for --max-disk: the run makes no more data
     file = Path(folder) / PROGRESS_FILE
     if file.is_file():
@@ -466,7 +468,7 @@ def read_progress(folder: Path) -> dict:
         raise TrainingError(f"{file}: full is {record['full']!r}, not true or false")
     written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
     if written and record["shards"] == max(written):
-        raise UnrecordedShard(Path(folder) / f"shard-{record['shards']:04d}.npz")
+        raise UnrecordedShard(Path(folder) / f"shard-{record['shards']:04d}.npz", record)
     if written and record["shards"] < max(written):
         raise TrainingError(
             f"{file} says {record['shards']} shards were written, the folder holds shard-{max(written):04d}: "
@@ -479,9 +481,9 @@ class UnrecordedShard(TrainingError):
     """The next shard is on disk but progress.json does not count it: the run was stopped
     between the shard's rename and its record's (clear_unrecorded)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, record: dict):
         super().__init__(f"{path} was written but not recorded")
-        self.path = path
+        self.path, self.record = path, record  # the record, checked, of the shards before it
 
 
 def clear_unrecorded(folder: Path, *, note=None) -> None:

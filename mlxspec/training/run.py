@@ -26,8 +26,10 @@ from ..drafters.dflash_model import MAX_BLOCK, MAX_LAYERS
 from .data import (
     PROGRESS_FILE,
     SHARD_PATTERN,
+    TAPS_FILE,
     DataPlan,
     TrainingError,
+    UnrecordedShard,
     _write_json,
     build_data,
     check_text_files,
@@ -213,6 +215,7 @@ def abandon(out: Path) -> None:
     """Undo `start` for a run refused before it wrote any data (a target that does not load
     or cannot be tapped): no folder is left that --resume would take for a run."""
     if not (out / "data").exists():
+        shutil.rmtree(out / "data.partial", ignore_errors=True)  # a --data-from adoption cut short: links
         (out / RUN_FILE).unlink(missing_ok=True)
         try:
             out.rmdir()
@@ -269,7 +272,8 @@ def spent_seconds(out: Path) -> float:
     record = read_progress(out / "data")
     saved = checkpoint_folder(out / "checkpoint")
     trained = read_state(saved)[0].seconds if saved else 0.0
-    return record["answer_seconds"] + record["text_seconds"] + trained
+    # data a --data-from run began with took its source's time, not this run's
+    return record["answer_seconds"] + record["text_seconds"] - record["adopted_seconds"] + trained
 
 
 def find_target(name: str) -> Path:
@@ -426,14 +430,18 @@ def source_taps(source: Path, *, config: dict, layers: int) -> tuple[int, ...]:
     return stream
 
 
-def adopt_data(source: Path, data: Path) -> None:
+def adopt_data(source: Path, data: Path, stream: tuple[int, ...]) -> None:
     """Begin this run's data as `source`'s: its recorded shards hard-linked (copied where the
-    disk cannot link them) and its progress record copied, so this run's data goes on where
-    that one's stopped, tapped where it was, and the source's files are never written. Made
-    beside and renamed: a run stopped here begins the adoption again."""
+    disk cannot link them), its progress record copied and its taps (`stream`) recorded, so
+    this run's data goes on where that one's stopped, tapped where it was, and the source's
+    files are never written. Made beside and renamed: a run stopped here begins the adoption
+    again. A shard the source has written but not recorded yet (it is running, or was
+    stopped between the two) is left out, as the source itself would make it again."""
     theirs = source / "data"
     try:
         record = read_progress(theirs)
+    except UnrecordedShard as e:
+        record = e.record
     except TrainingError as e:
         raise TrainingError(f"--data-from {source}: {e}") from None
     shards = [path for path in sorted(theirs.glob(SHARD_PATTERN)) if int(path.name[6:10]) < record["shards"]]
@@ -449,7 +457,9 @@ def adopt_data(source: Path, data: Path) -> None:
     except OSError as e:
         raise TrainingError(f"cannot take {source}'s data into {data}: {e.strerror or e}") from None
     # the source's --max-disk was its own: this run's bound decides whether it makes more
-    _write_json(partial / PROGRESS_FILE, record | {"full": False})
+    adopted = record["answer_seconds"] + record["text_seconds"]
+    _write_json(partial / PROGRESS_FILE, record | {"full": False, "adopted_seconds": adopted})
+    write_taps(partial, stream)
     partial.rename(data)
 
 
@@ -480,8 +490,11 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         mask_id = choose_mask_id(tokenizer, vocab_size=shape.vocab_size, given=settings.mask_id)
     taps = shape.tap(model)  # a target that cannot be tapped, refused as well before any file is written
     if source:
-        adopt_data(source, data)
-    write_taps(data, shape.stream)  # the data says where it was tapped, for any run that reads it
+        adopt_data(source, data, shape.stream)
+    elif stream is None:
+        if settings.data_from is not None:  # adopted data always says where it was tapped
+            raise TrainingError(f"{data / TAPS_FILE} is missing: where its data was tapped is not known; start again")
+        write_taps(data, shape.stream)  # the data says where it was tapped, for any run that reads it
     # (the time an adopted source spent on its data counts as this run's)
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
     kept = read_back(out, settings, shape)
@@ -541,6 +554,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         "text_tokens": int(sum(len(e.ids) for e in examples if e.train_from == 0)),
         "held_out_examples": len(held_out),
         "data_seconds": record["answer_seconds"] + record["text_seconds"],
+        "adopted_seconds": record["adopted_seconds"],
         "train_seconds": state.seconds,
         "trained_positions": state.tokens,
         "steps_taken": state.step,
@@ -730,9 +744,10 @@ def model_card(settings: Settings, facts: dict, figures: dict, state: State, wha
         else "the bundled prompt set"
     )
     text = ", ".join(settings.text_files + [f"--corpus {settings.corpus}"] * bool(settings.corpus)) or "none"
-    begun = f"\n- Begun from the data of {settings.data_from} (its shards linked, read where they were tapped)." * bool(
-        settings.data_from
-    )
+    begun = (
+        f"\n- Begun from the data of {settings.data_from} ({facts['adopted_seconds'] / 60:.1f} min of the data's"
+        " time is that run's; its shards linked, read where they were tapped)."
+    ) * bool(settings.data_from)
     held_rule = "every 16th example" + (
         " (of the corpus: whole conversations, those whose first user turn's sha256 is 0 mod 16)"
         if settings.corpus

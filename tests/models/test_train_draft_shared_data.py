@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def test_a_drafter_learns_from_a_heads_data(target, text, tmp_path):
         (["--text", "README.md"], "--text: with --data-from the data's settings are that run's"),
         (["--raw"], "--raw: with --data-from"),
         (["--max-tokens", 8], "--max-tokens: with --data-from"),
+        (["--seed", 1], "--seed: with --data-from"),  # it orders the prompts
     ],
 )
 def test_an_option_that_would_make_other_data_is_one_line(flags, complaint, source, target, tmp_path):
@@ -140,6 +142,68 @@ def test_a_source_that_is_not_a_run_of_this_target_is_one_line(source, target, f
         assert not (tmp_path / "run").exists()
     resumed = _train("--target", target, "--out", source, "--resume", "--data-from", source)
     assert resumed.returncode == 2 and "a resumed run keeps the settings it began with" in resumed.stderr
+
+
+def _copy(source: Path, to: Path, **record) -> Path:
+    """A copy of the run `source` whose data's progress record says `record` instead."""
+    shutil.copytree(source, to)
+    file = to / "data" / "progress.json"
+    file.write_text(json.dumps(json.loads(file.read_text()) | record))
+    return to
+
+
+def test_the_time_a_source_spent_is_not_this_runs(source, target, tmp_path):
+    """A source that took an hour over its data: --minutes is this run's own time (it trains
+    for it, as a run that made its data would not), and it says whose time was whose."""
+    slow = _copy(source, tmp_path / "slow", text_seconds=3600.0)
+    out = tmp_path / "head"
+    done = _train("--target", target, "--out", out, "--data-from", slow, "--minutes", 0.4, "--draft-vocab", 128)
+    assert done.returncode == 0, done.stderr
+    minutes = float(done.stdout.split(" min, held-out")[0].rsplit(", ", 1)[1])
+    assert 0 < minutes < 1, done.stdout
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] > 0
+    assert "(60.0 min of the data's time is that run's;" in (out / "README.md").read_text()
+
+
+def test_a_sources_shard_written_but_not_recorded_is_made_again(source, target, tmp_path):
+    """A source stopped between a shard's rename and its record's (or still running): the
+    shard is left out, and this run makes it again, as the source would have."""
+    record = json.loads((source / "data" / "progress.json").read_text())
+    last = source / "data" / f"shard-{record['shards'] - 1:04d}.npz"
+    with np.load(last) as shard:
+        chunks = len(shard["lengths"])  # text chunks it holds, an example each
+    cut = _copy(source, tmp_path / "cut", shards=record["shards"] - 1, text_done=record["text_done"] - chunks)
+    out = tmp_path / "head"
+    done = _train("--target", target, "--out", out, "--data-from", cut, *HEAD)
+    assert done.returncode == 0, done.stderr
+    assert "text:" in done.stderr  # the unrecorded shard made again
+    made = sorted(p.name for p in (out / "data").glob("shard-*.npz"))
+    assert made == sorted(p.name for p in (source / "data").glob("shard-*.npz"))
+    assert not os.path.samefile(cut / "data" / last.name, out / "data" / last.name)
+    for theirs, ours in zip(_shards(source), _shards(out)):
+        assert theirs["ids"] == ours["ids"] and np.array_equal(theirs["e"].features, ours["e"].features)
+
+
+def test_adopted_data_that_lost_its_taps_record_is_refused(source, target, tmp_path):
+    """Without data/taps.json a run's data would be read as its own kind's taps: data begun
+    from another run's is refused instead, in one line, and the record is not rewritten."""
+    out = tmp_path / "head"
+    _stop(["--target", target, "--out", out, "--data-from", source, *HEAD], after="held-out α", how=signal.SIGINT)
+    (out / "data" / "taps.json").unlink()
+    resumed = _train("--target", target, "--out", out, "--resume")
+    assert resumed.returncode == 1 and "taps.json is missing" in resumed.stderr, resumed.stderr
+    assert "Traceback" not in resumed.stderr and not (out / "data" / "taps.json").exists()
+
+
+def test_an_adoption_that_fails_leaves_no_run_folder(source, target, tmp_path):
+    broken = _copy(source, tmp_path / "broken")
+    shard = broken / "data" / "shard-0001.npz"
+    shard.unlink()
+    shard.mkdir()  # neither linked nor copied
+    out = tmp_path / "head"
+    done = _train("--target", target, "--out", out, "--data-from", broken, *HEAD)
+    assert done.returncode == 1 and "cannot take" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
