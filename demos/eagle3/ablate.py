@@ -162,7 +162,9 @@ def main() -> None:
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variants.split(",")]
 
-    from mlxspec.training.run import EAGLE3, data_shape, load_target, read_settings
+    from mlxspec.drafters import EAGLE3
+    from mlxspec.training.settings import load_target, read_settings
+    from mlxspec.training.shape import data_shape
 
     settings = read_settings(args.run)
     if settings.kind != EAGLE3:  # a DFlash run's data: heads read the taps nearest their own (TargetShape)

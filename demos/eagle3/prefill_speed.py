@@ -18,7 +18,8 @@ import mlx.core as mx
 from mlxspec.decoding.capture import install, num_layers
 from mlxspec.training.conversations import load_corpus
 from mlxspec.training.data import TEXT_CHUNK, Pace, conversation_sequences, prefill
-from mlxspec.training.run import TargetShape, load_target
+from mlxspec.training.settings import load_target
+from mlxspec.training.shape import TargetShape
 
 
 def main() -> None:

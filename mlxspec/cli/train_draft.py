@@ -208,7 +208,8 @@ def train_draft(
     """
     from ..errors import MlxspecError
     from ..models.memory import parse_size
-    from ..training.run import abandon, check_folder, check_inputs, find_target, read_settings, run, start
+    from ..training.run import abandon, check_folder, check_inputs, run, start
+    from ..training.settings import find_target, read_settings
 
     if resume:
         _refuse_new_settings(context)
@@ -317,7 +318,7 @@ def _typed(context: typer.Context, name: str) -> bool:
 def _data_source(context: typer.Context, source: Path, *, target: str):
     """The settings of the run --data-from names, checked; an option that would make other
     data is refused in one line, not silently replaced by the source's."""
-    from ..training.run import check_data_source
+    from ..training.adopt import check_data_source
 
     given = [param for param in context.command.params if param.name in DATA_OPTIONS and _typed(context, param.name)]
     if given:
@@ -356,7 +357,7 @@ def _replanned(out: Path, settings, plan: dict):
     kept. Each value counts the whole run, earlier sessions included; the new plan is saved."""
     from dataclasses import replace
 
-    from ..training.run import save_settings
+    from ..training.settings import save_settings
 
     given = {name: value for name, value in plan.items() if value is not None}
     if not given:
@@ -433,7 +434,7 @@ def _new_settings(
 ):
     """A new run's settings from its options, each checked as the run will use it (one line
     naming the option, exit 2), with the budget's defaults filled in."""
-    from ..training.run import Settings
+    from ..training.settings import Settings
 
     options |= {"kind": kind} | _kind_options(kind, kind_options)
     total = minutes if minutes is not None else 30.0
@@ -461,7 +462,7 @@ def _absolute(name: str) -> str:
 
 def _checked(settings):
     """`settings`, each checked as the run will use it: one line naming the option (exit 2)."""
-    from ..training.run import settings_problem
+    from ..training.settings import settings_problem
 
     if problem := settings_problem(settings):
         name, what = problem

@@ -221,7 +221,7 @@ def test_an_adoption_that_fails_leaves_no_run_folder(source, target, tmp_path):
     ],
 )
 def test_a_drafter_reads_the_taps_nearest_its_own(kind, stream, aux, columns):
-    from mlxspec.training.run import TargetShape
+    from mlxspec.training.shape import TargetShape
 
     shape = TargetShape.of({"vocab_size": 100, "hidden_size": 2}, 18, kind=kind, stream=stream)
     assert shape.aux == aux and shape.feature_width == 2 * len(aux) and shape.data_width == 2 * len(stream)

@@ -223,6 +223,7 @@ def start_schema(pair, schema) -> str:
 RUN_FILES = {
     "shard": "data/shard-0000.npz",
     "progress.json": "data/progress.json",
+    "taps.json": "data/taps.json",
     "state.json": "checkpoint/state.json",
     "run.json": "run.json",
     "vocabulary.npy": "data/vocabulary.npy",
@@ -235,6 +236,7 @@ _BOUND = ("data/vocabulary.npy", "data/feature_scale.npy")  # the arrays a check
 READS_WITH = {  # the other files a read of each needs
     "shard": (),
     "progress.json": ("data/shard-0000.npz",),
+    "taps.json": (),
     "state.json": _CHECKPOINT + _BOUND,
     "run.json": (),
     "vocabulary.npy": _CHECKPOINT + _BOUND,
@@ -386,6 +388,7 @@ def _read_back(run: Path, kind: str, shape: dict) -> None:
 
     from mlxspec.training import data, trainer
     from mlxspec.training import run as runs
+    from mlxspec.training import settings as settings_of
 
     if kind == "shard":
         for e in data.load_shards(run / "data", vocab_size=shape["vocab_size"], feature_width=shape["width"]):
@@ -396,8 +399,11 @@ def _read_back(run: Path, kind: str, shape: dict) -> None:
         record = data.read_progress(run / "data")
         assert all(type(record[k]) is int and record[k] >= 0 for k in ("prompts_done", "text_done", "shards"))
         assert all(math.isfinite(record[k]) and record[k] >= 0 for k in ("answer_seconds", "text_seconds"))
+    elif kind == "taps.json":  # where the data was tapped: positions on the target's stream
+        stream = data.read_taps(run / "data", layers=shape["layers"])
+        assert stream and all(type(p) is int and 0 <= p <= shape["layers"] for p in stream)
     elif kind == "run.json":
-        settings = runs.read_settings(run)
+        settings = settings_of.read_settings(run)
         assert math.isfinite(settings.lr) and settings.lr > 0 and settings.batch >= 1 and settings.max_tokens >= 2
         assert settings.minutes is None or (math.isfinite(settings.minutes) and settings.minutes > 0)
     elif kind.endswith(".npy"):
@@ -434,4 +440,5 @@ def run_shape(run: Path, target: Path) -> dict:
         "width": config.feature_width,
         "draft": config.draft_vocab_size,
         "config": config,
+        "layers": int(target_config["num_hidden_layers"]),
     }
