@@ -16,6 +16,7 @@ from .data import (
     _write_json,
     read_progress,
     read_taps,
+    shard_number,
     write_taps,
 )
 from .settings import RUN_FILE, Settings, find_target, read_settings
@@ -60,7 +61,7 @@ def adopt_data(source: Path, data: Path, stream: tuple[int, ...]) -> None:
         record = e.record
     except TrainingError as e:
         raise TrainingError(f"--data-from {source}: {e}") from None
-    shards = [path for path in sorted(theirs.glob(SHARD_PATTERN)) if int(path.name[6:10]) < record["shards"]]
+    shards = [path for path in sorted(theirs.glob(SHARD_PATTERN)) if shard_number(path) < record["shards"]]
     partial = data.with_name(data.name + ".partial")
     try:
         shutil.rmtree(partial, ignore_errors=True)

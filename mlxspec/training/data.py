@@ -316,6 +316,13 @@ def save_shard(path: Path, examples: list[Example]) -> None:
 
 
 SHARD_PATTERN = "shard-[0-9][0-9][0-9][0-9].npz"
+
+
+def shard_number(path: Path) -> int:
+    """A shard's number, from its name (SHARD_PATTERN)."""
+    return int(path.name[6:10])
+
+
 PARTIAL_PATTERN = "shard-[0-9][0-9][0-9][0-9].partial.npz"  # save_shard's, before its rename
 _SHARD_KINDS = {  # key: (dimensions, the kind of its values)
     "ids": (1, np.integer),
@@ -466,7 +473,7 @@ def read_progress(folder: Path) -> dict:
             raise TrainingError(f"{file}: {key} is {record[key]!r}, not a number of seconds >= 0")
     if not isinstance(record["full"], bool):
         raise TrainingError(f"{file}: full is {record['full']!r}, not true or false")
-    written = [int(path.name[6:10]) for path in Path(folder).glob(SHARD_PATTERN)]
+    written = [shard_number(path) for path in Path(folder).glob(SHARD_PATTERN)]
     if written and record["shards"] == max(written):
         raise UnrecordedShard(Path(folder) / f"shard-{record['shards']:04d}.npz", record)
     if written and record["shards"] < max(written):

@@ -201,7 +201,7 @@ def run(*, out: Path, settings: Settings, progress: Progress) -> dict:
         if settings.data_from is not None:  # adopted data always says where it was tapped
             raise TrainingError(f"{data / TAPS_FILE} is missing: where its data was tapped is not known; start again")
         write_taps(data, shape.stream)  # the data says where it was tapped, for any run that reads it
-    # (the time an adopted source spent on its data counts as this run's)
+    # (read once the data is in place: spent_seconds leaves out an adopted source's time, adopted_seconds)
     until = math.inf if settings.minutes is None else began + settings.minutes * 60 - spent_seconds(out)
     kept = read_back(out, settings, shape)
     plan = data_plan(settings, vocab_size=shape.vocab_size)

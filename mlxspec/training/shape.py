@@ -3,7 +3,7 @@ residual stream (capture.install_stream), and the kind's layers nearest them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +25,8 @@ class TargetShape:
     vocab_size: int
     aux: tuple[int, ...]
     hidden_size: int
-    kind: str = EAGLE3
-    stream: tuple[int, ...] = ()  # the data's taps, as stream positions (() : the drafter's own)
+    kind: str
+    stream: tuple[int, ...]  # the data's taps, as stream positions
 
     @classmethod
     def of(cls, config: dict, layers: int, *, kind: str = EAGLE3, stream: tuple[int, ...] | None = None) -> TargetShape:
@@ -37,9 +37,11 @@ class TargetShape:
 
         text = config.get("text_config") or config
         own = tuple(target_layer_ids(layers) if kind == DFLASH else default_aux_layers(layers))
-        aux = own if stream is None else nearest_taps(own, kind=kind, stream=stream, layers=layers)
-        shape = cls(int(text["vocab_size"]), aux, int(text["hidden_size"]), kind)
-        return replace(shape, stream=shape.own_stream if stream is None else tuple(stream))
+        if stream is None:
+            aux, stream = own, to_stream(own, kind=kind)
+        else:
+            aux = nearest_taps(own, kind=kind, stream=stream, layers=layers)
+        return cls(int(text["vocab_size"]), aux, int(text["hidden_size"]), kind, tuple(stream))
 
     @property
     def own_stream(self) -> tuple[int, ...]:
