@@ -57,8 +57,8 @@ def training_cost(pair: Pair, *, rounds: int) -> tuple[float, int]:
     import mlx.nn as nn
     import mlx.optimizers as optim
 
-    from mlxspec.training.data import Example
     from mlxspec.training.dflash import DFlashObjective
+    from mlxspec.training.store import Example
     from mlxspec.training.trainer import draft_index
 
     draft, vocab = pair.draft.model, pair.target.width

@@ -84,3 +84,7 @@ class ChatTemplateError(MlxspecError):
 class DamagedHistory(MlxspecError):
     """A history file (drafting from earlier requests) that is truncated, altered or foreign:
     refused whole, and that history starts empty."""
+
+
+class TrainingError(MlxspecError):
+    """A training run that cannot go on: a folder that is not a run, a full disk, no data."""

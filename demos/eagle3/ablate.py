@@ -98,9 +98,11 @@ class Quiet:
 
 
 def train_variant(variant: Variant, *, run: Path, settings, model, config, shape, tokenizer, minutes: float) -> dict:
-    from mlxspec.training.data import choose_vocabulary, load_shards
+    from mlxspec.training.checkpoint import State
+    from mlxspec.training.data import choose_vocabulary
     from mlxspec.training.run import new_drafter_and_objective
-    from mlxspec.training.trainer import Eagle3Objective, State, feature_scale, standardize, train
+    from mlxspec.training.store import load_shards
+    from mlxspec.training.trainer import Eagle3Objective, feature_scale, standardize, train
 
     examples = load_shards(
         run / "data", vocab_size=shape.vocab_size, feature_width=shape.data_width, columns=shape.columns

@@ -112,7 +112,8 @@ def prompt_ids(pair, *, corpus: str | None, count: int) -> list[list[int]]:
     train-draft would ask, within its prompt limit), or the bench suite's."""
     if corpus:
         from mlxspec.training.conversations import held_out_prompts, load_corpus
-        from mlxspec.training.data import MAX_PROMPT, encode_prompts
+        from mlxspec.training.data import MAX_PROMPT
+        from mlxspec.training.sequences import encode_prompts
 
         asked = encode_prompts(
             pair.tokenizer, held_out_prompts(load_corpus(corpus)), raw=not pair.templated, limit=MAX_PROMPT

@@ -31,7 +31,7 @@ import numpy as np
 
 from mlxspec.drafters.eagle3_head import load_head, target_embedding
 from mlxspec.drafting.theory import predicted_speedup
-from mlxspec.training.data import load_shards
+from mlxspec.training.store import load_shards
 from mlxspec.training.trainer import draft_index, evaluate, label
 
 

@@ -17,7 +17,8 @@ import mlx.core as mx
 
 from mlxspec.decoding.capture import install, num_layers
 from mlxspec.training.conversations import load_corpus
-from mlxspec.training.data import TEXT_CHUNK, Pace, conversation_sequences, prefill
+from mlxspec.training.data import Pace, prefill
+from mlxspec.training.sequences import TEXT_CHUNK, conversation_sequences
 from mlxspec.training.settings import load_target
 from mlxspec.training.shape import TargetShape
 

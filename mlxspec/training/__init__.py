@@ -1,7 +1,9 @@
-"""Training drafters on this machine: an EAGLE-3 head distilled from the target's own
-answers and features (`mlxspec train-draft`).
+"""Training drafters on this machine: an EAGLE-3 head or a DFlash block drafter distilled
+from the target's own answers and features (`mlxspec train-draft`).
 
-corpus.py builds the bundled prompt set; data.py has the target write the data (answers
-generated in batches, then hidden states and distributions by teacher-forced prefill) and
-keeps it in shards; trainer.py unrolls the head with training-time test, measures held-out
-acceptance, checkpoints and writes the finished head with its model card."""
+corpus.py builds the bundled prompt set and sequences.py what the target reads; data.py has
+the target write the data (answers generated in batches, then hidden states and
+distributions by teacher-forced prefill), which store.py keeps in shards; trainer.py
+unrolls the head with training-time test and measures held-out acceptance (dflash.py: a
+block drafter's objective), and checkpoint.py keeps its checkpoint and writes the finished
+drafter."""

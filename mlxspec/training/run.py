@@ -2,8 +2,8 @@
 (an EAGLE-3 head, or with --kind dflash a DFlash block drafter: training/dflash.py).
 
 DIR/run.json          the run's settings (what --resume continues; what marks a run)
-DIR/data/             shards of examples and progress.json (data.py)
-DIR/checkpoint/       drafter and optimizer state, step and data cursor (trainer.py)
+DIR/data/             shards of examples, progress.json and taps.json (store.py)
+DIR/checkpoint/       drafter and optimizer state, step and data cursor (checkpoint.py)
 DIR/config.json, model.safetensors, README.md
                       the finished drafter and its card, moved in only at the end
 """
@@ -20,40 +20,24 @@ from pathlib import Path
 import numpy as np
 
 from ..drafters import DFLASH
+from ..errors import TrainingError
 from .adopt import adopt_data, source_taps
 from .card import dflash_summary, eagle3_summary, model_card
-from .data import (
-    TAPS_FILE,
-    DataPlan,
-    TrainingError,
-    build_data,
-    check_text_files,
-    choose_vocabulary,
-    clear_unrecorded,
-    keep_columns,
-    load_shards,
-    read_progress,
-    read_prompt_file,
-    read_taps,
-    write_taps,
-)
+from .checkpoint import State, check_checkpoint, checkpoint_folder, load_checkpoint, read_state, write_finished
+from .data import DataPlan, build_data, choose_vocabulary
+from .sequences import check_text_files, read_prompt_file
 from .settings import RUN_FILE, Settings, load_target, save_settings
 from .shape import TargetShape
+from .store import TAPS_FILE, clear_unrecorded, keep_columns, load_shards, read_progress, read_taps, write_taps
 from .trainer import (
     INITIAL_LOGIT_STD,
     Eagle3Objective,
-    State,
-    check_checkpoint,
-    checkpoint_folder,
     draft_index,
     feature_scale,
     fold_feature_scale,
-    load_checkpoint,
     new_head,
-    read_state,
     standardize,
     train,
-    write_finished,
 )
 
 BUNDLED_PROMPTS = 6000

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..drafters import DFLASH, EAGLE3
 from ..drafters.dflash_model import MAX_BLOCK, MAX_LAYERS
-from .data import TrainingError, _write_json, is_number, is_whole
+from ..errors import TrainingError
+from .store import is_number, is_whole, write_json
 
 RUN_FILE = "run.json"
 KINDS = (EAGLE3, DFLASH)
@@ -125,7 +126,7 @@ _SWITCHES = ("raw", "norm_before_residual", "standardize")
 def save_settings(settings: Settings, out: Path) -> None:
     """The run's settings, whole: written when it starts, and again when a resumed run is
     given a new time plan."""
-    _write_json(out / RUN_FILE, asdict(settings))
+    write_json(out / RUN_FILE, asdict(settings))
 
 
 def read_settings(out: Path) -> Settings:

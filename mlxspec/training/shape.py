@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from ..drafters import DFLASH, EAGLE3
-from .data import TrainingError, read_taps
+from ..errors import TrainingError
 from .settings import Settings
+from .store import read_taps
 
 
 @dataclass(frozen=True)

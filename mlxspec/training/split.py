@@ -1,5 +1,5 @@
 """Which examples a training run holds out, by a rule on their own content: the same split
-for every run over the same data (data.py's examples, conversations.py's corpus)."""
+for every run over the same data (sequences.py's examples, conversations.py's corpus)."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def test_trained_head_loads_and_beats_a_random_head(recipe, target, tmp_path):
     import numpy as np
 
     from mlxspec.drafters.eagle3_head import Eagle3Head, load_head
-    from mlxspec.training.data import load_shards
+    from mlxspec.training.store import load_shards
     from mlxspec.training.trainer import draft_index, evaluate, label
 
     out = tmp_path / "head"
@@ -201,8 +201,9 @@ def test_the_finished_head_is_whole_or_absent(target, tmp_path):
     import numpy as np
 
     from mlxspec.drafters.eagle3_head import is_head_folder
-    from mlxspec.training.data import TrainingError
-    from mlxspec.training.trainer import new_head, write_finished
+    from mlxspec.errors import TrainingError
+    from mlxspec.training.checkpoint import write_finished
+    from mlxspec.training.trainer import new_head
 
     model, _, config = mlx_lm.load(str(target), return_config=True)
     head = new_head(model, config, vocabulary=np.arange(512), aux_layer_ids=(0, 1, 1), seed=0)
@@ -231,7 +232,7 @@ def test_the_head_trains_on_standardised_features_and_reads_raw_ones():
     from mlx_lm.models.cache import KVCache
 
     from mlxspec.drafters.eagle3_head import Eagle3Head, HeadConfig
-    from mlxspec.training.data import Example
+    from mlxspec.training.store import Example
     from mlxspec.training.trainer import feature_scale, fold_feature_scale, standardize
 
     rng = np.random.default_rng(0)

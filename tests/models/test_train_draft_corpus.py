@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mlxspec.errors import TrainingError
 from mlxspec.training import conversations
 from mlxspec.training.conversations import read_corpus
-from mlxspec.training.data import TrainingError
 from tests.models.test_train_draft import _prompts, _train
 from tests.models.test_train_draft_inputs import _run, one_line
 
@@ -216,7 +216,9 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
     turns, each prompt the template's rendering of a user turn and the turns before it."""
     import mlx_lm
 
-    from mlxspec.training.data import CONTEXT, TEXT_CHUNK, encode_conversation, load_shards
+    from mlxspec.training.data import CONTEXT
+    from mlxspec.training.sequences import TEXT_CHUNK, encode_conversation
+    from mlxspec.training.store import load_shards
 
     corpus, out, done = _corpus_run(
         target, tmp_path, 24, "--tokens", 3000, "--answer-minutes", 0.03, "--text-minutes", 0.05,
@@ -285,7 +287,7 @@ def test_a_long_prompt_loses_its_earliest_exchanges_until_it_fits(target):
     long (and is passed over by the run)."""
     from mlx_lm.utils import load_tokenizer
 
-    from mlxspec.training.data import encode_conversation, encode_prompts
+    from mlxspec.training.sequences import encode_conversation, encode_prompts
 
     tokenizer = load_tokenizer(target)
     turns = [{"role": "system", "content": "Be brief."}]
@@ -317,7 +319,8 @@ def test_held_out_conversations_are_never_trained_on(target, tmp_path):
     import mlx_lm
 
     from mlxspec.training.conversations import held_out_prompts
-    from mlxspec.training.data import encode_conversation, load_shards
+    from mlxspec.training.sequences import encode_conversation
+    from mlxspec.training.store import load_shards
 
     corpus, out, _ = _corpus_run(
         target, tmp_path, 50, "--tokens", 500, "--answer-minutes", 2, "--text-minutes", 2,

@@ -85,8 +85,8 @@ def test_the_loss_falls_well_below_where_it_started(trained, target):
     import mlx_lm
 
     from mlxspec.drafters.dflash_model import load_draft
-    from mlxspec.training.data import load_shards
     from mlxspec.training.dflash import DFlashObjective, new_drafter
+    from mlxspec.training.store import load_shards
     from mlxspec.training.trainer import standardize
 
     model, _, config = mlx_lm.load(str(target), return_config=True)

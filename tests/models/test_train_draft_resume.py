@@ -63,7 +63,7 @@ def _stop(args: list, *, after: str, how: signal.Signals, seconds: float = 0.0) 
 
 
 def _shards(out: Path) -> list[dict]:
-    from mlxspec.training.data import load_shards
+    from mlxspec.training.store import load_shards
 
     return [
         {"ids": e.ids.tolist(), "train_from": e.train_from, "held_out": e.held_out, "greedy": e.greedy, "e": e}

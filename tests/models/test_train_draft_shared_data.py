@@ -239,7 +239,8 @@ def test_a_drafter_reads_the_taps_nearest_its_own(kind, stream, aux, columns):
     ],
 )
 def test_a_damaged_taps_record_is_one_line(written, complaint, tmp_path):
-    from mlxspec.training.data import TrainingError, read_taps
+    from mlxspec.errors import TrainingError
+    from mlxspec.training.store import read_taps
 
     (tmp_path / "taps.json").write_text(written)
     with pytest.raises(TrainingError, match=complaint):

@@ -386,21 +386,21 @@ def _read_back(run: Path, kind: str, shape: dict) -> None:
 
     import numpy as np
 
-    from mlxspec.training import data, trainer
+    from mlxspec.training import checkpoint, store
     from mlxspec.training import run as runs
     from mlxspec.training import settings as settings_of
 
     if kind == "shard":
-        for e in data.load_shards(run / "data", vocab_size=shape["vocab_size"], feature_width=shape["width"]):
+        for e in store.load_shards(run / "data", vocab_size=shape["vocab_size"], feature_width=shape["width"]):
             n = len(e.ids)
             assert n == len(e.features) == len(e.top_ids) == len(e.top_probs) and 0 <= e.train_from < n
             assert np.isfinite(e.features).all() and 0 <= e.ids.min() and e.ids.max() < shape["vocab_size"]
     elif kind == "progress.json":
-        record = data.read_progress(run / "data")
+        record = store.read_progress(run / "data")
         assert all(type(record[k]) is int and record[k] >= 0 for k in ("prompts_done", "text_done", "shards"))
         assert all(math.isfinite(record[k]) and record[k] >= 0 for k in ("answer_seconds", "text_seconds"))
     elif kind == "taps.json":  # where the data was tapped: positions on the target's stream
-        stream = data.read_taps(run / "data", layers=shape["layers"])
+        stream = store.read_taps(run / "data", layers=shape["layers"])
         assert stream and all(type(p) is int and 0 <= p <= shape["layers"] for p in stream)
     elif kind == "run.json":
         settings = settings_of.read_settings(run)
@@ -413,14 +413,14 @@ def _read_back(run: Path, kind: str, shape: dict) -> None:
         }[kind]
         value = runs.read_kept(run / RUN_FILES[kind], problem)
         assert value is not None and np.isfinite(value).all()
-        trainer.check_checkpoint(run / "checkpoint")  # the checkpoint was trained with the file as it was
+        checkpoint.check_checkpoint(run / "checkpoint")  # the checkpoint was trained with the file as it was
     else:  # state.json, head.safetensors
         head = _head(shape)
-        state = trainer.load_checkpoint(run / "checkpoint", head)
+        state = checkpoint.load_checkpoint(run / "checkpoint", head)
         assert min(state.step, state.epoch, state.batch, state.tokens) >= 0 and math.isfinite(state.seconds)
         from mlx.utils import tree_flatten
 
-        assert trainer.non_finite(dict(tree_flatten(head.parameters()))) is None
+        assert checkpoint.non_finite(dict(tree_flatten(head.parameters()))) is None
 
 
 def _head(shape: dict):
