@@ -1,14 +1,14 @@
 """The drafter's training data, written by the target itself.
 
-Two sources: the target's own answers to a prompt set (generated in batches by mlx-lm's
-BatchGenerator, greedy for most and sampled at temperature 0.7 for the rest), and fixed text
-read as it is (--text files, then a corpus's conversations). Either is then read once more by
-the target in a teacher-forced prefill with taps on the drafter's feature layers
-(capture.py), which gives, at every position j, the hidden states at those taps (the
-drafter's input) and the target's distribution for token j+1 (its top-K ids and
-probabilities: the soft labels). An answer keeps only the last CONTEXT rows of its prompt
-before its first target. The examples are written a shard at a time as they are made
-(store.py), so a stopped run goes on where it stopped.
+Two sources: the target's own answers to a prompt set (answers.py: written in batches,
+greedy for most and sampled at temperature 0.7 for the rest), and fixed text read as it is
+(--text files, then a corpus's conversations, in a teacher-forced prefill). Either way the
+target runs with taps on the drafter's feature layers (capture.py), which give, at every
+position j, the hidden states at those taps (the drafter's input) beside the target's
+distribution for token j+1 (its top-K ids and probabilities: the soft labels). An answer
+keeps only the last CONTEXT rows of its prompt before its first target. The examples are
+written a shard at a time as they are made (store.py), so a stopped run goes on where it
+stopped.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import TrainingError
+from .answers import compact, kept_from, sorted_top, top_of, write_answers
 from .sequences import conversation_sequences, encode_prompts, is_held_out, text_sequences
 from .split import HELD_OUT_EVERY
 from .store import (
     PROGRESS_FILE,
     SHARD_PATTERN,
-    TOP_K,
     Example,
     read_progress,
     save_shard,
@@ -35,12 +35,8 @@ from .store import (
     write_json,
 )
 
-SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
 MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
-CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
-FLOAT16_LIMIT = 6e4
 STEP_SECONDS = 1.0  # the work between two looks at the clock (and chances for Ctrl-C), about
-PREFILL_BATCH = 4  # prompts a step of answer generation reads at once
 
 
 class Pace:
@@ -85,72 +81,15 @@ def prefill(
         inputs = mx.array([sequences[i] + [0] * (width - len(sequences[i])) for i in group], dtype=mx.uint32)
         logits = model(inputs).astype(mx.float32)
         features = taps.take().astype(mx.float32)
-        top = mx.argpartition(-logits, TOP_K - 1, axis=-1)[..., :TOP_K]
-        # the true probabilities (not renormalised over the top K): exp(logit - logsumexp)
-        probs = mx.exp(mx.take_along_axis(logits, top, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True))
+        top, probs = top_of(logits)
         mx.eval(features, top, probs)
         features, top, probs = np.array(features), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16))
         pace.observe(width * len(group), time.perf_counter() - began)
-        if np.abs(features).max() < FLOAT16_LIMIT:  # kept in float32 where they would overflow (Gemma's do)
-            features = features.astype(np.float16)
+        features = compact(features)
         for row, i in enumerate(group):
             n = len(sequences[i])
-            # sort each position's top K by probability, so column 0 is the target's argmax
-            order_k = np.argsort(-probs[row, :n].astype(np.float32), axis=-1)
-            out[i] = (
-                features[row, :n],
-                np.take_along_axis(top[row, :n], order_k, axis=-1),
-                np.take_along_axis(probs[row, :n], order_k, axis=-1),
-            )
+            out[i] = (features[row, :n], *sorted_top(top[row, :n], probs[row, :n]))
     return out
-
-
-def generate_answers(
-    model,
-    prompts: list[list[int]],
-    *,
-    max_tokens: int,
-    eos: list[int],
-    seed: int,
-    batch: int,
-    until: float = math.inf,
-    pace: Pace | None = None,
-):
-    """The target's answers to `prompts`, all generated together by mlx-lm's BatchGenerator
-    (continuous batching, `batch` sequences at a time), cut where they stand when the clock
-    passes `until` (perf_counter seconds: a step at a time, each reading no more prompt ids
-    than `pace` allows, so a budget holds however long the answers). Returns (answers,
-    greedy flags)."""
-    pace = pace or Pace()
-    from mlx_lm.generate import BatchGenerator
-    from mlx_lm.sample_utils import make_sampler
-
-    rng = np.random.default_rng(seed)
-    greedy = [bool(g) for g in rng.random(len(prompts)) >= SAMPLED_SHARE]
-    mx.random.seed(seed)  # mlx-lm's sampler reads the global key
-    hot, cold = make_sampler(temp=0.7), make_sampler(temp=0.0)
-    generator = BatchGenerator(
-        model,
-        max_tokens=max_tokens,
-        stop_tokens=[[t] for t in eos],
-        completion_batch_size=batch,
-        # a step reads about pace.positions prompt ids beside its decoding: the clock (and
-        # Ctrl-C) is heard every second or so even on a CPU
-        prefill_batch_size=min(batch, PREFILL_BATCH),
-        prefill_step_size=max(16, pace.positions // min(batch, PREFILL_BATCH)),
-    )
-    try:
-        uids = generator.insert(prompts, samplers=[cold if g else hot for g in greedy])
-        answers = {uid: [] for uid in uids}
-        while time.perf_counter() < until:
-            reading, responses = generator.next()  # one step (next_generated runs until a token comes)
-            if not reading and not responses:
-                break
-            for r in responses:
-                answers[r.uid].append(int(r.token))  # the eos id too: the head learns to end
-    finally:
-        generator.close()
-    return [answers[uid] for uid in uids], greedy
 
 
 @dataclass
@@ -230,55 +169,47 @@ def _size(n: int) -> str:
 
 
 def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace) -> bool:
-    """The target's answers, a shard of 2 x batch prompts at a time, until the prompts or the
-    answers' time run out. Generation stops early enough for the prefill that follows to
-    fit the time as well (their ratio measured as shards go). False: the disk's bound was
-    reached."""
+    """The target's answers, and what it saw writing them (answers.py), a shard of 2 x batch
+    prompts at a time, until the prompts or the answers' time run out. False: the disk's
+    bound was reached."""
     eos = sorted(set(tokenizer.eos_token_ids))
     chunk = plan.batch * 2  # prompts a shard
     phase_end = min(until, time.perf_counter() + plan.answer_seconds - record["answer_seconds"])
-    prefill_share = 1.0  # seconds of prefill per second of generation (it reads the prompts again)
     while record["prompts_done"] < len(plan.prompts) and (started := time.perf_counter()) < phase_end:
         first = record["prompts_done"]
         group = encode_prompts(tokenizer, plan.prompts[first : first + chunk], raw=plan.raw, limit=MAX_PROMPT)
         keep = [i for i, p in enumerate(group) if 0 < len(p) <= MAX_PROMPT]
-        answers, greedy = generate_answers(
+        made = write_answers(
             model,
+            taps,
             [group[i] for i in keep],
             max_tokens=plan.max_tokens,
             eos=eos,
             seed=plan.seed + first,
             batch=plan.batch,
-            until=started + (phase_end - started) / (1 + prefill_share),
             pace=pace,
+            until=phase_end,
         )
-        generated = time.perf_counter()
-        answered = [(i, a, g) for i, a, g in zip(keep, answers, greedy) if len(a) >= 2]  # enough to learn from
-        sequences = [group[i] + a for i, a, _ in answered]
-        made = prefill(model, taps, sequences, vocab_size=plan.vocab_size, until=phase_end, pace=pace)
-        prefill_share = min(4.0, max(0.05, (time.perf_counter() - generated) / max(generated - started, 1e-3)))
         examples = [
-            _answer_example(s, m, len(group[i]) - 1, held_out=is_held_out(plan.prompts[first + i], first + i), greedy=g)
-            for s, m, (i, _, g) in zip(sequences, made, answered)
-            if m is not None
+            _answer_example(group[i], m, held_out=is_held_out(plan.prompts[first + i], first + i))
+            for i, m in zip(keep, made)
+            if m is not None and len(m[1]) >= 2  # enough to learn from
         ]
         if not write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started):
             return False
         share = max(record["answer_seconds"] / plan.answer_seconds, record["prompts_done"] / len(plan.prompts))
-        report("answers", record, sum(len(a) for a in answers), share)
+        report("answers", record, sum(len(m[1]) for m in made if m is not None), share)
     return True
 
 
-def _answer_example(sequence: list[int], made: tuple, train_from: int, *, held_out: bool, greedy: bool) -> Example:
-    """An answer's example, its prompt cut to the last CONTEXT rows before its first target:
-    training reads no earlier row (trainer.window), and a conversation's prompt of up to
-    MAX_PROMPT ids would otherwise take most of the disk and memory its answer needs. Copies,
-    so that the prefill's batch arrays are freed."""
-    cut = max(0, train_from - CONTEXT)
-    features, top_ids, top_probs = (a[cut:].copy() for a in made)
-    return Example(
-        np.array(sequence[cut:], dtype=np.int32), features, top_ids, top_probs, train_from - cut, held_out, greedy
-    )
+def _answer_example(prompt: list[int], made: tuple, *, held_out: bool) -> Example:
+    """An answer's example: its prompt cut to the rows answers.py kept (the last CONTEXT
+    before its first target: a conversation's prompt of up to MAX_PROMPT ids would otherwise
+    take most of the disk and memory its answer needs), then the answer."""
+    greedy, answer, features, top_ids, top_probs = made
+    cut = kept_from(prompt)
+    ids = np.array(prompt[cut:] + answer, dtype=np.int32)
+    return Example(ids, features, top_ids, top_probs, len(prompt) - 1 - cut, held_out, greedy)
 
 
 def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace, reading) -> None:

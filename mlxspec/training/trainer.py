@@ -35,8 +35,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..decoding.capture import model_family
 from ..drafters.eagle3_head import Eagle3Head, config_from_target, target_embedding
 from ..errors import TrainingError
+from .answers import CONTEXT
 from .checkpoint import State, checkpoint_folder, save_checkpoint
-from .data import CONTEXT
 from .store import Example
 
 MAX_WINDOW = 448

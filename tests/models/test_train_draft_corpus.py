@@ -203,7 +203,7 @@ def _corpus_run(target: Path, tmp_path: Path, count: int, *options):
 
 def _asked(example, prompts: list[list[int]]) -> list[int] | None:
     """The one prompt an answer's example ends (it keeps the prompt's last rows only), or None."""
-    from mlxspec.training.data import CONTEXT
+    from mlxspec.training.answers import CONTEXT
 
     kept = example.ids[: example.train_from + 1].tolist()
     ends = [p for p in prompts if p[-len(kept) :] == kept and len(kept) == min(len(p), CONTEXT + 1)]
@@ -216,7 +216,7 @@ def test_a_run_learns_from_the_corpus_read_and_answered(target, tmp_path):
     turns, each prompt the template's rendering of a user turn and the turns before it."""
     import mlx_lm
 
-    from mlxspec.training.data import CONTEXT
+    from mlxspec.training.answers import CONTEXT
     from mlxspec.training.sequences import TEXT_CHUNK, encode_conversation
     from mlxspec.training.store import load_shards
 

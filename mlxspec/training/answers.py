@@ -1,0 +1,201 @@
+"""The target's own answers, and what it saw writing them, in one pass.
+
+An answer's training data is what a teacher-forced read of prompt + answer gives: at each
+position the hidden states at the taps and the target's distribution for the next id. The
+forwards that write the answer compute exactly those, so they are kept as the answer is
+written, instead of reading everything again afterwards. On a CPU, where every forward is
+bound by compute, reading each prompt once instead of twice (and the answer not again)
+halves the time an answer takes: prompts of ShareGPT's conversations are longer than their
+answers.
+
+Each prompt is read alone, in chunks of `pace.positions` ids, into its own cache (the last
+CONTEXT + 1 rows kept: all training reads of a prompt); a group's caches are then merged into
+one left-padded batch (mlx-lm's batch caches, per-row positions and masks) and the answers
+are written together, a row leaving the batch once its last id has been read. Greedy for
+most answers, sampled at temperature 0.7 for the rest (SAMPLED_SHARE), each answer from its
+own key, so that an answer does not depend on the others in its batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+
+from .store import TOP_K
+
+SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
+SAMPLED_TEMPERATURE = 0.7
+CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
+FLOAT16_LIMIT = 6e4
+
+
+def top_of(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """The top K ids of each row of `logits` (…, vocab) and their true probabilities (not
+    renormalised over the K: exp(logit - logsumexp)), unsorted."""
+    top = mx.argpartition(-logits, TOP_K - 1, axis=-1)[..., :TOP_K]
+    return top, mx.exp(mx.take_along_axis(logits, top, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def sorted_top(top: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's top K sorted by probability, so column 0 is the target's argmax."""
+    order = np.argsort(-probs.astype(np.float32), axis=-1)
+    return np.take_along_axis(top, order, axis=-1), np.take_along_axis(probs, order, axis=-1)
+
+
+def compact(features: np.ndarray) -> np.ndarray:
+    """float16 where the values fit (Gemma's overflow it: kept in float32)."""
+    return features.astype(np.float16) if np.abs(features).max() < FLOAT16_LIMIT else features
+
+
+class _Answer:
+    """One row: its prompt's kept rows, then each answer id as it is read."""
+
+    def __init__(self, *, greedy: bool, keys: mx.array):
+        self.greedy, self.keys = greedy, keys
+        self.ids: list[int] = []  # the answer's ids read so far
+        self.next_id: int | None = None  # drawn, not read yet
+        self.features: list[np.ndarray] = []
+        self.top: list[np.ndarray] = []
+        self.probs: list[np.ndarray] = []
+
+    def keep(self, features: np.ndarray, top: np.ndarray, probs: np.ndarray) -> None:
+        self.features.append(features)
+        self.top.append(top)
+        self.probs.append(probs)
+
+    def finished(self, *, eos: set[int], max_tokens: int) -> bool:
+        """Its last id has been read: an end id, or the longest answer."""
+        return bool(self.ids) and (self.ids[-1] in eos or len(self.ids) >= max_tokens)
+
+    def made(self) -> tuple:
+        """(greedy, answer ids, features, top ids, top probs): the rows from the prompt's kept
+        ones on."""
+        top, probs = sorted_top(np.concatenate(self.top), np.concatenate(self.probs))
+        return self.greedy, self.ids, compact(np.concatenate(self.features)), top, probs
+
+
+def kept_from(prompt: list[int]) -> int:
+    """The prompt's first row kept: CONTEXT rows before its last, whose distribution is the
+    answer's first target (training reads no earlier row: trainer.window)."""
+    return max(0, len(prompt) - 1 - CONTEXT)
+
+
+def _draw(logits: mx.array, rows: list[_Answer], step: int) -> mx.array:
+    """The next id of each row: its argmax, or a draw at SAMPLED_TEMPERATURE with its own key."""
+    greedy = mx.argmax(logits, axis=-1)
+    if all(r.greedy for r in rows):
+        return greedy
+    keys = mx.stack([r.keys[min(step, len(r.keys) - 1)] for r in rows])
+    drawn = mx.stack([mx.random.categorical(row / SAMPLED_TEMPERATURE, key=key) for row, key in zip(logits, keys)])
+    return mx.where(mx.array([r.greedy for r in rows]), greedy, drawn)
+
+
+def _read_prompt(model, taps, prompt: list[int], *, pace) -> tuple[list, tuple, mx.array]:
+    """The prompt read into its own cache, a chunk of `pace.positions` ids a forward: (the
+    cache, the kept rows (features, top ids, top probs) of its last CONTEXT + 1 positions, the
+    last position's logits)."""
+    cache = make_prompt_cache(model)
+    first_kept = kept_from(prompt)
+    kept, start = [], 0
+    while start < len(prompt):
+        began = time.perf_counter()
+        chunk = prompt[start : start + max(1, pace.positions)]
+        logits = model(mx.array(chunk, dtype=mx.uint32)[None], cache=cache)[0].astype(mx.float32)
+        features = taps.take()[0].astype(mx.float32)
+        lo = max(0, first_kept - start)  # the chunk's first kept row
+        if lo < len(chunk):
+            top, probs = top_of(logits[lo:])
+            mx.eval(features, top, probs)
+            kept.append((np.array(features[lo:]), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16))))
+        else:
+            mx.eval([layer.state for layer in cache])
+        pace.observe(len(chunk), time.perf_counter() - began)
+        start += len(chunk)
+    return cache, tuple(np.concatenate(part) for part in zip(*kept)), logits[-1]
+
+
+def write_answers(
+    model,
+    taps,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int,
+    eos: list[int],
+    seed: int,
+    batch: int,
+    pace,
+    until: float = math.inf,
+) -> list[tuple | None]:
+    """The target's answers to `prompts`, `batch` written together, with what it saw: per
+    prompt (greedy, answer ids, features, top ids, top probs), the arrays' rows from the
+    prompt's last CONTEXT + 1 positions on; or None for a prompt the clock left unread
+    (`until`, perf_counter seconds). An answer cut by the clock keeps the ids read so far."""
+    rng = np.random.default_rng(seed)
+    greedy = [bool(g) for g in rng.random(len(prompts)) >= SAMPLED_SHARE]
+    keys = mx.random.split(mx.random.key(seed), len(prompts))
+    out: list[tuple | None] = [None] * len(prompts)
+    ends = set(eos)
+    for start in range(0, len(prompts), batch):
+        indices = range(start, min(start + batch, len(prompts)))
+        rows, caches, last = [], [], []
+        for i in indices:
+            if time.perf_counter() >= until:
+                break
+            cache, kept, logits = _read_prompt(model, taps, prompts[i], pace=pace)
+            row = _Answer(greedy=greedy[i], keys=mx.random.split(keys[i], max_tokens))
+            row.keep(*kept)
+            rows.append(row)
+            caches.append(cache)
+            last.append(logits)
+        if not rows:
+            break
+        batch_cache = [layer[0].merge(list(layer)) for layer in zip(*caches)]
+        del caches
+        _write_together(
+            model,
+            taps,
+            rows,
+            batch_cache,
+            _draw(mx.stack(last), rows, 0),
+            ends=ends,
+            max_tokens=max_tokens,
+            until=until,
+        )
+        for i, row in zip(indices, rows):
+            out[i] = row.made()
+    return out
+
+
+def _write_together(
+    model, taps, rows: list[_Answer], batch_cache: list, next_ids: mx.array, *, ends: set[int], max_tokens: int, until
+) -> None:
+    """The rows' answers written in one batch (`batch_cache`, the rows' prompts merged;
+    `next_ids`, their first ids drawn), each row keeping what the target saw at each id it
+    read, and leaving the batch once it has read its last."""
+    live = list(range(len(rows)))  # the rows still in the batch, in its order
+    step = 0
+    while live and time.perf_counter() < until:
+        for position, r in enumerate(live):
+            rows[r].next_id = int(next_ids[position])
+        inputs = mx.array([[rows[r].next_id] for r in live], dtype=mx.uint32)
+        logits = model(inputs, cache=batch_cache)[:, -1].astype(mx.float32)
+        features = taps.take()[:, -1].astype(mx.float32)
+        top, probs = top_of(logits)
+        step += 1
+        next_ids = _draw(logits, [rows[r] for r in live], step)
+        mx.eval(features, top, probs, next_ids)
+        seen = (np.array(features), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16)))
+        for position, r in enumerate(live):
+            rows[r].ids.append(rows[r].next_id)
+            rows[r].keep(*(part[position : position + 1] for part in seen))
+        going = [p for p, r in enumerate(live) if not rows[r].finished(eos=ends, max_tokens=max_tokens)]
+        if going and len(going) < len(live):  # the finished rows leave the batch
+            kept = mx.array(going, dtype=mx.int32)
+            for layer in batch_cache:
+                layer.filter(kept)
+            next_ids = next_ids[kept]
+        live = [live[p] for p in going]
