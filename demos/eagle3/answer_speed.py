@@ -82,7 +82,15 @@ def main() -> None:
         before = sum(map(len, answers))
         started = time.perf_counter()
         made = write_answers(
-            model, taps, prompts, max_tokens=args.max_tokens, eos=eos, seed=0, batch=args.batch, pace=Pace()
+            model,
+            taps,
+            prompts,
+            max_tokens=args.max_tokens,
+            eos=eos,
+            seed=0,
+            batch=args.batch,
+            pace=Pace(),
+            vocab_size=shape.vocab_size,
         )
         one = time.perf_counter() - started
         now = sum(len(m[1]) for m in made if m is not None)

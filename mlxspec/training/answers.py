@@ -8,9 +8,10 @@ bound by compute, reading each prompt once instead of twice (and the answer not 
 halves the time an answer takes: prompts of ShareGPT's conversations are longer than their
 answers.
 
-Each prompt is read alone, in chunks of `pace.positions` ids, into its own cache (the last
-CONTEXT + 1 rows kept: all training reads of a prompt); a group's caches are then merged into
-one left-padded batch (mlx-lm's batch caches, per-row positions and masks) and the answers
+Each prompt is read alone, in chunks of `pace.positions` ids (no more than MAX_LOGITS
+floats of logits at once), into its own cache, and the features and distributions of its
+last CONTEXT + 1 positions are kept (all training reads of a prompt); a group's caches are
+then merged into one left-padded batch (mlx-lm's batch caches, per-row positions and masks) and the answers
 are written together, a row leaving the batch once its last id has been read. Greedy for
 most answers, sampled at temperature 0.7 for the rest (SAMPLED_SHARE), each answer from its
 own key, so that an answer does not depend on the others in its batch.
@@ -31,6 +32,7 @@ SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
 SAMPLED_TEMPERATURE = 0.7
 CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
 FLOAT16_LIMIT = 6e4
+MAX_LOGITS = 2**27  # floats of logits a prompt's forward may make (512 MB: 512 positions of Gemma 3's)
 
 
 def top_of(logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -94,28 +96,30 @@ def _draw(logits: mx.array, rows: list[_Answer], step: int) -> mx.array:
     return mx.where(mx.array([r.greedy for r in rows]), greedy, drawn)
 
 
-def _read_prompt(model, taps, prompt: list[int], *, pace) -> tuple[list, tuple, mx.array]:
+def _read_prompt(model, taps, prompt: list[int], *, pace, vocab_size: int) -> tuple[list, tuple, mx.array]:
     """The prompt read into its own cache, a chunk of `pace.positions` ids a forward: (the
     cache, the kept rows (features, top ids, top probs) of its last CONTEXT + 1 positions, the
-    last position's logits)."""
+    last position's logits), all evaluated: a batch of prompts holds no chunk's logits."""
     cache = make_prompt_cache(model)
     first_kept = kept_from(prompt)
     kept, start = [], 0
     while start < len(prompt):
         began = time.perf_counter()
-        chunk = prompt[start : start + max(1, pace.positions)]
+        chunk = prompt[start : start + max(1, min(pace.positions, MAX_LOGITS // vocab_size))]
         logits = model(mx.array(chunk, dtype=mx.uint32)[None], cache=cache)[0].astype(mx.float32)
         features = taps.take()[0].astype(mx.float32)
+        last = logits[-1]
         lo = max(0, first_kept - start)  # the chunk's first kept row
         if lo < len(chunk):
             top, probs = top_of(logits[lo:])
-            mx.eval(features, top, probs)
+            mx.eval(features, top, probs, last, [layer.state for layer in cache])
             kept.append((np.array(features[lo:]), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16))))
         else:
-            mx.eval([layer.state for layer in cache])
+            mx.eval(last, [layer.state for layer in cache])
+        del logits, features
         pace.observe(len(chunk), time.perf_counter() - began)
         start += len(chunk)
-    return cache, tuple(np.concatenate(part) for part in zip(*kept)), logits[-1]
+    return cache, tuple(np.concatenate(part) for part in zip(*kept)), last
 
 
 def write_answers(
@@ -128,6 +132,7 @@ def write_answers(
     seed: int,
     batch: int,
     pace,
+    vocab_size: int,
     until: float = math.inf,
 ) -> list[tuple | None]:
     """The target's answers to `prompts`, `batch` written together, with what it saw: per
@@ -145,7 +150,7 @@ def write_answers(
         for i in indices:
             if time.perf_counter() >= until:
                 break
-            cache, kept, logits = _read_prompt(model, taps, prompts[i], pace=pace)
+            cache, kept, logits = _read_prompt(model, taps, prompts[i], pace=pace, vocab_size=vocab_size)
             row = _Answer(greedy=greedy[i], keys=mx.random.split(keys[i], max_tokens))
             row.keep(*kept)
             rows.append(row)
@@ -154,6 +159,7 @@ def write_answers(
         if not rows:
             break
         batch_cache = [layer[0].merge(list(layer)) for layer in zip(*caches)]
+        mx.eval([layer.state for layer in batch_cache])  # the rows' own caches freed before writing
         del caches
         _write_together(
             model,

@@ -73,8 +73,9 @@ beside its target.
   read), {facts["answer_tokens"]} answer tokens, generated in batches of {settings.batch}
   (70% greedy, 30% sampled at temperature 0.7, at most {settings.max_tokens} tokens each).
 - Fixed text read by teacher-forced prefill: {facts["text_tokens"]} tokens ({text}).
-- Features and the target's top-32 distributions from a teacher-forced prefill of each
-  sequence; {held_rule} held out ({facts["held_out_examples"]} examples).
+- Features and the target's top-32 distributions at every position trained on, as a
+  teacher-forced read of each answer and text chunk gives them; {held_rule} held out
+  ({facts["held_out_examples"]} examples).
 - Data took {facts["data_seconds"] / 60:.1f} min; training {facts["train_seconds"] / 60:.1f} min
   ({facts["steps_taken"]} steps, {facts["trained_positions"]} trained positions summed over
   steps, {facts["epochs"]:.1f} epochs).{begun}

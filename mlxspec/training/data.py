@@ -35,7 +35,7 @@ from .store import (
     write_json,
 )
 
-MAX_PROMPT = 448  # longer prompts are left out (the prefill's logits grow with length)
+MAX_PROMPT = 448  # longer prompts are left out (what an answer's prompt costs: read, cached, disk)
 STEP_SECONDS = 1.0  # the work between two looks at the clock (and chances for Ctrl-C), about
 
 
@@ -188,6 +188,7 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
             seed=plan.seed + first,
             batch=plan.batch,
             pace=pace,
+            vocab_size=plan.vocab_size,
             until=phase_end,
         )
         examples = [

@@ -40,7 +40,8 @@ def _write(model, taps, prompts, *, batch: int, eos=(), positions: int = 16):
         eos=list(eos),
         seed=5,
         batch=batch,
-        pace=Pace(positions, measured=False),  # prompts read in chunks: the window's rotation too
+        pace=Pace(positions, measured=False),
+        vocab_size=model.args.vocab_size,  # prompts read in chunks: the window's rotation too
     )
 
 
@@ -94,7 +95,16 @@ def test_the_clock_leaves_prompts_unread(factory):
 
     model, taps = _target(factory, "llama")
     made = write_answers(
-        model, taps, _prompts(model.args.vocab_size), max_tokens=4, eos=[], seed=0, batch=2, pace=Pace(), until=0.0
+        model,
+        taps,
+        _prompts(model.args.vocab_size),
+        max_tokens=4,
+        eos=[],
+        seed=0,
+        batch=2,
+        pace=Pace(),
+        vocab_size=model.args.vocab_size,
+        until=0.0,
     )
     assert made == [None] * len(LENGTHS)
     mx.clear_cache()
