@@ -10,17 +10,20 @@ answers.
 
 Each prompt is read alone, in chunks of `pace.positions` ids (no more than MAX_LOGITS
 floats of logits at once), into its own cache, and the features and distributions of its
-last CONTEXT + 1 positions are kept (all training reads of a prompt); a group's caches are
-then merged into one left-padded batch (mlx-lm's batch caches, per-row positions and masks) and the answers
-are written together, a row leaving the batch once its last id has been read. Greedy for
-most answers, sampled at temperature 0.7 for the rest (SAMPLED_SHARE), each answer from its
-own key, so that an answer does not depend on the others in its batch.
+last CONTEXT + 1 positions are kept (all training reads of a prompt). Its cache then joins
+the batch being written (mlx-lm's left-padded batch caches: per-row positions and masks,
+`merge` and `extend`); a row leaves it (`filter`) once it has read its last id, and the next
+prompts join between steps, so the batch stays full while prompts remain, as mlx-lm's
+BatchGenerator keeps it. Greedy for most answers, sampled at temperature 0.7 for the rest
+(SAMPLED_SHARE), each answer from its own keys (one for each of its ids), so that an answer
+does not depend on the others in its batch nor on when it joined.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 
 import mlx.core as mx
 import numpy as np
@@ -86,12 +89,13 @@ def kept_from(prompt: list[int]) -> int:
     return max(0, len(prompt) - 1 - CONTEXT)
 
 
-def _draw(logits: mx.array, rows: list[_Answer], step: int) -> mx.array:
-    """The next id of each row: its argmax, or a draw at SAMPLED_TEMPERATURE with its own key."""
+def _draw(logits: mx.array, rows: list[_Answer]) -> mx.array:
+    """The next id of each row: its argmax, or a draw at SAMPLED_TEMPERATURE with the row's
+    key for its place in its answer (the ids it has read), whatever batch it is in."""
     greedy = mx.argmax(logits, axis=-1)
     if all(r.greedy for r in rows):
         return greedy
-    keys = mx.stack([r.keys[min(step, len(r.keys) - 1)] for r in rows])
+    keys = mx.stack([r.keys[min(len(r.ids), len(r.keys) - 1)] for r in rows])
     drawn = mx.stack([mx.random.categorical(row / SAMPLED_TEMPERATURE, key=key) for row, key in zip(logits, keys)])
     return mx.where(mx.array([r.greedy for r in rows]), greedy, drawn)
 
@@ -135,73 +139,86 @@ def write_answers(
     vocab_size: int,
     until: float = math.inf,
 ) -> list[tuple | None]:
-    """The target's answers to `prompts`, `batch` written together, with what it saw: per
-    prompt (greedy, answer ids, features, top ids, top probs), the arrays' rows from the
+    """The target's answers to `prompts`, up to `batch` written together, with what it saw:
+    per prompt (greedy, answer ids, features, top ids, top probs), the arrays' rows from the
     prompt's last CONTEXT + 1 positions on; or None for a prompt the clock left unread
-    (`until`, perf_counter seconds). An answer cut by the clock keeps the ids read so far."""
+    (`until`, perf_counter seconds). An answer cut by the clock keeps the ids read so far.
+    A row that ends leaves the batch and the next prompts join it between steps (each read
+    alone first), so the batch stays full while prompts remain."""
     rng = np.random.default_rng(seed)
     greedy = [bool(g) for g in rng.random(len(prompts)) >= SAMPLED_SHARE]
     keys = mx.random.split(mx.random.key(seed), len(prompts))
-    out: list[tuple | None] = [None] * len(prompts)
+    rows: dict[int, _Answer] = {}  # by prompt index: those read so far
+    waiting = deque(range(len(prompts)))
+    writing = _Batch()
     ends = set(eos)
-    for start in range(0, len(prompts), batch):
-        indices = range(start, min(start + batch, len(prompts)))
-        rows, caches, last = [], [], []
-        for i in indices:
-            if time.perf_counter() >= until:
-                break
-            cache, kept, logits = _read_prompt(model, taps, prompts[i], pace=pace, vocab_size=vocab_size)
-            row = _Answer(greedy=greedy[i], keys=mx.random.split(keys[i], max_tokens))
-            row.keep(*kept)
-            rows.append(row)
-            caches.append(cache)
-            last.append(logits)
-        if not rows:
+    while time.perf_counter() < until:
+        joining = []
+        while len(writing.live) + len(joining) < batch and waiting and time.perf_counter() < until:
+            i = waiting.popleft()
+            rows[i] = _Answer(greedy=greedy[i], keys=mx.random.split(keys[i], max_tokens))
+            joining.append((i, *_read_prompt(model, taps, prompts[i], pace=pace, vocab_size=vocab_size)))
+            rows[i].keep(*joining[-1][2])
+        if joining:
+            writing.join(joining, rows)
+        if not writing.live:
             break
-        batch_cache = [layer[0].merge(list(layer)) for layer in zip(*caches)]
-        mx.eval([layer.state for layer in batch_cache])  # the rows' own caches freed before writing
-        del caches
-        _write_together(
-            model,
-            taps,
-            rows,
-            batch_cache,
-            _draw(mx.stack(last), rows, 0),
-            ends=ends,
-            max_tokens=max_tokens,
-            until=until,
-        )
-        for i, row in zip(indices, rows):
-            out[i] = row.made()
-    return out
+        writing.step(model, taps, rows)
+        writing.leave([i for i in writing.live if rows[i].finished(eos=ends, max_tokens=max_tokens)])
+    return [rows[i].made() if i in rows else None for i in range(len(prompts))]
 
 
-def _write_together(
-    model, taps, rows: list[_Answer], batch_cache: list, next_ids: mx.array, *, ends: set[int], max_tokens: int, until
-) -> None:
-    """The rows' answers written in one batch (`batch_cache`, the rows' prompts merged;
-    `next_ids`, their first ids drawn), each row keeping what the target saw at each id it
-    read, and leaving the batch once it has read its last."""
-    live = list(range(len(rows)))  # the rows still in the batch, in its order
-    step = 0
-    while live and time.perf_counter() < until:
-        for position, r in enumerate(live):
-            rows[r].next_id = int(next_ids[position])
-        inputs = mx.array([[rows[r].next_id] for r in live], dtype=mx.uint32)
-        logits = model(inputs, cache=batch_cache)[:, -1].astype(mx.float32)
+class _Batch:
+    """The rows being written: their prompts' caches merged into one left-padded batch cache
+    (mlx-lm's), the ids they read next, and their prompt indices in the batch's order."""
+
+    def __init__(self):
+        self.cache: list | None = None
+        self.next_ids: mx.array | None = None
+        self.live: list[int] = []
+
+    def join(self, joining: list[tuple], rows: dict) -> None:
+        """Rows whose prompts were read alone (index, their cache, kept rows, last logits)
+        joined to the batch, their first ids drawn."""
+        merged = [layer[0].merge(list(layer)) for layer in zip(*(cache for _, cache, _, _ in joining))]
+        first = _draw(mx.stack([logits for *_, logits in joining]), [rows[i] for i, *_ in joining])
+        if self.cache is None:
+            self.cache, self.next_ids = merged, first
+        else:
+            for layer, more in zip(self.cache, merged):
+                layer.extend(more)
+            self.next_ids = mx.concatenate([self.next_ids, first])
+        self.live += [i for i, *_ in joining]
+        mx.eval(self.next_ids, [layer.state for layer in self.cache])  # the rows' own caches can go
+
+    def step(self, model, taps, rows: dict) -> None:
+        """Each row reads its next id, keeping the features and distribution there, and draws
+        the one after."""
+        live = [rows[i] for i in self.live]
+        for row, next_id in zip(live, self.next_ids.tolist()):
+            row.next_id = next_id
+        inputs = mx.array([[row.next_id] for row in live], dtype=mx.uint32)
+        logits = model(inputs, cache=self.cache)[:, -1].astype(mx.float32)
         features = taps.take()[:, -1].astype(mx.float32)
         top, probs = top_of(logits)
-        step += 1
-        next_ids = _draw(logits, [rows[r] for r in live], step)
-        mx.eval(features, top, probs, next_ids)
+        for row in live:
+            row.ids.append(row.next_id)
+        self.next_ids = _draw(logits, live)
+        mx.eval(features, top, probs, self.next_ids)
         seen = (np.array(features), np.array(top).astype(np.int32), np.array(probs.astype(mx.float16)))
-        for position, r in enumerate(live):
-            rows[r].ids.append(rows[r].next_id)
-            rows[r].keep(*(part[position : position + 1] for part in seen))
-        going = [p for p, r in enumerate(live) if not rows[r].finished(eos=ends, max_tokens=max_tokens)]
-        if going and len(going) < len(live):  # the finished rows leave the batch
-            kept = mx.array(going, dtype=mx.int32)
-            for layer in batch_cache:
-                layer.filter(kept)
-            next_ids = next_ids[kept]
-        live = [live[p] for p in going]
+        for position, row in enumerate(live):
+            row.keep(*(part[position : position + 1] for part in seen))
+
+    def leave(self, done: list[int]) -> None:
+        """The rows that have read their last id leave the batch."""
+        if not done:
+            return
+        going = [p for p, i in enumerate(self.live) if i not in done]
+        self.live = [self.live[p] for p in going]
+        if not going:
+            self.cache = self.next_ids = None
+            return
+        kept = mx.array(going, dtype=mx.int32)
+        for layer in self.cache:
+            layer.filter(kept)
+        self.next_ids = self.next_ids[kept]

@@ -73,8 +73,8 @@ def test_what_writing_keeps_is_a_teacher_forced_read(arch, factory):
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
 def test_an_answer_does_not_depend_on_its_batch(arch, factory):
     """Alone (a batch of one) or beside others, each answer, greedy or sampled, is the same;
-    and with an end id that some rows write early, the rows that leave the batch do not
-    change the answers of those still in it."""
+    and with an end id that some rows write early, the rows that leave the batch, and those
+    that join it in their place, do not change the answers of the others."""
     model, taps = _target(factory, arch)
     prompts = _prompts(model.args.vocab_size)
     alone = _write(model, taps, prompts, batch=1)
@@ -87,6 +87,11 @@ def test_an_answer_does_not_depend_on_its_batch(arch, factory):
         assert cut == full[:stop]
         assert len(features) == len(prompt) - max(0, len(prompt) - 65) + len(cut)
     assert any(len(m[1]) < MAX_TOKENS for m in ended) and any(len(m[1]) == MAX_TOKENS for m in ended)
+    # two at a time: as a row ends, the next prompt joins the batch while the other is mid-answer
+    refilled = _write(model, taps, prompts, batch=2, eos=[end])
+    assert [m[1] for m in refilled] == [m[1] for m in ended]
+    for a, b in zip(refilled, ended):
+        np.testing.assert_allclose(a[2].astype(np.float32), b[2].astype(np.float32), rtol=1e-3, atol=1e-3)
 
 
 def test_the_clock_leaves_prompts_unread(factory):
