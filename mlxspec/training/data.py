@@ -196,7 +196,9 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
             for i, m in zip(keep, made)
             if m is not None and len(m[1]) >= 2  # enough to learn from
         ]
-        if not write(examples, prompts_done=len(group), answer_seconds=time.perf_counter() - started):
+        # prompts the clock left unread are not done: a resumed run answers them
+        unread = next((i for i, m in zip(keep, made) if m is None), len(group))
+        if not write(examples, prompts_done=unread, answer_seconds=time.perf_counter() - started):
             return False
         share = max(record["answer_seconds"] / plan.answer_seconds, record["prompts_done"] / len(plan.prompts))
         report("answers", record, sum(len(m[1]) for m in made if m is not None), share)
