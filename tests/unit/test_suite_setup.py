@@ -103,3 +103,35 @@ def test_every_test_that_bounds_elapsed_seconds_is_marked_alone():
                 if elapsed.search(ast.get_source_segment(source, node)) and not marked:
                     unmarked.append(f"{path.relative_to(ROOT)}::{node.name}")
     assert unmarked == []
+
+
+def _collected(*marks: str) -> dict[str, int]:
+    """Tests per file, as `python -m pytest --collect-only -q` (with `-m`, when given) counts them."""
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *marks]
+    listing = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+    counts: dict[str, int] = {}
+    for line in listing.splitlines():
+        if "::" in line:
+            path = line.split("::")[0]
+            counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
+def test_the_docs_count_the_tests_there_are():
+    """exactness.md's table gives every test file and its tests (slow ones in brackets), its
+    totals and the README's are the suite's: a test added or removed changes them."""
+    every, slow = _collected(), _collected("-m", "slow")
+    listed = {}
+    exactness = (ROOT / "docs" / "exactness.md").read_text()
+    for row in (line for line in exactness.splitlines() if line.startswith("| `")):
+        folder = row.split("`")[1].rstrip("/")
+        for name, count, slow_count in re.findall(r"`(test_\w+\.py)` (\d+)(?: \((\d+)\))?", row):
+            listed[f"tests/{folder}/{name}"] = (int(count), int(slow_count or 0))
+    assert listed == {path: (n, slow.get(path, 0)) for path, n in every.items()}
+    total, quick, marked = sum(every.values()), sum(every.values()) - sum(slow.values()), sum(slow.values())
+    assert (
+        f"counts {total} tests in {len(every)} files, {quick} of\nthem in the quick check ({marked} marked slow)"
+        in (exactness)
+    )
+    readme = (ROOT / "README.md").read_text()
+    assert f"the whole suite has {total} tests" in readme and f"quick check ({quick} tests;" in readme
