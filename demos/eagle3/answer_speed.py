@@ -93,7 +93,7 @@ def main() -> None:
             vocab_size=shape.vocab_size,
         )
         one = time.perf_counter() - started
-        now = sum(len(m[1]) for m in made if m is not None)
+        now = sum(len(m.ids) for m in made if m is not None)
         two = writing + reading
         print(
             f"repeat {repeat}: two passes {before} ids in {two:.1f} s ({writing:.1f} writing, {reading:.1f} reading "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -56,6 +57,18 @@ def compact(features: np.ndarray) -> np.ndarray:
     return features.astype(np.float16) if np.abs(features).max() < FLOAT16_LIMIT else features
 
 
+class Written(NamedTuple):
+    """One prompt's answer and what the target saw: the arrays' rows from the prompt's last
+    CONTEXT + 1 positions on (kept_from), one a position."""
+
+    greedy: bool
+    ids: list[int]  # the answer's ids, each read by the target
+    features: np.ndarray
+    top_ids: np.ndarray  # sorted by probability: column 0 the target's argmax
+    top_probs: np.ndarray
+    ended: bool  # with an end id or at the longest answer; False: cut by the clock
+
+
 class _Answer:
     """One row: its prompt's kept rows, then each answer id as it is read."""
 
@@ -66,6 +79,7 @@ class _Answer:
         self.features: list[np.ndarray] = []
         self.top: list[np.ndarray] = []
         self.probs: list[np.ndarray] = []
+        self.written: Written | None = None  # once it has left the batch
 
     def keep(self, features: np.ndarray, top: np.ndarray, probs: np.ndarray) -> None:
         self.features.append(features)
@@ -76,17 +90,28 @@ class _Answer:
         """Its last id has been read: an end id, or the longest answer."""
         return bool(self.ids) and (self.ids[-1] in eos or len(self.ids) >= max_tokens)
 
-    def made(self) -> tuple:
-        """(greedy, answer ids, features, top ids, top probs): the rows from the prompt's kept
-        ones on."""
-        top, probs = sorted_top(np.concatenate(self.top), np.concatenate(self.probs))
-        return self.greedy, self.ids, compact(np.concatenate(self.features)), top, probs
+    def close(self, *, ended: bool) -> Written:
+        """What was written, its rows made compact (float16, sorted) once and the row's own
+        lists let go."""
+        if self.written is None:
+            top, probs = sorted_top(np.concatenate(self.top), np.concatenate(self.probs))
+            features = compact(np.concatenate(self.features))
+            self.written = Written(self.greedy, self.ids, features, top, probs, ended)
+            self.features = self.top = self.probs = []
+        return self.written
 
 
 def kept_from(prompt: list[int]) -> int:
     """The prompt's first row kept: CONTEXT rows before its last, whose distribution is the
     answer's first target (training reads no earlier row: trainer.window)."""
     return max(0, len(prompt) - 1 - CONTEXT)
+
+
+def answered(made: list[Written | None]) -> int:
+    """How many of the prompts, from the first, were answered: up to the first the clock left
+    unread or cut before its answer's second id (prompts are read in order, so those are the
+    last): a resumed run answers those again."""
+    return next((k for k, m in enumerate(made) if m is None or (not m.ended and len(m.ids) < 2)), len(made))
 
 
 def _draw(logits: mx.array, rows: list[_Answer]) -> mx.array:
@@ -138,11 +163,10 @@ def write_answers(
     pace,
     vocab_size: int,
     until: float = math.inf,
-) -> list[tuple | None]:
-    """The target's answers to `prompts`, up to `batch` written together, with what it saw:
-    per prompt (greedy, answer ids, features, top ids, top probs), the arrays' rows from the
-    prompt's last CONTEXT + 1 positions on; or None for a prompt the clock left unread
-    (`until`, perf_counter seconds). An answer cut by the clock keeps the ids read so far.
+) -> list[Written | None]:
+    """The target's answers to `prompts`, up to `batch` written together, with what it saw
+    (`Written`); None for a prompt the clock left unread (`until`, perf_counter seconds).
+    An answer cut by the clock keeps the ids read so far.
     A row that ends leaves the batch and the next prompts join it between steps (each read
     alone first), so the batch stays full while prompts remain."""
     rng = np.random.default_rng(seed)
@@ -161,11 +185,15 @@ def write_answers(
             rows[i].keep(*joining[-1][2])
         if joining:
             writing.join(joining, rows)
+            joining.clear()  # the prompts' own caches: the batch holds them now
         if not writing.live:
             break
         writing.step(model, taps, rows)
-        writing.leave([i for i in writing.live if rows[i].finished(eos=ends, max_tokens=max_tokens)])
-    return [rows[i].made() if i in rows else None for i in range(len(prompts))]
+        done = [i for i in writing.live if rows[i].finished(eos=ends, max_tokens=max_tokens)]
+        writing.leave(done)
+        for i in done:
+            rows[i].close(ended=True)
+    return [rows[i].close(ended=False) if i in rows else None for i in range(len(prompts))]
 
 
 class _Batch:

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import TrainingError
-from .answers import compact, kept_from, sorted_top, top_of, write_answers
+from .answers import Written, answered, compact, kept_from, sorted_top, top_of, write_answers
 from .sequences import conversation_sequences, encode_prompts, is_held_out, text_sequences
 from .split import HELD_OUT_EVERY
 from .store import (
@@ -194,25 +194,24 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
         examples = [
             _answer_example(group[i], m, held_out=is_held_out(plan.prompts[first + i], first + i))
             for i, m in zip(keep, made)
-            if m is not None and len(m[1]) >= 2  # enough to learn from
+            if m is not None and len(m.ids) >= 2  # enough to learn from
         ]
-        # prompts the clock left unread are not done: a resumed run answers them
-        unread = next((i for i, m in zip(keep, made) if m is None), len(group))
-        if not write(examples, prompts_done=unread, answer_seconds=time.perf_counter() - started):
+        # the group's prompts from the first the clock left unanswered are not done
+        done = keep[answered(made)] if answered(made) < len(keep) else len(group)
+        if not write(examples, prompts_done=done, answer_seconds=time.perf_counter() - started):
             return False
         share = max(record["answer_seconds"] / plan.answer_seconds, record["prompts_done"] / len(plan.prompts))
-        report("answers", record, sum(len(m[1]) for m in made if m is not None), share)
+        report("answers", record, sum(len(m.ids) for m in made if m is not None), share)
     return True
 
 
-def _answer_example(prompt: list[int], made: tuple, *, held_out: bool) -> Example:
+def _answer_example(prompt: list[int], made: Written, *, held_out: bool) -> Example:
     """An answer's example: its prompt cut to the rows answers.py kept (the last CONTEXT
     before its first target: a conversation's prompt of up to MAX_PROMPT ids would otherwise
     take most of the disk and memory its answer needs), then the answer."""
-    greedy, answer, features, top_ids, top_probs = made
     cut = kept_from(prompt)
-    ids = np.array(prompt[cut:] + answer, dtype=np.int32)
-    return Example(ids, features, top_ids, top_probs, len(prompt) - 1 - cut, held_out, greedy)
+    ids = np.array(prompt[cut:] + made.ids, dtype=np.int32)
+    return Example(ids, made.features, made.top_ids, made.top_probs, len(prompt) - 1 - cut, held_out, made.greedy)
 
 
 def _text(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, report, until: float, pace, reading) -> None:

@@ -53,8 +53,9 @@ def test_what_writing_keeps_is_a_teacher_forced_read(arch, factory):
     model, taps = _target(factory, arch)
     prompts = _prompts(model.args.vocab_size)
     made = _write(model, taps, prompts, batch=3)
-    assert {m[0] for m in made} == {True, False}  # greedy and sampled answers both written
-    for prompt, (greedy, answer, features, top_ids, top_probs) in zip(prompts, made):
+    assert {m.greedy for m in made} == {True, False}  # greedy and sampled answers both written
+    assert all(m.ended for m in made)
+    for prompt, (greedy, answer, features, top_ids, top_probs, _) in zip(prompts, made):
         assert len(answer) == MAX_TOKENS
         cut = kept_from(prompt)
         assert len(features) == len(top_ids) == len(top_probs) == len(prompt) - cut + len(answer)
@@ -79,23 +80,23 @@ def test_an_answer_does_not_depend_on_its_batch(arch, factory):
     prompts = _prompts(model.args.vocab_size)
     alone = _write(model, taps, prompts, batch=1)
     together = _write(model, taps, prompts, batch=len(prompts))
-    assert [m[1] for m in alone] == [m[1] for m in together]
-    end = alone[1][1][3]  # the fourth id of one answer: it and any other that writes it end there
+    assert [m.ids for m in alone] == [m.ids for m in together]
+    end = alone[1].ids[3]  # the fourth id of one answer: it and any other that writes it end there
     ended = _write(model, taps, prompts, batch=len(prompts), eos=[end])
     for (_, full, *_), (_, cut, features, *_), prompt in zip(alone, ended, prompts):
         stop = full.index(end) + 1 if end in full else len(full)
         assert cut == full[:stop]
         assert len(features) == len(prompt) - max(0, len(prompt) - 65) + len(cut)
-    assert any(len(m[1]) < MAX_TOKENS for m in ended) and any(len(m[1]) == MAX_TOKENS for m in ended)
+    assert any(len(m.ids) < MAX_TOKENS for m in ended) and any(len(m.ids) == MAX_TOKENS for m in ended)
     # two at a time: as a row ends, the next prompt joins the batch while the other is mid-answer
     refilled = _write(model, taps, prompts, batch=2, eos=[end])
-    assert [m[1] for m in refilled] == [m[1] for m in ended]
+    assert [m.ids for m in refilled] == [m.ids for m in ended]
     for a, b in zip(refilled, ended):
-        np.testing.assert_allclose(a[2].astype(np.float32), b[2].astype(np.float32), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(a.features.astype(np.float32), b.features.astype(np.float32), rtol=1e-3, atol=1e-3)
 
 
 def test_the_clock_leaves_prompts_unread(factory):
-    from mlxspec.training.answers import write_answers
+    from mlxspec.training.answers import answered, write_answers
     from mlxspec.training.data import Pace
 
     model, taps = _target(factory, "llama")
@@ -111,5 +112,46 @@ def test_the_clock_leaves_prompts_unread(factory):
         vocab_size=model.args.vocab_size,
         until=0.0,
     )
-    assert made == [None] * len(LENGTHS)
+    assert made == [None] * len(LENGTHS) and answered(made) == 0
     mx.clear_cache()
+
+
+def test_a_prompt_the_clock_cuts_short_is_answered_again(factory, monkeypatch):
+    """The clock (a second a prompt read, this test's own) passes as the third and fourth
+    prompts join the batch: they read one id each, too little to learn from, and are not
+    counted answered, so a resumed run answers them; the first two were written whole."""
+    from types import SimpleNamespace
+
+    from mlxspec.training import answers
+    from mlxspec.training.data import Pace
+
+    clock = [0.0]
+    read = answers._read_prompt
+
+    def reading(*args, **kwargs):
+        clock[0] += 1.0
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(answers, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(answers, "_read_prompt", reading)
+    model, taps = _target(factory, "llama")
+    made = answers.write_answers(
+        model,
+        taps,
+        _prompts(model.args.vocab_size),
+        max_tokens=MAX_TOKENS,
+        eos=[],
+        seed=0,
+        batch=2,
+        pace=Pace(16, measured=False),
+        vocab_size=model.args.vocab_size,
+        until=3.5,
+    )
+    assert [None if m is None else (len(m.ids), m.ended) for m in made] == [
+        (MAX_TOKENS, True),
+        (MAX_TOKENS, True),
+        (1, False),
+        (1, False),
+        None,
+    ]
+    assert answers.answered(made) == 2
