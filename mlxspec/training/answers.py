@@ -36,6 +36,7 @@ SAMPLED_SHARE = 0.3  # answers sampled at temperature 0.7, the rest greedy
 SAMPLED_TEMPERATURE = 0.7
 CONTEXT = 64  # prompt rows kept before an answer's first target (all training reads of them)
 FLOAT16_LIMIT = 6e4
+LEAST_ANSWER = 2  # ids an answer needs to be learnt from
 MAX_LOGITS = 2**27  # floats of logits a prompt's forward may make (512 MB: 512 positions of Gemma 3's)
 
 
@@ -109,9 +110,9 @@ def kept_from(prompt: list[int]) -> int:
 
 def answered(made: list[Written | None]) -> int:
     """How many of the prompts, from the first, were answered: up to the first the clock left
-    unread or cut before its answer's second id (prompts are read in order, so those are the
+    unread or cut before its answer was long enough to learn from (prompts are read in order, so those are the
     last): a resumed run answers those again."""
-    return next((k for k, m in enumerate(made) if m is None or (not m.ended and len(m.ids) < 2)), len(made))
+    return next((k for k, m in enumerate(made) if m is None or (not m.ended and len(m.ids) < LEAST_ANSWER)), len(made))
 
 
 def _draw(logits: mx.array, rows: list[_Answer]) -> mx.array:

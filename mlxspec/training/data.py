@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import TrainingError
-from .answers import Written, answered, compact, kept_from, sorted_top, top_of, write_answers
+from .answers import LEAST_ANSWER, Written, answered, compact, kept_from, sorted_top, top_of, write_answers
 from .sequences import conversation_sequences, encode_prompts, is_held_out, text_sequences
 from .split import HELD_OUT_EVERY
 from .store import (
@@ -194,10 +194,11 @@ def _answers(model, tokenizer, taps, plan: DataPlan, record: dict, *, write, rep
         examples = [
             _answer_example(group[i], m, held_out=is_held_out(plan.prompts[first + i], first + i))
             for i, m in zip(keep, made)
-            if m is not None and len(m.ids) >= 2  # enough to learn from
+            if m is not None and len(m.ids) >= LEAST_ANSWER
         ]
         # the group's prompts from the first the clock left unanswered are not done
-        done = keep[answered(made)] if answered(made) < len(keep) else len(group)
+        count = answered(made)
+        done = keep[count] if count < len(keep) else len(group)
         if not write(examples, prompts_done=done, answer_seconds=time.perf_counter() - started):
             return False
         share = max(record["answer_seconds"] / plan.answer_seconds, record["prompts_done"] / len(plan.prompts))
